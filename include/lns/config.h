@@ -1,0 +1,47 @@
+// LlamaConfig: the shape and scheme of a model. Built from flags (model_flags.cpp),
+// from a checkpoint or golden file's JSON, and validated once in one place.
+#pragma once
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "lns/ops.h"
+
+namespace lns {
+
+enum class NormScheme { Pre, LNS, Post, Mix, Sandwich, DeepNorm, ScaledInit };
+
+// "pre", "lns", "post", "mix", "sandwich", "deepnorm", "scaled_init"
+const char* norm_scheme_name(NormScheme s);
+// Throws UserError naming `flag` and the accepted values.
+NormScheme parse_norm_scheme(const std::string& s, const std::string& flag = "--norm_scheme");
+const char* norm_type_name(NormType t);  // "rmsnorm", "layernorm"
+NormType parse_norm_type(const std::string& s, const std::string& flag = "--norm_type");
+
+struct LlamaConfig {
+  int vocab_size = 32000;
+  int hidden_size = 768;
+  int intermediate_size = 2048;
+  int num_layers = 12;
+  int num_heads = 12;
+  int num_kv_heads = 12;
+  double rope_theta = 10000.0;
+  float norm_eps = 1e-5f;
+  NormType norm_type = NormType::RMSNorm;
+  NormScheme norm_scheme = NormScheme::LNS;
+  int post_layers = 0;  // Mix-LN: layers with 0-based index < post_layers are Post-LN
+  bool tie_embeddings = false;
+  float init_std = 0.02f;
+  float embed_init_std = 0.02f;
+
+  int head_dim() const { return hidden_size / num_heads; }
+  int kv_dim() const { return num_kv_heads * head_dim(); }
+  // Every constraint the model relies on; UserError naming the offending flag.
+  void validate() const;
+  nlohmann::json to_json() const;
+  // Keys as the flags (vocab_size, ...); missing keys keep their defaults. `source`
+  // names the file in errors.
+  static LlamaConfig from_json(const nlohmann::json& j, const std::string& source);
+};
+
+}  // namespace lns

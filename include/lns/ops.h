@@ -1,0 +1,75 @@
+// The op set: explicit forward/backward pairs, no autograd. Each op is dispatched on
+// the device of its tensors (CPU kernels in src/cpu/, CUDA kernels in src/cuda/).
+// Shapes use N = tokens (batch * seq), C = hidden, V = vocabulary, F = intermediate,
+// B = batch, T = sequence, Hq/Hkv = query/key-value heads, D = head dim.
+// Gradients of parameters are accumulated (+=) so micro-batches add up; gradients
+// of activations are written (=) unless stated otherwise.
+#pragma once
+#include "lns/tensor.h"
+
+namespace lns {
+
+enum class NormType { RMSNorm, LayerNorm };
+
+// ---- embedding -------------------------------------------------------------------
+// out[N,C] = weight[ids[n], :]                        ids[N] i32, weight[V,C]
+void embedding_forward(Tensor out, Tensor ids, Tensor weight);
+// dweight[ids[n], :] += dout[n, :], in token order (deterministic, no atomics)
+void embedding_backward(Tensor dweight, Tensor ids, Tensor dout);
+
+// ---- normalization -----------------------------------------------------------------
+// out[N,C] = scale * (xhat * gain + bias), xhat = (x - mean) * rstd   (LayerNorm)
+//                                          xhat = x * rstd            (RMSNorm)
+// Saves mean[N] (LayerNorm only; pass an empty tensor for RMSNorm) and rstd[N].
+// bias[C] is empty for RMSNorm. `scale` is the LNS factor 1/sqrt(l) (1 elsewhere).
+void norm_forward(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
+                  Tensor bias, float scale, float eps);
+// Fused residual add: res_out[N,C] = alpha * res_in + delta, then out = norm(res_out).
+// res_out may alias res_in.
+void residual_norm_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tensor rstd,
+                           Tensor res_in, Tensor delta, float alpha, Tensor gain, Tensor bias,
+                           float scale, float eps);
+// dx[N,C] = dres[N,C] + d(norm)/dx . dout   (dres may be empty = 0; dx may alias dres)
+// dgain[C] += ..., dbias[C] += ... (dbias empty for RMSNorm). x is the norm's input.
+void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
+                   Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale);
+
+// ---- linear (no bias; weights [out, in] as torch.nn.Linear) ---------------------------
+// y[N,out] = x[N,in] @ w[out,in]^T
+void linear_forward(Tensor y, Tensor x, Tensor w);
+// dx[N,in] = dy @ w (or += when accumulate_dx; dx may be empty), dw[out,in] += dy^T @ x
+void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx);
+
+// ---- rotary position embedding, half-split (rotate_half) layout ------------------------
+// In place on x[B,T,H,D]; cos/sin tables [T, D/2] (see model/rope.h). Position = t.
+void rope_forward(Tensor x, Tensor cos, Tensor sin);
+// In place on dx[B,T,H,D] (the inverse rotation).
+void rope_backward(Tensor dx, Tensor cos, Tensor sin);
+
+// ---- causal self-attention with grouped-query heads --------------------------------------
+// out[B,T,Hq,D] = softmax(q k^T / sqrt(D), causal) v ; query head h reads kv head
+// h / (Hq/Hkv). q[B,T,Hq,D], k,v[B,T,Hkv,D]; saves probs[B,Hq,T,T].
+void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v);
+// dq[B,T,Hq,D], dk, dv[B,T,Hkv,D] written (=).
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor probs, Tensor q,
+                        Tensor k, Tensor v);
+
+// ---- SwiGLU ------------------------------------------------------------------------------
+// out[N,F] = silu(gate) * up
+void swiglu_forward(Tensor out, Tensor gate, Tensor up);
+// dgate[N,F], dup[N,F] written
+void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
+
+// ---- cross-entropy --------------------------------------------------------------------------
+constexpr int32_t kIgnoreIndex = -100;
+// losses[N] = logsumexp(logits[n,:]) - logits[n, targets[n]]; 0 where targets[n] == -100.
+void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
+// dlogits[N,V] = grad_scale * (softmax(logits) - onehot(target)), 0 on ignored rows.
+// dlogits may alias logits. grad_scale is 1 / (non-ignored tokens of the whole batch).
+void cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor targets, float grad_scale);
+
+// ---- elementwise ---------------------------------------------------------------------------
+// y[n] = a * y[n] + b * x[n]
+void axpby(Tensor y, float a, Tensor x, float b);
+
+}  // namespace lns

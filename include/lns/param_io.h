@@ -1,0 +1,18 @@
+// Moving a ParamSet's tensors in and out of safetensors files by name.
+#pragma once
+#include <string>
+
+#include "lns/param_set.h"
+#include "lns/safetensors.h"
+
+namespace lns {
+
+// True for names that denote model weights ("model.*", "lm_head.*"). Other tensors
+// in a file (a step dump's inputs, logits, grad.*) are not weights and are ignored.
+bool is_weight_name(const std::string& name);
+
+// Loads every parameter of `params` from `file`. A missing tensor, a weight tensor
+// the model does not have, or a wrong shape is a UserError naming the file.
+void load_params(ParamSet& params, const SafetensorsReader& file);
+
+}  // namespace lns

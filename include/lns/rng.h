@@ -1,0 +1,19 @@
+// Counter-based random numbers: value i of stream `key` is a pure function of
+// (key, i), so any slice of a tensor can be generated without the rest. That makes
+// initialisation independent of the parallel layout: a tensor-parallel shard or a
+// pipeline stage draws exactly the numbers the single-rank model would.
+#pragma once
+#include <cstdint>
+#include <string_view>
+
+namespace lns {
+
+uint64_t splitmix64(uint64_t x);
+// Stream key for a named tensor under a run seed.
+uint64_t rng_key(uint64_t seed, std::string_view name);
+// Uniform in (0, 1), 24 bits of mantissa, never 0.
+float uniform_at(uint64_t key, uint64_t i);
+// Standard normal (Box-Muller on the pair (2*(i/2), 2*(i/2)+1)).
+float normal_at(uint64_t key, uint64_t i);
+
+}  // namespace lns

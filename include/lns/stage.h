@@ -1,0 +1,85 @@
+// LlamaStage: a contiguous range [first_layer, last_layer) of the global model, plus
+// the token embedding when it is the first stage and the final norm and LM head when
+// it is the last. The single-process model is the stage that holds everything.
+//
+// Every depth-dependent choice (LNS scale, Mix-LN role, parameter names) is made from
+// the global layer index through block_plan(), so splitting the model into stages
+// never changes what a layer computes.
+//
+// Activations are planned at construction for `num_slots` micro-batches in flight
+// (the pipeline schedule keeps several); nothing is allocated in forward/backward.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "lns/block_plan.h"
+#include "lns/param_set.h"
+#include "lns/rope.h"
+
+namespace lns {
+
+struct StageSpec {
+  int first_layer = 0, last_layer = 0;  // global layer range [first, last)
+  bool has_embedding = true;
+  bool has_head = true;  // final norm + LM head + loss
+  static StageSpec whole(const LlamaConfig& cfg) { return {0, cfg.num_layers, true, true}; }
+};
+
+class LlamaStage {
+ public:
+  LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
+             int num_slots = 1);
+  ~LlamaStage();
+
+  const LlamaConfig& config() const { return cfg_; }
+  const StageSpec& spec() const { return spec_; }
+  ParamSet& params() { return params_; }
+  const ParamSet& params() const { return params_; }
+  int64_t tokens() const { return B_ * T_; }
+
+  // Initialises every parameter by its scheme's rule. Each tensor draws from its own
+  // named random stream, so any layout gets the single-rank model's weights.
+  void init_weights(uint64_t seed);
+
+  // input: token ids [B,T] i32 on the first stage, hidden states [B,T,C] f32 otherwise.
+  // Returns the hidden states leaving the stage [B,T,C], or logits [B,T,V] on the last.
+  Tensor forward(Tensor input, int slot = 0);
+  // Last stage, after forward: per-token losses [B*T] (0 where ignored) and their sum.
+  double loss(Tensor targets, int slot = 0);
+  Tensor losses(int slot = 0) const;
+  // Gradients of parameters are accumulated into params().grad(). On the last stage
+  // `dout` is ignored and d(loss)/d(logits) = grad_scale * (softmax - onehot) is used;
+  // elsewhere dout is the gradient of this stage's output [B,T,C]. Returns the
+  // gradient of the stage input [B,T,C] (empty on the first stage). The logits are
+  // overwritten by their gradient.
+  Tensor backward(Tensor dout, float grad_scale, int slot = 0);
+
+ private:
+  struct Layer;
+  struct Sublayer;
+  struct NormUse;
+  struct Slot;
+  struct Scratch;
+
+  void register_params();
+  void norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x);
+  void norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x);
+  Tensor sublayer_forward(Layer& layer, int which, Slot& s, Tensor x);
+  void sublayer_backward(Layer& layer, int which, Slot& s, Tensor dy, Tensor dx);
+  void attention_fwd(Layer& layer, Slot& s, Tensor u, Tensor f);
+  void attention_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
+  void mlp_fwd(Layer& layer, Slot& s, Tensor u, Tensor f);
+  void mlp_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
+
+  LlamaConfig cfg_;
+  StageSpec spec_;
+  int64_t B_, T_;
+  ParamSet params_;
+  RopeTable rope_;
+  std::vector<Layer> layers_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::unique_ptr<Scratch> scratch_;
+  int embed_ = -1, final_gain_ = -1, final_bias_ = -1, head_ = -1;
+};
+
+}  // namespace lns

@@ -1,0 +1,35 @@
+#include "lns/rng.h"
+
+#include <cmath>
+
+namespace lns {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t rng_key(uint64_t seed, std::string_view name) {
+  uint64_t h = splitmix64(seed);
+  for (unsigned char c : name) h = splitmix64(h ^ c);  // FNV-like chaining, mixed well
+  return h;
+}
+
+float uniform_at(uint64_t key, uint64_t i) {
+  const uint64_t bits = splitmix64(key ^ splitmix64(i));
+  return (static_cast<float>(bits >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+float normal_at(uint64_t key, uint64_t i) {
+  // Box-Muller in double so the result does not depend on libm's float paths.
+  const uint64_t pair = i & ~uint64_t{1};
+  const double u1 = uniform_at(key, pair);
+  const double u2 = uniform_at(key, pair + 1);
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  const double a = 2.0 * M_PI * u2;
+  return static_cast<float>((i & 1) ? r * std::sin(a) : r * std::cos(a));
+}
+
+}  // namespace lns

@@ -1,0 +1,144 @@
+#include "lns/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include <absl/strings/str_join.h>
+
+#include "lns/errors.h"
+
+#ifdef LNS_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace lns {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::BF16: return 2;
+    case DType::I32: return 4;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::I32: return "I32";
+  }
+  return "?";
+}
+
+Shape::Shape(std::initializer_list<int64_t> d) {
+  LNS_CHECK(d.size() <= kMaxDims);
+  for (int64_t v : d) dims[ndim++] = v;
+}
+
+Shape::Shape(const std::vector<int64_t>& d) {
+  LNS_CHECK(d.size() <= kMaxDims);
+  for (int64_t v : d) dims[ndim++] = v;
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= dims[i];
+  return n;
+}
+
+std::string Shape::str() const { return "[" + absl::StrJoin(to_vector(), ", ") + "]"; }
+
+bool Shape::operator==(const Shape& o) const {
+  if (ndim != o.ndim) return false;
+  for (int i = 0; i < ndim; ++i)
+    if (dims[i] != o.dims[i]) return false;
+  return true;
+}
+
+float* Tensor::f32() const {
+  LNS_CHECK(dtype == DType::F32) << "tensor is " << dtype_name(dtype) << ", not F32";
+  return static_cast<float*>(data);
+}
+
+int32_t* Tensor::i32() const {
+  LNS_CHECK(dtype == DType::I32) << "tensor is " << dtype_name(dtype) << ", not I32";
+  return static_cast<int32_t*>(data);
+}
+
+Tensor Tensor::view(Shape s) const {
+  LNS_CHECK(s.numel() == numel()) << s.str() << " vs " << shape.str();
+  Tensor t = *this;
+  t.shape = s;
+  return t;
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t end) const {
+  LNS_CHECK(shape.ndim >= 1 && 0 <= begin && begin <= end && end <= shape[0]);
+  Tensor t = *this;
+  const int64_t row = shape[0] ? numel() / shape[0] : 0;
+  t.data = static_cast<char*>(data) + begin * row * dtype_size(dtype);
+  t.shape.dims[0] = end - begin;
+  return t;
+}
+
+Buffer::Buffer(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  if (nbytes == 0) return;
+  if (device == Device::CPU) {
+    // 64-byte alignment: whole cache lines, and what AVX-512 loads like.
+    data_ = std::aligned_alloc(64, (nbytes + 63) / 64 * 64);
+    LNS_CHECK(data_ != nullptr) << "out of host memory allocating " << nbytes << " bytes";
+    std::memset(data_, 0, nbytes);
+  } else {
+#ifdef LNS_WITH_CUDA
+    LNS_CHECK(cudaMalloc(&data_, nbytes) == cudaSuccess) << "cudaMalloc of " << nbytes << " bytes failed";
+    LNS_CHECK(cudaMemset(data_, 0, nbytes) == cudaSuccess);
+#else
+    LOG(FATAL) << "this build has no CUDA support (configure with -DLNS_CUDA=ON)";
+#endif
+  }
+}
+
+Buffer::~Buffer() {
+  if (!data_) return;
+  if (device_ == Device::CPU) {
+    std::free(data_);
+  } else {
+#ifdef LNS_WITH_CUDA
+    cudaFree(data_);
+#endif
+  }
+}
+
+Buffer::Buffer(Buffer&& o) noexcept : data_(o.data_), nbytes_(o.nbytes_), device_(o.device_) {
+  o.data_ = nullptr;
+  o.nbytes_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    this->~Buffer();
+    data_ = o.data_;
+    nbytes_ = o.nbytes_;
+    device_ = o.device_;
+    o.data_ = nullptr;
+    o.nbytes_ = 0;
+  }
+  return *this;
+}
+
+Tensor Buffer::view(DType dtype, Shape shape, size_t byte_offset) const {
+  LNS_CHECK(byte_offset + shape.numel() * dtype_size(dtype) <= nbytes_)
+      << "view " << shape.str() << " at " << byte_offset << " exceeds buffer of " << nbytes_;
+  Tensor t;
+  t.data = static_cast<char*>(data_) + byte_offset;
+  t.dtype = dtype;
+  t.device = device_;
+  t.shape = shape;
+  return t;
+}
+
+OwnedTensor::OwnedTensor(DType dtype, Shape shape, Device device)
+    : buffer(shape.numel() * dtype_size(dtype), device), t(buffer.view(dtype, shape)) {}
+
+}  // namespace lns

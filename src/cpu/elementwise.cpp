@@ -1,0 +1,14 @@
+#include "cpu/check.h"
+#include "lns/ops.h"
+
+namespace lns {
+
+void axpby(Tensor y, float a, Tensor x, float b) {
+  cpu::require_cpu({&y, &x});
+  LNS_CHECK(y.numel() == x.numel());
+  float* yp = y.f32();
+  const float* xp = x.f32();
+  for (int64_t i = 0, n = y.numel(); i < n; ++i) yp[i] = a * yp[i] + b * xp[i];
+}
+
+}  // namespace lns

@@ -1,0 +1,116 @@
+// RMSNorm / LayerNorm with gain, optional bias and the LNS output scale.
+// Statistics accumulate in double: deterministic, and closer to the f64 reference.
+#include <cmath>
+
+#include "cpu/check.h"
+#include "lns/ops.h"
+
+namespace lns {
+namespace {
+
+// One row: fills mean (LayerNorm) and rstd, writes out[c] = scale*(xhat*g + b).
+inline void norm_row(NormType type, float* out, float* mean_out, float* rstd_out, const float* x,
+                     const float* g, const float* b, float scale, float eps, int64_t C) {
+  double mean = 0.0;
+  if (type == NormType::LayerNorm) {
+    for (int64_t c = 0; c < C; ++c) mean += x[c];
+    mean /= C;
+  }
+  double var = 0.0;
+  for (int64_t c = 0; c < C; ++c) {
+    const double d = x[c] - mean;
+    var += d * d;
+  }
+  var /= C;
+  const float rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
+  const float m = static_cast<float>(mean);
+  for (int64_t c = 0; c < C; ++c) {
+    const float xhat = (x[c] - m) * rstd;
+    out[c] = scale * (xhat * g[c] + (b ? b[c] : 0.0f));
+  }
+  if (mean_out) *mean_out = m;
+  *rstd_out = rstd;
+}
+
+void check_norm_args(NormType type, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                     const Tensor& x, const Tensor& gain, const Tensor& bias) {
+  cpu::require_cpu({&out, &mean, &rstd, &x, &gain, &bias});
+  const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
+  LNS_CHECK(out.numel() == N * C && gain.numel() == C && rstd.numel() == N);
+  if (type == NormType::LayerNorm) {
+    LNS_CHECK(mean.numel() == N && bias.numel() == C) << "LayerNorm needs mean and bias";
+  } else {
+    LNS_CHECK(bias.empty()) << "RMSNorm has no bias";
+  }
+}
+
+}  // namespace
+
+void norm_forward(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
+                  Tensor bias, float scale, float eps) {
+  check_norm_args(type, out, mean, rstd, x, gain, bias);
+  const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
+  const float* b = bias.empty() ? nullptr : bias.f32();
+  float* mp = mean.empty() ? nullptr : mean.f32();
+  for (int64_t n = 0; n < N; ++n)
+    norm_row(type, out.f32() + n * C, mp ? mp + n : nullptr, rstd.f32() + n, x.f32() + n * C,
+             gain.f32(), b, scale, eps, C);
+}
+
+void residual_norm_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tensor rstd,
+                           Tensor res_in, Tensor delta, float alpha, Tensor gain, Tensor bias,
+                           float scale, float eps) {
+  check_norm_args(type, out, mean, rstd, res_in, gain, bias);
+  LNS_CHECK(res_out.numel() == res_in.numel() && delta.numel() == res_in.numel());
+  const int64_t N = cpu::rows_of(res_in), C = cpu::cols_of(res_in);
+  const float* b = bias.empty() ? nullptr : bias.f32();
+  float* mp = mean.empty() ? nullptr : mean.f32();
+  for (int64_t n = 0; n < N; ++n) {
+    float* r = res_out.f32() + n * C;
+    const float* ri = res_in.f32() + n * C;
+    const float* d = delta.f32() + n * C;
+    for (int64_t c = 0; c < C; ++c) r[c] = alpha * ri[c] + d[c];
+    norm_row(type, out.f32() + n * C, mp ? mp + n : nullptr, rstd.f32() + n, r, gain.f32(), b,
+             scale, eps, C);
+  }
+}
+
+void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
+                   Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale) {
+  cpu::require_cpu({&dx, &dgain, &dbias, &dres, &dout, &x, &mean, &rstd, &gain});
+  const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
+  LNS_CHECK(dx.numel() == N * C && dout.numel() == N * C && dgain.numel() == C);
+  LNS_CHECK(dres.empty() || dres.numel() == N * C);
+  const bool ln = type == NormType::LayerNorm;
+  const float* g = gain.f32();
+  float* dg = dgain.f32();
+  float* db = dbias.empty() ? nullptr : dbias.f32();
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xr = x.f32() + n * C;
+    const float* dy = dout.f32() + n * C;
+    const float m = ln ? mean.f32()[n] : 0.0f;
+    const float rs = rstd.f32()[n];
+    // dxhat = scale * g * dy ; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat*xhat))
+    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+    for (int64_t c = 0; c < C; ++c) {
+      const float xhat = (xr[c] - m) * rs;
+      const float dxhat = scale * g[c] * dy[c];
+      sum_dxhat += dxhat;
+      sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+      dg[c] += scale * dy[c] * xhat;
+      if (db) db[c] += scale * dy[c];
+    }
+    const float mean_dxhat = ln ? static_cast<float>(sum_dxhat / C) : 0.0f;
+    const float mean_dxhat_xhat = static_cast<float>(sum_dxhat_xhat / C);
+    float* dxr = dx.f32() + n * C;
+    const float* dr = dres.empty() ? nullptr : dres.f32() + n * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const float xhat = (xr[c] - m) * rs;
+      const float dxhat = scale * g[c] * dy[c];
+      const float v = rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+      dxr[c] = (dr ? dr[c] : 0.0f) + v;
+    }
+  }
+}
+
+}  // namespace lns

@@ -1,0 +1,79 @@
+#include "lns/block_plan.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace lns {
+
+const char* norm_slot_name(NormSlot s) {
+  switch (s) {
+    case NormSlot::InputLayernorm: return "input_layernorm";
+    case NormSlot::PostAttentionLayernorm: return "post_attention_layernorm";
+    case NormSlot::PreFeedforwardLayernorm: return "pre_feedforward_layernorm";
+    case NormSlot::PostFeedforwardLayernorm: return "post_feedforward_layernorm";
+  }
+  return "?";
+}
+
+std::vector<NormSlot> BlockPlan::norms() const {
+  std::vector<NormSlot> out;
+  for (const auto& slot : {attn.pre_norm, attn.out_norm, attn.add_norm, mlp.pre_norm, mlp.out_norm,
+                           mlp.add_norm})
+    if (slot && std::find(out.begin(), out.end(), *slot) == out.end()) out.push_back(*slot);
+  return out;
+}
+
+float lns_scale(int global_layer) { return 1.0f / std::sqrt(static_cast<float>(global_layer + 1)); }
+
+BlockPlan block_plan(const LlamaConfig& cfg, int global_layer) {
+  NormScheme s = cfg.norm_scheme;
+  if (s == NormScheme::Mix) s = global_layer < cfg.post_layers ? NormScheme::Post : NormScheme::Pre;
+  BlockPlan p{s, {}, {}};
+  switch (s) {
+    case NormScheme::Pre:
+    case NormScheme::ScaledInit:
+    case NormScheme::LNS: {
+      const float scale = s == NormScheme::LNS ? lns_scale(global_layer) : 1.0f;
+      p.attn.pre_norm = NormSlot::InputLayernorm;
+      p.mlp.pre_norm = NormSlot::PostAttentionLayernorm;  // Hugging Face's name for it
+      p.attn.pre_scale = p.mlp.pre_scale = scale;
+      break;
+    }
+    case NormScheme::Post:
+    case NormScheme::DeepNorm: {
+      p.attn.add_norm = NormSlot::PostAttentionLayernorm;
+      p.mlp.add_norm = NormSlot::PostFeedforwardLayernorm;
+      if (s == NormScheme::DeepNorm)
+        p.attn.residual_alpha = p.mlp.residual_alpha =
+            static_cast<float>(std::pow(2.0 * cfg.num_layers, 0.25));
+      break;
+    }
+    case NormScheme::Sandwich:
+      p.attn.pre_norm = NormSlot::InputLayernorm;
+      p.attn.out_norm = NormSlot::PostAttentionLayernorm;
+      p.mlp.pre_norm = NormSlot::PreFeedforwardLayernorm;
+      p.mlp.out_norm = NormSlot::PostFeedforwardLayernorm;
+      break;
+    case NormScheme::Mix: break;  // resolved above
+  }
+  return p;
+}
+
+float init_std_for(const LlamaConfig& cfg, ParamKind kind, int64_t fan_out, int64_t fan_in) {
+  const double L = cfg.num_layers;
+  if (kind == ParamKind::Embedding) return cfg.embed_init_std;
+  if (cfg.norm_scheme == NormScheme::DeepNorm) {
+    // Xavier-normal: gain * sqrt(2 / (fan_in + fan_out)); q/k gain 1, the rest beta.
+    const bool qk = kind == ParamKind::Q || kind == ParamKind::K;
+    const bool block_matrix = kind >= ParamKind::Q;
+    if (block_matrix) {
+      const double gain = qk ? 1.0 : std::pow(8.0 * L, -0.25);
+      return static_cast<float>(gain * std::sqrt(2.0 / double(fan_in + fan_out)));
+    }
+  }
+  if (cfg.norm_scheme == NormScheme::ScaledInit && (kind == ParamKind::O || kind == ParamKind::Down))
+    return static_cast<float>(cfg.init_std / std::sqrt(2.0 * L));
+  return cfg.init_std;
+}
+
+}  // namespace lns

@@ -1,0 +1,43 @@
+#include "lns/model_flags.h"
+
+#include <gflags/gflags.h>
+
+DEFINE_int32(vocab_size, 32000, "Vocabulary size (rows of the embedding and the LM head).");
+DEFINE_int32(hidden_size, 768, "Model width C.");
+DEFINE_int32(intermediate_size, 2048, "SwiGLU inner width F.");
+DEFINE_int32(num_layers, 12, "Number of transformer blocks L.");
+DEFINE_int32(num_heads, 12, "Attention query heads; must divide --hidden_size.");
+DEFINE_int32(num_kv_heads, 12, "Key/value heads (grouped-query attention); must divide --num_heads.");
+DEFINE_double(rope_theta, 10000.0, "Rotary embedding base.");
+DEFINE_double(norm_eps, 1e-5, "Epsilon inside RMSNorm / LayerNorm.");
+DEFINE_string(norm_type, "rmsnorm", "rmsnorm or layernorm.");
+DEFINE_string(norm_scheme, "lns",
+              "pre, lns (LayerNorm Scaling), post, mix (Mix-LN), sandwich, deepnorm or scaled_init.");
+DEFINE_int32(post_layers, 0, "Mix-LN: layers with 0-based index below this use Post-LN.");
+DEFINE_bool(tie_embeddings, false, "Share the embedding matrix with the LM head.");
+DEFINE_double(init_std, 0.02, "Std of the normal init of linear weights (schemes may rescale).");
+DEFINE_double(embed_init_std, 0.02, "Std of the normal init of the token embedding.");
+
+namespace lns {
+
+LlamaConfig config_from_flags() {
+  LlamaConfig c;
+  c.vocab_size = FLAGS_vocab_size;
+  c.hidden_size = FLAGS_hidden_size;
+  c.intermediate_size = FLAGS_intermediate_size;
+  c.num_layers = FLAGS_num_layers;
+  c.num_heads = FLAGS_num_heads;
+  c.num_kv_heads = FLAGS_num_kv_heads;
+  c.rope_theta = FLAGS_rope_theta;
+  c.norm_eps = static_cast<float>(FLAGS_norm_eps);
+  c.norm_type = parse_norm_type(FLAGS_norm_type);
+  c.norm_scheme = parse_norm_scheme(FLAGS_norm_scheme);
+  c.post_layers = FLAGS_post_layers;
+  c.tie_embeddings = FLAGS_tie_embeddings;
+  c.init_std = static_cast<float>(FLAGS_init_std);
+  c.embed_init_std = static_cast<float>(FLAGS_embed_init_std);
+  c.validate();
+  return c;
+}
+
+}  // namespace lns

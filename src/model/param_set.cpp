@@ -1,0 +1,45 @@
+#include "lns/param_set.h"
+
+#include <cstring>
+
+#include "lns/errors.h"
+
+namespace lns {
+
+int ParamSet::add(std::string name, Shape shape, ParamKind kind, int layer) {
+  LNS_CHECK(!finalized_) << "ParamSet::add after finalize";
+  LNS_CHECK(!index_.count(name)) << "duplicate parameter " << name;
+  ParamInfo p{std::move(name), shape, static_cast<size_t>(numel_), kind, layer};
+  // Keep each tensor 16-float aligned (64 bytes) so vector loads never straddle.
+  numel_ += (shape.numel() + 15) / 16 * 16;
+  index_[p.name] = static_cast<int>(infos_.size());
+  infos_.push_back(std::move(p));
+  return static_cast<int>(infos_.size()) - 1;
+}
+
+void ParamSet::finalize(Device device) {
+  LNS_CHECK(!finalized_);
+  params_ = Buffer(numel_ * sizeof(float), device);
+  grads_ = Buffer(numel_ * sizeof(float), device);
+  finalized_ = true;
+}
+
+int ParamSet::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? -1 : it->second;
+}
+
+Tensor ParamSet::param(int i) const {
+  return params_.view(DType::F32, infos_[i].shape, infos_[i].offset * sizeof(float));
+}
+
+Tensor ParamSet::grad(int i) const {
+  return grads_.view(DType::F32, infos_[i].shape, infos_[i].offset * sizeof(float));
+}
+
+void ParamSet::zero_grads() {
+  LNS_CHECK(grads_.device() == Device::CPU);
+  std::memset(grads_.data(), 0, grads_.nbytes());
+}
+
+}  // namespace lns

@@ -1,0 +1,406 @@
+#include "lns/stage.h"
+
+#include <cstring>
+
+#include "lns/errors.h"
+#include "lns/ops.h"
+#include "lns/rng.h"
+
+namespace lns {
+namespace {
+
+std::string layer_name(int layer, const std::string& suffix) {
+  return absl::StrCat("model.layers.", layer, ".", suffix);
+}
+
+void copy(Tensor dst, Tensor src) {
+  LNS_CHECK(dst.nbytes() == src.nbytes());
+  if (dst.data != src.data) std::memcpy(dst.data, src.data, src.nbytes());
+}
+
+}  // namespace
+
+// One application of a norm inside a sublayer (weights shared by all slots).
+struct LlamaStage::NormUse {
+  int gain = -1, bias = -1;  // parameter indices; gain < 0: no norm at this position
+  float scale = 1.0f;        // LNS output scale
+  int stat = -1;             // index of this norm's saved mean/rstd in each Slot
+  bool active() const { return gain >= 0; }
+};
+
+struct LlamaStage::Sublayer {
+  SublayerPlan plan;
+  NormUse pre, out, add;
+};
+
+struct LlamaStage::Layer {
+  int global = 0;
+  BlockPlan plan;
+  int wq = -1, wk = -1, wv = -1, wo = -1, wg = -1, wu = -1, wd = -1;
+  Sublayer sub[2];  // 0: attention, 1: MLP
+};
+
+// The activations of one micro-batch in flight.
+struct LlamaStage::Slot {
+  struct SubActs {
+    Tensor x;                   // sublayer input (a view of the previous output)
+    OwnedTensor u, f, f2, r, y; // [N,C]; u/f2/y only where the norm exists
+  };
+  struct LayerActs {
+    SubActs sub[2];
+    OwnedTensor q, k, v, probs, ctx;  // [N,Hq*D], [N,Hkv*D] x2, [B,Hq,T,T], [N,Hq*D]
+    OwnedTensor gate, up, act;        // [N,F]
+  };
+  OwnedTensor ids;        // [B,T] i32, first stage
+  OwnedTensor h0;         // [N,C] stage input
+  std::vector<LayerActs> layers;
+  std::vector<OwnedTensor> mean, rstd;  // [N] per NormUse::stat
+  OwnedTensor hf;         // [N,C] final-norm output, last stage
+  OwnedTensor logits;     // [N,V], overwritten by dlogits in backward
+  OwnedTensor losses;     // [N]
+  Tensor targets;         // view of the caller's [N] i32
+  Tensor out;             // what forward returned
+};
+
+// Gradient buffers for backward, reused by every layer and slot.
+struct LlamaStage::Scratch {
+  OwnedTensor d_a, d_b, dr, df, du;  // [N,C]
+  OwnedTensor dq, dctx, dk, dv;      // [N,Hq*D], [N,Hq*D], [N,Hkv*D] x2
+  OwnedTensor dgate, dup, dact;      // [N,F]
+  OwnedTensor dhf;                   // [N,C]
+};
+
+LlamaStage::~LlamaStage() = default;
+
+LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
+                       int num_slots)
+    : cfg_(cfg), spec_(spec), B_(micro_batch), T_(seq_len),
+      rope_(seq_len, cfg.head_dim(), cfg.rope_theta) {
+  cfg_.validate();
+  LNS_CHECK(0 <= spec.first_layer && spec.first_layer <= spec.last_layer &&
+            spec.last_layer <= cfg.num_layers);
+  LNS_CHECK(num_slots >= 1 && B_ > 0 && T_ > 0);
+  register_params();
+  params_.finalize();
+
+  const int64_t N = B_ * T_, C = cfg_.hidden_size, F = cfg_.intermediate_size,
+                QD = int64_t{cfg_.num_heads} * cfg_.head_dim(), KD = cfg_.kv_dim(),
+                V = cfg_.vocab_size;
+  const auto f32 = [](Shape s) { return OwnedTensor(DType::F32, s); };
+  int num_stats = 0;
+  for (auto& l : layers_)
+    for (auto& s : l.sub)
+      for (NormUse* n : {&s.pre, &s.out, &s.add})
+        if (n->active()) num_stats = std::max(num_stats, n->stat + 1);
+  for (int i = 0; i < num_slots; ++i) {
+    auto slot = std::make_unique<Slot>();
+    if (spec_.has_embedding) slot->ids = OwnedTensor(DType::I32, Shape{B_, T_});
+    slot->h0 = f32({N, C});
+    for (auto& l : layers_) {
+      Slot::LayerActs a;
+      for (int w = 0; w < 2; ++w) {
+        const Sublayer& s = l.sub[w];
+        if (s.pre.active()) a.sub[w].u = f32({N, C});
+        a.sub[w].f = f32({N, C});
+        if (s.out.active()) a.sub[w].f2 = f32({N, C});
+        a.sub[w].r = f32({N, C});
+        if (s.add.active()) a.sub[w].y = f32({N, C});
+      }
+      a.q = f32({N, QD});
+      a.k = f32({N, KD});
+      a.v = f32({N, KD});
+      a.probs = f32({B_, cfg_.num_heads, T_, T_});
+      a.ctx = f32({N, QD});
+      a.gate = f32({N, F});
+      a.up = f32({N, F});
+      a.act = f32({N, F});
+      slot->layers.push_back(std::move(a));
+    }
+    for (int k = 0; k < num_stats + 1; ++k) {  // +1: the final norm uses the last index
+      slot->mean.push_back(f32({N}));
+      slot->rstd.push_back(f32({N}));
+    }
+    if (spec_.has_head) {
+      slot->hf = f32({N, C});
+      slot->logits = f32({B_, T_, V});
+      slot->losses = f32({N});
+    }
+    slots_.push_back(std::move(slot));
+  }
+  scratch_ = std::make_unique<Scratch>();
+  Scratch& sc = *scratch_;
+  sc.d_a = f32({N, C}), sc.d_b = f32({N, C}), sc.dr = f32({N, C}), sc.df = f32({N, C}),
+  sc.du = f32({N, C}), sc.dhf = f32({N, C});
+  sc.dq = f32({N, QD}), sc.dctx = f32({N, QD}), sc.dk = f32({N, KD}), sc.dv = f32({N, KD});
+  sc.dgate = f32({N, F}), sc.dup = f32({N, F}), sc.dact = f32({N, F});
+}
+
+void LlamaStage::register_params() {
+  const int64_t C = cfg_.hidden_size, F = cfg_.intermediate_size,
+                QD = int64_t{cfg_.num_heads} * cfg_.head_dim(), KD = cfg_.kv_dim(),
+                V = cfg_.vocab_size;
+  const bool ln = cfg_.norm_type == NormType::LayerNorm;
+  ParamSet& p = params_;
+  if (spec_.has_embedding) embed_ = p.add("model.embed_tokens.weight", {V, C}, ParamKind::Embedding, -1);
+
+  int next_stat = 0;
+  for (int g = spec_.first_layer; g < spec_.last_layer; ++g) {
+    Layer l;
+    l.global = g;
+    l.plan = block_plan(cfg_, g);
+    // Norms first, in the order the block owns them.
+    std::vector<std::pair<NormSlot, std::pair<int, int>>> norms;
+    for (NormSlot slot : l.plan.norms()) {
+      const std::string base = layer_name(g, norm_slot_name(slot));
+      const int gi = p.add(base + ".weight", {C}, ParamKind::NormGain, g);
+      const int bi = ln ? p.add(base + ".bias", {C}, ParamKind::NormBias, g) : -1;
+      norms.push_back({slot, {gi, bi}});
+    }
+    auto use = [&](const std::optional<NormSlot>& slot, float scale) {
+      NormUse n;
+      if (!slot) return n;
+      for (auto& [s, gb] : norms)
+        if (s == *slot) n.gain = gb.first, n.bias = gb.second;
+      n.scale = scale;
+      n.stat = next_stat++;
+      return n;
+    };
+    const SublayerPlan* plans[2] = {&l.plan.attn, &l.plan.mlp};
+    for (int w = 0; w < 2; ++w) {
+      l.sub[w].plan = *plans[w];
+      l.sub[w].pre = use(plans[w]->pre_norm, plans[w]->pre_scale);
+      l.sub[w].out = use(plans[w]->out_norm, 1.0f);
+      l.sub[w].add = use(plans[w]->add_norm, 1.0f);
+    }
+    l.wq = p.add(layer_name(g, "self_attn.q_proj.weight"), {QD, C}, ParamKind::Q, g);
+    l.wk = p.add(layer_name(g, "self_attn.k_proj.weight"), {KD, C}, ParamKind::K, g);
+    l.wv = p.add(layer_name(g, "self_attn.v_proj.weight"), {KD, C}, ParamKind::V, g);
+    l.wo = p.add(layer_name(g, "self_attn.o_proj.weight"), {C, QD}, ParamKind::O, g);
+    l.wg = p.add(layer_name(g, "mlp.gate_proj.weight"), {F, C}, ParamKind::Gate, g);
+    l.wu = p.add(layer_name(g, "mlp.up_proj.weight"), {F, C}, ParamKind::Up, g);
+    l.wd = p.add(layer_name(g, "mlp.down_proj.weight"), {C, F}, ParamKind::Down, g);
+    layers_.push_back(std::move(l));
+  }
+  if (spec_.has_head) {
+    final_gain_ = p.add("model.norm.weight", {C}, ParamKind::NormGain, -1);
+    if (ln) final_bias_ = p.add("model.norm.bias", {C}, ParamKind::NormBias, -1);
+    if (!cfg_.tie_embeddings)
+      head_ = p.add("lm_head.weight", {V, C}, ParamKind::LmHead, -1);
+    else if (embed_ >= 0)
+      head_ = embed_;
+    else  // tied, but the embedding lives on the first stage: keep a copy here
+      head_ = p.add("model.embed_tokens.weight", {V, C}, ParamKind::Embedding, -1);
+  }
+}
+
+void LlamaStage::init_weights(uint64_t seed) {
+  for (int i = 0; i < params_.size(); ++i) {
+    const ParamInfo& info = params_.info(i);
+    float* w = params_.param(i).f32();
+    const int64_t n = info.shape.numel();
+    if (info.kind == ParamKind::NormGain || info.kind == ParamKind::NormBias) {
+      const float v = info.kind == ParamKind::NormGain ? 1.0f : 0.0f;
+      for (int64_t j = 0; j < n; ++j) w[j] = v;
+      continue;
+    }
+    const float std = init_std_for(cfg_, info.kind, info.shape[0], info.shape[1]);
+    const uint64_t key = rng_key(seed, info.name);
+    for (int64_t j = 0; j < n; ++j) w[j] = std * normal_at(key, j);
+  }
+}
+
+void LlamaStage::norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x) {
+  const Tensor bias = n.bias >= 0 ? params_.param(n.bias) : Tensor{};
+  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+  norm_forward(cfg_.norm_type, out, mean, s.rstd[n.stat], x, params_.param(n.gain), bias, n.scale,
+               cfg_.norm_eps);
+}
+
+void LlamaStage::norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x) {
+  const Tensor dbias = n.bias >= 0 ? params_.grad(n.bias) : Tensor{};
+  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+  norm_backward(cfg_.norm_type, dx, params_.grad(n.gain), dbias, dres, dout, x, mean,
+                s.rstd[n.stat], params_.param(n.gain), n.scale);
+}
+
+// u = s*N_pre(x); f = F(u); f2 = N_out(f); r = alpha*x + f2; y = N_add(r). Returns y.
+Tensor LlamaStage::sublayer_forward(Layer& l, int w, Slot& s, Tensor x) {
+  const Sublayer& sl = l.sub[w];
+  Slot::SubActs& a = s.layers[&l - layers_.data()].sub[w];
+  a.x = x;
+  Tensor u = x;
+  if (sl.pre.active()) {
+    norm_fwd(sl.pre, s, a.u, x);
+    u = a.u;
+  }
+  if (w == 0)
+    attention_fwd(l, s, u, a.f);
+  else
+    mlp_fwd(l, s, u, a.f);
+  Tensor f2 = a.f;
+  if (sl.out.active()) {
+    norm_fwd(sl.out, s, a.f2, a.f);
+    f2 = a.f2;
+  }
+  const float alpha = sl.plan.residual_alpha;
+  if (sl.add.active()) {
+    const NormUse& n = sl.add;
+    const Tensor bias = n.bias >= 0 ? params_.param(n.bias) : Tensor{};
+    const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+    residual_norm_forward(cfg_.norm_type, a.r, a.y, mean, s.rstd[n.stat], x, f2, alpha,
+                          params_.param(n.gain), bias, n.scale, cfg_.norm_eps);
+    return a.y;
+  }
+  copy(a.r, x);
+  axpby(a.r, alpha, f2, 1.0f);
+  return a.r;
+}
+
+// dy: gradient of the sublayer output y; writes dx, the gradient of its input x.
+void LlamaStage::sublayer_backward(Layer& l, int w, Slot& s, Tensor dy, Tensor dx) {
+  const Sublayer& sl = l.sub[w];
+  Slot::SubActs& a = s.layers[&l - layers_.data()].sub[w];
+  Scratch& sc = *scratch_;
+  Tensor dr = dy;
+  if (sl.add.active()) {
+    norm_bwd(sl.add, s, sc.dr, {}, dy, a.r);
+    dr = sc.dr;
+  }
+  Tensor df = dr;
+  if (sl.out.active()) {
+    norm_bwd(sl.out, s, sc.df, {}, dr, a.f);
+    df = sc.df;
+  }
+  if (w == 0)
+    attention_bwd(l, s, df, sc.du);
+  else
+    mlp_bwd(l, s, df, sc.du);
+  // dx = alpha * dr + d(u)/d(x) . du
+  const float alpha = sl.plan.residual_alpha;
+  if (alpha != 1.0f) axpby(dr, alpha, dr, 0.0f);  // dr is consumed above; scale in place
+  if (sl.pre.active()) {
+    norm_bwd(sl.pre, s, dx, dr, sc.du, a.x);
+  } else {
+    copy(dx, dr);
+    axpby(dx, 1.0f, sc.du, 1.0f);
+  }
+}
+
+void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
+  Slot::LayerActs& a = s.layers[&l - layers_.data()];
+  const int64_t D = cfg_.head_dim();
+  const Shape qs{B_, T_, cfg_.num_heads, D}, ks{B_, T_, cfg_.num_kv_heads, D};
+  linear_forward(a.q, u, params_.param(l.wq));  // [N, Hq*D]
+  linear_forward(a.k, u, params_.param(l.wk));  // [N, Hkv*D]
+  linear_forward(a.v, u, params_.param(l.wv));  // [N, Hkv*D]
+  rope_forward(a.q.t.view(qs), rope_.cos, rope_.sin);
+  rope_forward(a.k.t.view(ks), rope_.cos, rope_.sin);
+  attention_forward(a.ctx.t.view(qs), a.probs, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks));
+  linear_forward(f, a.ctx, params_.param(l.wo));  // [N, C]
+}
+
+void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
+  Slot::LayerActs& a = s.layers[&l - layers_.data()];
+  const Slot::SubActs& sa = a.sub[0];
+  const Tensor u = l.sub[0].pre.active() ? sa.u.t : sa.x;
+  Scratch& sc = *scratch_;
+  const int64_t D = cfg_.head_dim();
+  const Shape qs{B_, T_, cfg_.num_heads, D}, ks{B_, T_, cfg_.num_kv_heads, D};
+  linear_backward(sc.dctx, params_.grad(l.wo), df, a.ctx, params_.param(l.wo), false);
+  attention_backward(sc.dq.t.view(qs), sc.dk.t.view(ks), sc.dv.t.view(ks), sc.dctx.t.view(qs),
+                     a.probs, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks));
+  rope_backward(sc.dq.t.view(qs), rope_.cos, rope_.sin);
+  rope_backward(sc.dk.t.view(ks), rope_.cos, rope_.sin);
+  linear_backward(du, params_.grad(l.wq), sc.dq, u, params_.param(l.wq), false);
+  linear_backward(du, params_.grad(l.wk), sc.dk, u, params_.param(l.wk), true);
+  linear_backward(du, params_.grad(l.wv), sc.dv, u, params_.param(l.wv), true);
+}
+
+void LlamaStage::mlp_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
+  Slot::LayerActs& a = s.layers[&l - layers_.data()];
+  linear_forward(a.gate, u, params_.param(l.wg));  // [N, F]
+  linear_forward(a.up, u, params_.param(l.wu));    // [N, F]
+  swiglu_forward(a.act, a.gate, a.up);             // [N, F]
+  linear_forward(f, a.act, params_.param(l.wd));   // [N, C]
+}
+
+void LlamaStage::mlp_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
+  Slot::LayerActs& a = s.layers[&l - layers_.data()];
+  const Slot::SubActs& sa = a.sub[1];
+  const Tensor u = l.sub[1].pre.active() ? sa.u.t : sa.x;
+  Scratch& sc = *scratch_;
+  linear_backward(sc.dact, params_.grad(l.wd), df, a.act, params_.param(l.wd), false);
+  swiglu_backward(sc.dgate, sc.dup, sc.dact, a.gate, a.up);
+  linear_backward(du, params_.grad(l.wg), sc.dgate, u, params_.param(l.wg), false);
+  linear_backward(du, params_.grad(l.wu), sc.dup, u, params_.param(l.wu), true);
+}
+
+Tensor LlamaStage::forward(Tensor input, int slot) {
+  Slot& s = *slots_.at(slot);
+  const int64_t N = B_ * T_, C = cfg_.hidden_size;
+  if (spec_.has_embedding) {
+    LNS_CHECK(input.dtype == DType::I32 && input.numel() == N) << "first stage takes ids [B,T]";
+    copy(s.ids, input);
+    embedding_forward(s.h0, s.ids, params_.param(embed_));
+  } else {
+    LNS_CHECK(input.dtype == DType::F32 && input.numel() == N * C) << "stage takes hidden [B,T,C]";
+    copy(s.h0, input);
+  }
+  Tensor x = s.h0;
+  for (Layer& l : layers_) {
+    x = sublayer_forward(l, 0, s, x);
+    x = sublayer_forward(l, 1, s, x);
+  }
+  if (!spec_.has_head) {
+    s.out = x.view({B_, T_, C});
+    return s.out;
+  }
+  NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1};
+  norm_fwd(fin, s, s.hf, x);
+  linear_forward(s.logits.t.view({N, cfg_.vocab_size}), s.hf, params_.param(head_));
+  s.out = x;  // the input of the final norm, kept for its backward
+  return s.logits;
+}
+
+double LlamaStage::loss(Tensor targets, int slot) {
+  Slot& s = *slots_.at(slot);
+  LNS_CHECK(spec_.has_head && targets.dtype == DType::I32 && targets.numel() == B_ * T_);
+  s.targets = targets;
+  cross_entropy_forward(s.losses, s.logits.t.view({B_ * T_, cfg_.vocab_size}), targets);
+  double sum = 0.0;
+  for (int64_t n = 0; n < B_ * T_; ++n) sum += s.losses.f32()[n];
+  return sum;
+}
+
+Tensor LlamaStage::losses(int slot) const { return slots_.at(slot)->losses; }
+
+Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
+  Slot& s = *slots_.at(slot);
+  Scratch& sc = *scratch_;
+  const int64_t N = B_ * T_, C = cfg_.hidden_size;
+  Tensor dy = sc.d_a.t.view({N, C}), dx = sc.d_b.t.view({N, C});
+  if (spec_.has_head) {
+    LNS_CHECK(!s.targets.empty()) << "loss() must run before backward() on the last stage";
+    const Tensor dlogits = s.logits.t.view({N, cfg_.vocab_size});
+    cross_entropy_backward(dlogits, dlogits, s.targets, grad_scale);
+    linear_backward(sc.dhf, params_.grad(head_), dlogits, s.hf, params_.param(head_), false);
+    NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1};
+    norm_bwd(fin, s, dy, {}, sc.dhf, s.out);
+  } else {
+    LNS_CHECK(dout.numel() == N * C);
+    copy(dy, dout);
+  }
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
+    sublayer_backward(*it, 1, s, dy, dx);
+    std::swap(dy, dx);
+    sublayer_backward(*it, 0, s, dy, dx);
+    std::swap(dy, dx);
+  }
+  if (spec_.has_embedding) {
+    embedding_backward(params_.grad(embed_), s.ids, dy);
+    return {};
+  }
+  return dy.view({B_, T_, C});
+}
+
+}  // namespace lns

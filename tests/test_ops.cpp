@@ -1,0 +1,292 @@
+// Every CPU op: forward against a plain f64 reference written here, backward against
+// central finite differences of that reference. Odd sizes (C = 36, 45; F = 45) on
+// purpose. Tolerances: forward 2e-6 relative to the output's largest entry (f32
+// rounding), backward 1e-4 (f32 kernel vs f64 finite differences with h = 1e-6).
+#include <cstring>
+
+#include "lns/ops.h"
+#include "lns/rope.h"
+#include "test_util.h"
+
+namespace lns {
+namespace {
+
+using namespace lns::test;
+using Vec = std::vector<double>;
+
+constexpr double kFwdTol = 2e-6, kBwdTol = 1e-4;
+
+// ---- f64 references -----------------------------------------------------------------
+Vec norm_ref(NormType type, const Vec& x, const Vec& g, const Vec& b, double scale, double eps,
+             int64_t N, int64_t C) {
+  Vec out(N * C);
+  for (int64_t n = 0; n < N; ++n) {
+    double mean = 0, var = 0;
+    if (type == NormType::LayerNorm) {
+      for (int64_t c = 0; c < C; ++c) mean += x[n * C + c];
+      mean /= C;
+    }
+    for (int64_t c = 0; c < C; ++c) var += (x[n * C + c] - mean) * (x[n * C + c] - mean);
+    const double rstd = 1.0 / std::sqrt(var / C + eps);
+    for (int64_t c = 0; c < C; ++c)
+      out[n * C + c] = scale * ((x[n * C + c] - mean) * rstd * g[c] + (b.empty() ? 0.0 : b[c]));
+  }
+  return out;
+}
+
+Vec linear_ref(const Vec& x, const Vec& w, int64_t N, int64_t in, int64_t out) {
+  Vec y(N * out, 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) y[n * out + o] += x[n * in + i] * w[o * in + i];
+  return y;
+}
+
+Vec rope_ref(Vec x, int64_t B, int64_t T, int64_t H, int64_t D, double theta) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        double* v = &x[((b * T + t) * H + h) * D];
+        for (int64_t j = 0; j < D / 2; ++j) {
+          const double a = t / std::pow(theta, 2.0 * j / D), x1 = v[j], x2 = v[j + D / 2];
+          v[j] = x1 * std::cos(a) - x2 * std::sin(a);
+          v[j + D / 2] = x2 * std::cos(a) + x1 * std::sin(a);
+        }
+      }
+  return x;
+}
+
+Vec attention_ref(const Vec& q, const Vec& k, const Vec& v, int64_t B, int64_t T, int64_t Hq,
+                  int64_t Hkv, int64_t D) {
+  Vec out(B * T * Hq * D, 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t g = h / (Hq / Hkv);
+      for (int64_t i = 0; i < T; ++i) {
+        Vec s(i + 1);
+        double mx = -1e300;
+        for (int64_t j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int64_t e = 0; e < D; ++e)
+            d += q[((b * T + i) * Hq + h) * D + e] * k[((b * T + j) * Hkv + g) * D + e];
+          s[j] = d / std::sqrt(double(D));
+          mx = std::max(mx, s[j]);
+        }
+        double z = 0;
+        for (auto& sj : s) z += (sj = std::exp(sj - mx));
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t e = 0; e < D; ++e)
+            out[((b * T + i) * Hq + h) * D + e] += s[j] / z * v[((b * T + j) * Hkv + g) * D + e];
+      }
+    }
+  return out;
+}
+
+double ce_ref(const Vec& logits, const std::vector<int32_t>& t, int64_t N, int64_t V) {
+  double sum = 0;
+  int count = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    if (t[n] == kIgnoreIndex) continue;
+    double mx = -1e300, z = 0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, logits[n * V + j]);
+    for (int64_t j = 0; j < V; ++j) z += std::exp(logits[n * V + j] - mx);
+    sum += std::log(z) + mx - logits[n * V + t[n]];
+    ++count;
+  }
+  return sum / count;
+}
+
+// ---- embedding ------------------------------------------------------------------------
+TEST(Ops, EmbeddingForwardBackward) {
+  const int64_t V = 11, C = 36, N = 9;
+  auto w = randn(V * C, 1);
+  std::vector<int32_t> ids = {3, 0, 10, 3, 7, 3, 1, 0, 9};  // repeats accumulate
+  std::vector<float> out(N * C), dw(V * C, 0.0f);
+  embedding_forward(view(out, {N, C}), view(ids, {N}), view(w, {V, C}));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) ASSERT_EQ(out[n * C + c], w[ids[n] * C + c]);
+  auto dout = randn(N * C, 2);
+  embedding_backward(view(dw, {V, C}), view(ids, {N}), view(dout, {N, C}));
+  Vec want(V * C, 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) want[ids[n] * C + c] += dout[n * C + c];
+  expect_close(dw, want, 1e-7, "dweight");
+}
+
+// ---- norms ----------------------------------------------------------------------------
+struct NormCase {
+  NormType type;
+  int64_t C;
+  float scale;
+};
+
+class NormOps : public ::testing::TestWithParam<NormCase> {};
+
+TEST_P(NormOps, ForwardMatchesF64) {
+  const auto [type, C, scale] = GetParam();
+  const int64_t N = 5;
+  const bool ln = type == NormType::LayerNorm;
+  auto x = randn(N * C, 3, 1.5f, 0.3f), g = randn(C, 4, 0.2f, 1.0f);
+  auto b = ln ? randn(C, 5, 0.1f) : std::vector<float>{};
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  norm_forward(type, view(out, {N, C}), ln ? view(mean, {N}) : Tensor{}, view(rstd, {N}),
+               view(x, {N, C}), view(g, {C}), ln ? view(b, {C}) : Tensor{}, scale, 1e-5f);
+  expect_close(out, norm_ref(type, to_f64(x), to_f64(g), to_f64(b), scale, 1e-5, N, C), kFwdTol,
+               "norm out");
+
+  // Fused residual add: res = alpha*res_in + delta, out = norm(res).
+  auto delta = randn(N * C, 6);
+  std::vector<float> res(N * C), out2(N * C);
+  residual_norm_forward(type, view(res, {N, C}), view(out2, {N, C}), ln ? view(mean, {N}) : Tensor{},
+                        view(rstd, {N}), view(x, {N, C}), view(delta, {N, C}), 1.7f, view(g, {C}),
+                        ln ? view(b, {C}) : Tensor{}, scale, 1e-5f);
+  Vec res_want(N * C);
+  for (int64_t i = 0; i < N * C; ++i) res_want[i] = 1.7 * x[i] + double(delta[i]);
+  expect_close(res, res_want, kFwdTol, "residual");
+  expect_close(out2, norm_ref(type, res_want, to_f64(g), to_f64(b), scale, 1e-5, N, C), kFwdTol,
+               "fused norm out");
+}
+
+TEST_P(NormOps, BackwardMatchesFiniteDifferences) {
+  const auto [type, C, scale] = GetParam();
+  const int64_t N = 4;
+  const bool ln = type == NormType::LayerNorm;
+  auto x = randn(N * C, 7, 1.0f, 0.5f), g = randn(C, 8, 0.3f, 1.0f);
+  auto b = ln ? randn(C, 9, 0.1f) : std::vector<float>{};
+  auto dout = randn(N * C, 10), dres = randn(N * C, 11);
+  std::vector<float> out(N * C), mean(N), rstd(N), dx(N * C), dg(C, 0.5f), db(C, -0.25f);
+  norm_forward(type, view(out, {N, C}), ln ? view(mean, {N}) : Tensor{}, view(rstd, {N}),
+               view(x, {N, C}), view(g, {C}), ln ? view(b, {C}) : Tensor{}, scale, 1e-5f);
+  norm_backward(type, view(dx, {N, C}), view(dg, {C}), ln ? view(db, {C}) : Tensor{},
+                view(dres, {N, C}), view(dout, {N, C}), view(x, {N, C}),
+                ln ? view(mean, {N}) : Tensor{}, view(rstd, {N}), view(g, {C}), scale);
+  const Vec xd = to_f64(x), gd = to_f64(g), bd = to_f64(b), dod = to_f64(dout);
+  auto dx_want = fd_grad([&](const Vec& v) { return dot(norm_ref(type, v, gd, bd, scale, 1e-5, N, C), dod); }, xd);
+  for (int64_t i = 0; i < N * C; ++i) dx_want[i] += dres[i];  // dx = dres + grad
+  auto dg_want = fd_grad([&](const Vec& v) { return dot(norm_ref(type, xd, v, bd, scale, 1e-5, N, C), dod); }, gd);
+  for (auto& v : dg_want) v += 0.5;  // accumulated onto the initial 0.5
+  expect_close(dx, dx_want, kBwdTol, "dx");
+  expect_close(dg, dg_want, kBwdTol, "dgain");
+  if (ln) {
+    auto db_want = fd_grad([&](const Vec& v) { return dot(norm_ref(type, xd, gd, v, scale, 1e-5, N, C), dod); }, bd);
+    for (auto& v : db_want) v -= 0.25;
+    expect_close(db, db_want, kBwdTol, "dbias");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, NormOps,
+                         ::testing::Values(NormCase{NormType::RMSNorm, 36, 1.0f},
+                                           NormCase{NormType::RMSNorm, 45, 0.57735f},
+                                           NormCase{NormType::LayerNorm, 36, 1.0f},
+                                           NormCase{NormType::LayerNorm, 45, 0.5f}));
+
+// ---- linear ---------------------------------------------------------------------------
+TEST(Ops, LinearForwardBackward) {
+  const int64_t N = 7, in = 36, out = 45;
+  auto x = randn(N * in, 12), w = randn(out * in, 13, 0.2f), dy = randn(N * out, 14);
+  std::vector<float> y(N * out), dx(N * in, 0.0f), dw(out * in, 1.0f);
+  linear_forward(view(y, {N, out}), view(x, {N, in}), view(w, {out, in}));
+  expect_close(y, linear_ref(to_f64(x), to_f64(w), N, in, out), kFwdTol, "y");
+  linear_backward(view(dx, {N, in}), view(dw, {out, in}), view(dy, {N, out}), view(x, {N, in}),
+                  view(w, {out, in}), false);
+  const Vec xd = to_f64(x), wd = to_f64(w), dyd = to_f64(dy);
+  auto dx_want = fd_grad([&](const Vec& v) { return dot(linear_ref(v, wd, N, in, out), dyd); }, xd);
+  auto dw_want = fd_grad([&](const Vec& v) { return dot(linear_ref(xd, v, N, in, out), dyd); }, wd);
+  for (auto& v : dw_want) v += 1.0;  // dw accumulates
+  expect_close(dx, dx_want, kBwdTol, "dx");
+  expect_close(dw, dw_want, kBwdTol, "dw");
+  // accumulate_dx adds the same gradient again
+  linear_backward(view(dx, {N, in}), view(dw, {out, in}), view(dy, {N, out}), view(x, {N, in}),
+                  view(w, {out, in}), true);
+  for (auto& v : dx_want) v *= 2;
+  expect_close(dx, dx_want, kBwdTol, "dx accumulated");
+}
+
+// ---- rope -----------------------------------------------------------------------------
+TEST(Ops, RopeForwardBackward) {
+  const int64_t B = 2, T = 9, H = 3, D = 10;
+  const double theta = 500.0;
+  RopeTable table(T, D, theta);
+  auto x = randn(B * T * H * D, 15);
+  std::vector<float> y = x;
+  rope_forward(view(y, {B, T, H, D}), table.cos, table.sin);
+  expect_close(y, rope_ref(to_f64(x), B, T, H, D, theta), kFwdTol, "rope");
+  auto dy = randn(B * T * H * D, 16);
+  std::vector<float> dx = dy;
+  rope_backward(view(dx, {B, T, H, D}), table.cos, table.sin);
+  auto want = fd_grad([&](const Vec& v) { return dot(rope_ref(v, B, T, H, D, theta), to_f64(dy)); },
+                      to_f64(x));
+  expect_close(dx, want, kBwdTol, "rope backward");
+}
+
+// ---- attention --------------------------------------------------------------------------
+TEST(Ops, AttentionGqaForwardBackward) {
+  const int64_t B = 2, T = 7, Hq = 6, Hkv = 2, D = 6;
+  auto q = randn(B * T * Hq * D, 17), k = randn(B * T * Hkv * D, 18), v = randn(B * T * Hkv * D, 19);
+  std::vector<float> out(q.size()), probs(B * Hq * T * T);
+  const Shape qs{B, T, Hq, D}, ks{B, T, Hkv, D};
+  attention_forward(view(out, qs), view(probs, {B, Hq, T, T}), view(q, qs), view(k, ks), view(v, ks));
+  const Vec qd = to_f64(q), kd = to_f64(k), vd = to_f64(v);
+  expect_close(out, attention_ref(qd, kd, vd, B, T, Hq, Hkv, D), kFwdTol, "attention out");
+  for (int64_t i = 0; i < T; ++i)  // causal: nothing above the diagonal
+    for (int64_t j = i + 1; j < T; ++j) ASSERT_EQ(probs[i * T + j], 0.0f);
+
+  auto dout = randn(q.size(), 20);
+  std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+  attention_backward(view(dq, qs), view(dk, ks), view(dv, ks), view(dout, qs),
+                     view(probs, {B, Hq, T, T}), view(q, qs), view(k, ks), view(v, ks));
+  const Vec dod = to_f64(dout);
+  auto f = [&](const Vec& qq, const Vec& kk, const Vec& vv) {
+    return dot(attention_ref(qq, kk, vv, B, T, Hq, Hkv, D), dod);
+  };
+  expect_close(dq, fd_grad([&](const Vec& x) { return f(x, kd, vd); }, qd), kBwdTol, "dq");
+  expect_close(dk, fd_grad([&](const Vec& x) { return f(qd, x, vd); }, kd), kBwdTol, "dk");
+  expect_close(dv, fd_grad([&](const Vec& x) { return f(qd, kd, x); }, vd), kBwdTol, "dv");
+}
+
+// ---- swiglu ----------------------------------------------------------------------------
+TEST(Ops, SwigluForwardBackward) {
+  const int64_t n = 3 * 45;
+  auto g = randn(n, 21, 2.0f), u = randn(n, 22), dout = randn(n, 23);
+  std::vector<float> out(n), dg(n), du(n);
+  swiglu_forward(view(out, {3, 45}), view(g, {3, 45}), view(u, {3, 45}));
+  auto ref = [&](const Vec& gg, const Vec& uu) {
+    Vec o(n);
+    for (int64_t i = 0; i < n; ++i) o[i] = gg[i] / (1 + std::exp(-gg[i])) * uu[i];
+    return o;
+  };
+  expect_close(out, ref(to_f64(g), to_f64(u)), kFwdTol, "swiglu");
+  swiglu_backward(view(dg, {3, 45}), view(du, {3, 45}), view(dout, {3, 45}), view(g, {3, 45}),
+                  view(u, {3, 45}));
+  const Vec gd = to_f64(g), ud = to_f64(u), dod = to_f64(dout);
+  expect_close(dg, fd_grad([&](const Vec& x) { return dot(ref(x, ud), dod); }, gd), kBwdTol, "dgate");
+  expect_close(du, fd_grad([&](const Vec& x) { return dot(ref(gd, x), dod); }, ud), kBwdTol, "dup");
+}
+
+// ---- cross-entropy ------------------------------------------------------------------------
+TEST(Ops, CrossEntropyWithIgnoreIndex) {
+  const int64_t N = 6, V = 37;
+  auto logits = randn(N * V, 24, 3.0f);
+  std::vector<int32_t> t = {5, kIgnoreIndex, 36, 0, kIgnoreIndex, 17};
+  std::vector<float> losses(N), dl(N * V);
+  cross_entropy_forward(view(losses, {N}), view(logits, {N, V}), view(t, {N}));
+  double mean = 0;
+  for (float l : losses) mean += l;
+  mean /= 4;  // four targets are not ignored
+  EXPECT_EQ(losses[1], 0.0f);
+  EXPECT_EQ(losses[4], 0.0f);
+  EXPECT_NEAR(mean, ce_ref(to_f64(logits), t, N, V), 1e-6 * mean);
+  cross_entropy_backward(view(dl, {N, V}), view(logits, {N, V}), view(t, {N}), 1.0f / 4);
+  auto want = fd_grad([&](const Vec& x) { return ce_ref(x, t, N, V); }, to_f64(logits));
+  expect_close(dl, want, kBwdTol, "dlogits");
+  for (int64_t j = 0; j < V; ++j) ASSERT_EQ(dl[1 * V + j], 0.0f);  // ignored row
+}
+
+TEST(Ops, Axpby) {
+  std::vector<float> y = {1, 2, 3}, x = {4, 5, 6};
+  axpby(view(y, {3}), 2.0f, view(x, {3}), -1.0f);
+  EXPECT_EQ(y, (std::vector<float>{-2, -1, 0}));
+}
+
+}  // namespace
+}  // namespace lns

@@ -1,0 +1,84 @@
+// Helpers shared by the tests: deterministic random data, f64 finite differences
+// and error measures relative to a tensor's largest entry.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "lns/rng.h"
+#include "lns/tensor.h"
+
+namespace lns::test {
+
+inline std::vector<float> randn(int64_t n, uint64_t seed, float std = 1.0f, float mean = 0.0f) {
+  std::vector<float> v(n);
+  const uint64_t key = rng_key(seed, "test");
+  for (int64_t i = 0; i < n; ++i) v[i] = mean + std * normal_at(key, i);
+  return v;
+}
+
+inline std::vector<double> to_f64(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+inline Tensor view(std::vector<float>& v, Shape s) {
+  EXPECT_EQ(static_cast<int64_t>(v.size()), s.numel());
+  Tensor t;
+  t.data = v.data();
+  t.dtype = DType::F32;
+  t.shape = s;
+  return t;
+}
+
+inline Tensor view(std::vector<int32_t>& v, Shape s) {
+  Tensor t;
+  t.data = v.data();
+  t.dtype = DType::I32;
+  t.shape = s;
+  return t;
+}
+
+// max |got - want| / max(max |want|, floor): an error relative to the tensor's scale.
+template <typename A, typename B>
+double rel_max_err(const A* got, const B* want, int64_t n, double floor = 1e-30) {
+  double err = 0.0, scale = floor;
+  for (int64_t i = 0; i < n; ++i) {
+    err = std::max(err, std::abs(double(got[i]) - double(want[i])));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  return err / scale;
+}
+
+template <typename A, typename B>
+void expect_close(const std::vector<A>& got, const std::vector<B>& want, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const double e = rel_max_err(got.data(), want.data(), static_cast<int64_t>(got.size()));
+  EXPECT_LE(e, tol) << what << ": relative max error " << e;
+}
+
+// Central finite differences of a scalar f64 function at x, step h.
+inline std::vector<double> fd_grad(const std::function<double(const std::vector<double>&)>& f,
+                                   std::vector<double> x, double h = 1e-6) {
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    const double fp = f(x);
+    x[i] = x0 - h;
+    const double fm = f(x);
+    x[i] = x0;
+    g[i] = (fp - fm) / (2 * h);
+  }
+  return g;
+}
+
+inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace lns::test

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Generate golden safetensors files for the C++ LLaMA stack from the float64
+PyTorch reference in llama_reference.py.
+
+    python3 tools/reference/make_golden.py [--out_dir DIR] [--check]
+
+One file per (norm_type, norm_scheme): <norm_type>_<norm_scheme>.safetensors
+holding the f32 weights (HF names), inputs/targets (I32), logits (F32),
+loss (F32, 0-dim) and grad.<name> (F32) for every weight.
+--check regenerates in memory and compares against the files in --out_dir
+(bit-exact) instead of writing.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+sys.dont_write_bytecode = True  # keep tools/reference/ free of __pycache__
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_reference as ref  # noqa: E402
+
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+GENERATOR = "tools/reference/make_golden.py"
+NUM_IGNORED = 3  # target positions set to -100
+
+
+def case_config(norm_type, norm_scheme):
+    layernorm = norm_type == "layernorm"
+    return {
+        "vocab_size": 53,
+        "hidden_size": 36,
+        "intermediate_size": 45,
+        "num_layers": 3,
+        "num_heads": 6,
+        "num_kv_heads": 2,
+        "rope_theta": 500.0 if layernorm else 10000.0,
+        "norm_eps": 1e-5,
+        "norm_type": norm_type,
+        "norm_scheme": norm_scheme,
+        "post_layers": 1,
+        "tie_embeddings": layernorm,
+        "seq_len": 7,
+        "micro_batch_size": 2,
+    }
+
+
+def cases():
+    idx = 0
+    for norm_type in ref.NORM_TYPES:
+        for norm_scheme in ref.NORM_SCHEMES:
+            yield idx, norm_type, norm_scheme
+            idx += 1
+
+
+def make_case(cfg, seed):
+    """Returns (tensors dict for the file, float64 weights, inputs, targets)."""
+    torch.manual_seed(seed)
+    w32 = ref.init_weights(cfg)
+    B, T, V = cfg["micro_batch_size"], cfg["seq_len"], cfg["vocab_size"]
+    inputs = torch.randint(0, V, (B, T), dtype=torch.int32)
+    targets = torch.randint(0, V, (B, T), dtype=torch.int32)
+    ignored = torch.randperm(B * T)[:NUM_IGNORED]
+    targets.view(-1)[ignored] = ref.IGNORE_INDEX
+
+    W = ref.load_weights(cfg, w32)  # float64 copies of exactly the f32 values
+    logits, loss, grads = ref.forward_backward(cfg, W, inputs, targets)
+
+    out = dict(w32)
+    out["inputs"] = inputs.contiguous()
+    out["targets"] = targets.contiguous()
+    out["logits"] = logits.to(torch.float32).contiguous()
+    out["loss"] = loss.to(torch.float32).reshape(())
+    for name, g in grads.items():
+        out["grad." + name] = g.to(torch.float32).contiguous()
+    return out, W, inputs, targets, loss
+
+
+def finite_difference_check(cfg, W, inputs, targets, names, h=1e-5, rtol=1e-6):
+    """Compare autograd vs central differences (float64) at the largest-|grad|
+    entry of each named weight. Asserts relative agreement within rtol."""
+    _, _, grads = ref.forward_backward(cfg, W, inputs, targets)
+    worst = 0.0
+    with torch.no_grad():
+        for name in names:
+            g = grads[name]
+            flat = int(g.abs().argmax())
+            w = W[name].view(-1)
+            orig = w[flat].item()
+            w[flat] = orig + h
+            lp = ref.loss_fn(ref.forward(cfg, W, inputs), targets).item()
+            w[flat] = orig - h
+            lm = ref.loss_fn(ref.forward(cfg, W, inputs), targets).item()
+            w[flat] = orig
+            fd = (lp - lm) / (2 * h)
+            ag = g.view(-1)[flat].item()
+            rel = abs(fd - ag) / max(abs(ag), 1e-12)
+            worst = max(worst, rel)
+            assert rel < rtol, f"FD check failed for {name}[{flat}]: autograd {ag!r} vs FD {fd!r} (rel {rel:.2e})"
+    return worst
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out_dir", default=os.path.join(REPO_ROOT, "tests", "golden"))
+    ap.add_argument("--check", action="store_true",
+                    help="compare regenerated data with existing files instead of writing")
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # fixed reduction order -> reproducible f32 rounding
+    os.makedirs(args.out_dir, exist_ok=True)
+
+    failures = 0
+    for idx, norm_type, norm_scheme in cases():
+        cfg = case_config(norm_type, norm_scheme)
+        seed = 1000 + idx
+        tensors, W, inputs, targets, loss = make_case(cfg, seed)
+        meta = {"config": json.dumps(cfg), "generator": GENERATOR, "seed": str(seed)}
+        path = os.path.join(args.out_dir, f"{norm_type}_{norm_scheme}.safetensors")
+
+        # Sanity: autograd vs central finite differences (float64).
+        fd_names = ["model.embed_tokens.weight",
+                    "model.layers.0.self_attn.q_proj.weight",
+                    "model.layers.1.self_attn.k_proj.weight",
+                    "model.layers.2.mlp.down_proj.weight",
+                    "model.norm.weight"]
+        fd_names += [n for n in W if n.startswith("model.layers.0.") and "norm" in n]
+        if norm_type == "layernorm":
+            fd_names.append("model.norm.bias")
+        else:
+            fd_names.append("lm_head.weight")
+        fd_worst = finite_difference_check(cfg, W, inputs, targets, fd_names)
+
+        if args.check:
+            old = load_file(path)
+            with safe_open(path, "pt") as f:
+                old_meta = f.metadata()
+            bad = [k for k in set(old) | set(tensors)
+                   if k not in old or k not in tensors or old[k].dtype != tensors[k].dtype
+                   or old[k].shape != tensors[k].shape or not torch.equal(old[k], tensors[k])]
+            if old_meta != meta:
+                bad.append("__metadata__")
+            status = "OK" if not bad else f"MISMATCH {sorted(bad)[:5]}"
+            failures += bool(bad)
+        else:
+            save_file(tensors, path, metadata=meta)
+            status = "written"
+        size = os.path.getsize(path)
+        print(f"{norm_type:9s} {norm_scheme:11s} loss={loss.item():.9f} "
+              f"fd_rel_err_max={fd_worst:.1e} size={size} B  {os.path.relpath(path, REPO_ROOT)} {status}")
+    if failures:
+        sys.exit(f"{failures} golden file(s) differ")
+
+
+if __name__ == "__main__":
+    main()
