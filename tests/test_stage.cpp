@@ -1,1 +1,125 @@
-#include <gtest/gtest.h>
+// A model split into two stages at layer k computes exactly what the whole model
+// computes: same logits, loss and gradients, bit for bit (the same ops run in the same
+// order; only the tied-embedding gradient, summed across the two stages, is allowed
+// f32 rounding). Covers LNS (the scale must use global layer numbers) and Mix-LN
+// with the split inside and outside the Post-LN range.
+#include <cstring>
+
+#include "lns/stage.h"
+#include "test_util.h"
+
+namespace lns {
+namespace {
+
+using namespace lns::test;
+
+LlamaConfig tiny(NormScheme scheme, bool tied) {
+  LlamaConfig c;
+  c.vocab_size = 29, c.hidden_size = 36, c.intermediate_size = 45, c.num_layers = 4;
+  c.num_heads = 6, c.num_kv_heads = 3, c.norm_scheme = scheme, c.post_layers = 2;
+  c.tie_embeddings = tied, c.init_std = 0.2f, c.embed_init_std = 1.0f;
+  return c;
+}
+
+std::vector<float> copy_of(Tensor t) { return {t.f32(), t.f32() + t.numel()}; }
+
+struct SplitCase {
+  NormScheme scheme;
+  int k;
+  bool tied;
+};
+
+class StageSplit : public ::testing::TestWithParam<SplitCase> {};
+
+TEST_P(StageSplit, TwoStagesEqualTheWholeModel) {
+  const auto [scheme, k, tied] = GetParam();
+  const LlamaConfig cfg = tiny(scheme, tied);
+  const int64_t B = 2, T = 5, N = B * T;
+  std::vector<int32_t> ids(N), targets(N);
+  for (int64_t i = 0; i < N; ++i) ids[i] = (7 * i + 3) % cfg.vocab_size;
+  for (int64_t i = 0; i < N; ++i) targets[i] = i == 4 ? kIgnoreIndex : (5 * i + 1) % cfg.vocab_size;
+  const float scale = 1.0f / (N - 1);
+
+  LlamaStage whole(cfg, StageSpec::whole(cfg), B, T);
+  whole.init_weights(42);
+  whole.params().zero_grads();
+  const auto logits_whole = copy_of(whole.forward(view(ids, {B, T})));
+  const double loss_whole = whole.loss(view(targets, {N}));
+  whole.backward({}, scale);
+
+  LlamaStage first(cfg, {0, k, true, false}, B, T), last(cfg, {k, cfg.num_layers, false, true}, B, T);
+  first.init_weights(42);
+  last.init_weights(42);
+  first.params().zero_grads();
+  last.params().zero_grads();
+  const Tensor hidden = first.forward(view(ids, {B, T}));
+  ASSERT_EQ(hidden.shape, (Shape{B, T, cfg.hidden_size}));
+  const auto logits_split = copy_of(last.forward(hidden));
+  EXPECT_EQ(logits_split, logits_whole);
+  EXPECT_EQ(last.loss(view(targets, {N})), loss_whole);
+  const Tensor dhidden = last.backward({}, scale);
+  ASSERT_EQ(first.backward(dhidden, scale).empty(), true);
+
+  // Every parameter of the whole model lives on exactly one stage (the tied
+  // embedding on both), with the same gradient.
+  for (int i = 0; i < whole.params().size(); ++i) {
+    const std::string& name = whole.params().info(i).name;
+    const int a = first.params().find(name), b = last.params().find(name);
+    ASSERT_TRUE(a >= 0 || b >= 0) << name;
+    const auto want = copy_of(whole.params().grad(i));
+    if (a >= 0 && b >= 0) {  // tied embedding: one gradient, summed across the stages
+      auto sum = copy_of(first.params().grad(a));
+      const auto other = copy_of(last.params().grad(b));
+      for (size_t j = 0; j < sum.size(); ++j) sum[j] += other[j];
+      expect_close(sum, want, 1e-6, name);
+      EXPECT_EQ(copy_of(first.params().param(a)), copy_of(last.params().param(b)));
+    } else {
+      const ParamSet& ps = a >= 0 ? first.params() : last.params();
+      EXPECT_EQ(copy_of(ps.grad(a >= 0 ? a : b)), want) << name;
+      EXPECT_EQ(copy_of(ps.param(a >= 0 ? a : b)), copy_of(whole.params().param(i))) << name;
+    }
+  }
+  EXPECT_EQ(first.params().size() + last.params().size(), whole.params().size() + (tied ? 1 : 0));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Splits, StageSplit,
+    ::testing::Values(SplitCase{NormScheme::LNS, 1, false}, SplitCase{NormScheme::LNS, 3, true},
+                      SplitCase{NormScheme::Mix, 1, false},   // split inside the post range
+                      SplitCase{NormScheme::Mix, 2, false},   // split at its edge
+                      SplitCase{NormScheme::Mix, 3, true}));  // split in the pre range
+
+TEST(BlockPlan, SchemesOwnExactlyTheirNorms) {
+  auto names = [](NormScheme s, int layer) {
+    LlamaConfig c = tiny(s, false);
+    std::vector<std::string> out;
+    for (NormSlot n : block_plan(c, layer).norms()) out.push_back(norm_slot_name(n));
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(names(NormScheme::Pre, 0), (V{"input_layernorm", "post_attention_layernorm"}));
+  EXPECT_EQ(names(NormScheme::Post, 0), (V{"post_attention_layernorm", "post_feedforward_layernorm"}));
+  EXPECT_EQ(names(NormScheme::Mix, 1), names(NormScheme::Post, 1));  // 1 < post_layers = 2
+  EXPECT_EQ(names(NormScheme::Mix, 2), names(NormScheme::Pre, 2));
+  EXPECT_EQ(names(NormScheme::Sandwich, 3),
+            (V{"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+               "post_feedforward_layernorm"}));
+  EXPECT_EQ(names(NormScheme::DeepNorm, 2), names(NormScheme::Post, 2));
+}
+
+TEST(BlockPlan, DepthValuesComeFromTheGlobalLayer) {
+  LlamaConfig c = tiny(NormScheme::LNS, false);
+  c.num_layers = 24;
+  for (int g : {0, 12, 23}) {
+    const BlockPlan p = block_plan(c, g);
+    EXPECT_FLOAT_EQ(p.attn.pre_scale, 1.0f / std::sqrt(float(g + 1)));
+    EXPECT_FLOAT_EQ(p.mlp.pre_scale, 1.0f / std::sqrt(float(g + 1)));
+  }
+  c.norm_scheme = NormScheme::DeepNorm;
+  EXPECT_FLOAT_EQ(block_plan(c, 5).attn.residual_alpha, std::pow(48.0f, 0.25f));
+  c.norm_scheme = NormScheme::Pre;
+  EXPECT_EQ(block_plan(c, 5).attn.pre_scale, 1.0f);
+}
+
+}  // namespace
+}  // namespace lns

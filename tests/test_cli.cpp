@@ -1,0 +1,106 @@
+// lns_train as a user runs it: bad input is one clear stderr line and a non-zero
+// exit; --init_from + --dump_step_state write exactly what the library computes.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "lns/param_io.h"
+#include "lns/stage.h"
+#include "test_util.h"
+
+namespace lns {
+namespace {
+
+using namespace lns::test;
+
+struct Result {
+  int code;
+  std::string err;
+};
+
+Result run_train(const std::string& args) {
+  static int calls = 0;  // unique per process and call: ctest runs tests in parallel
+  const std::string err_path = ::testing::TempDir() + "/lns_cli_stderr_" +
+                               std::to_string(::getpid()) + "_" + std::to_string(calls++) + ".txt";
+  const std::string cmd = std::string(LNS_TRAIN_BIN) + " " + args + " >/dev/null 2>" + err_path;
+  const int status = std::system(cmd.c_str());
+  std::ifstream f(err_path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str()};
+}
+
+std::string golden(const std::string& name) {
+  return std::string(LNS_SOURCE_DIR) + "/tests/golden/" + name + ".safetensors";
+}
+
+// The flags of the golden files' model (tools/reference/make_golden.py).
+const std::string kGoldenFlags =
+    "--vocab_size=53 --hidden_size=36 --intermediate_size=45 --num_layers=3 --num_heads=6 "
+    "--num_kv_heads=2 --post_layers=1 --seq_len=7 --micro_batch_size=2";
+
+void expect_one_line_error(const std::string& args, const std::string& needle) {
+  const Result r = run_train(args);
+  EXPECT_NE(r.code, 0) << args;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line expected: " << r.err;
+  EXPECT_EQ(r.err.find("Check failed"), std::string::npos) << r.err;
+}
+
+TEST(Cli, BadInputIsOneClearLine) {
+  expect_one_line_error("--norm_scheme=prenorm",
+                        "--norm_scheme=prenorm is not a normalization scheme; expected one of pre");
+  expect_one_line_error("--hidden_size=36 --num_heads=5 --num_kv_heads=5",
+                        "--hidden_size=36 must be divisible by --num_heads=5");
+  expect_one_line_error("--hidden_size=36 --num_heads=6 --num_kv_heads=4",
+                        "--num_heads=6 must be divisible by --num_kv_heads=4");
+  expect_one_line_error("--norm_type=batchnorm", "--norm_type=batchnorm is not a norm type");
+  expect_one_line_error("--norm_schem=lns", "unknown command line flag 'norm_schem'");
+  expect_one_line_error(kGoldenFlags + " --init_from=/nonexistent/w.safetensors",
+                        "/nonexistent/w.safetensors: cannot open");
+  // A safetensors file with a wrong shape for this model.
+  expect_one_line_error(
+      kGoldenFlags + " --norm_scheme=mix --intermediate_size=44 --init_from=" + golden("rmsnorm_mix"),
+      "'model.layers.0.mlp.gate_proj.weight' has shape [45, 36], expected [44, 36]");
+}
+
+TEST(Cli, DumpStepStateEqualsTheLibrary) {
+  const std::string dump =
+      ::testing::TempDir() + "/lns_cli_dump_" + std::to_string(::getpid()) + ".safetensors";
+  std::remove(dump.c_str());
+  const Result r = run_train(kGoldenFlags + " --norm_scheme=mix --seed=5 --init_from=" +
+                             golden("rmsnorm_mix") + " --dump_step_state=" + dump);
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  SafetensorsReader d(dump);
+  EXPECT_EQ(d.metadata().at("format"), "lns-step-state-v1");
+  const LlamaConfig cfg = LlamaConfig::from_json(nlohmann::json::parse(d.metadata().at("config")), dump);
+  EXPECT_EQ(cfg.norm_scheme, NormScheme::Mix);
+  EXPECT_EQ(cfg.post_layers, 1);
+  auto inputs = d.read_i32("inputs"), targets = d.read_i32("targets");
+  ASSERT_EQ(d.entry("inputs").shape, (std::vector<int64_t>{2, 7}));
+  for (int b = 0; b < 2; ++b)  // --data=random: targets are the inputs shifted by one
+    for (int t = 0; t + 1 < 7; ++t) EXPECT_EQ(targets[b * 7 + t], inputs[b * 7 + t + 1]);
+
+  LlamaStage model(cfg, StageSpec::whole(cfg), 2, 7);
+  load_params(model.params(), SafetensorsReader(golden("rmsnorm_mix")));
+  const Tensor logits = model.forward(view(inputs, {2, 7}));
+  EXPECT_EQ(std::vector<float>(logits.f32(), logits.f32() + logits.numel()), d.read_f32("logits"));
+  const float loss = static_cast<float>(model.loss(view(targets, {14})) / 14);
+  EXPECT_EQ(d.read_f32("loss")[0], loss);
+  model.params().zero_grads();
+  model.backward({}, 1.0f / 14);
+  for (int i = 0; i < model.params().size(); ++i) {
+    const Tensor g = model.params().grad(i);
+    EXPECT_EQ(std::vector<float>(g.f32(), g.f32() + g.numel()),
+              d.read_f32("grad." + model.params().info(i).name))
+        << model.params().info(i).name;
+  }
+}
+
+}  // namespace
+}  // namespace lns
