@@ -73,3 +73,20 @@ void cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor targets, float
 void axpby(Tensor y, float a, Tensor x, float b);
 
 }  // namespace lns
+
+namespace lns {
+
+// ---- optimizer -------------------------------------------------------------------------
+// One AdamW step (decoupled weight decay, as torch.optim.AdamW) on flat f32 buffers,
+// all [n]: p -= lr*wd*p; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
+// p -= lr * (m/bc1) / (sqrt(v/bc2) + eps), with bc1 = 1-b1^t, bc2 = 1-b2^t.
+struct AdamWHyper {
+  float lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2;
+};
+void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h);
+// sum of x[i]^2 in double (gradient norms)
+double sum_squares(Tensor x);
+// x[i] *= a
+void scale_inplace(Tensor x, float a);
+
+}  // namespace lns

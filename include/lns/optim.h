@@ -1,0 +1,51 @@
+// AdamW over a ParamSet's flat buffers, the learning-rate schedule and gradient
+// clipping. Moments are f32 buffers with the parameters' layout, so a checkpoint or
+// a ZeRO shard is a slice of them.
+#pragma once
+#include <cstdint>
+
+#include "lns/param_set.h"
+
+namespace lns {
+
+struct AdamWConfig {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled; applied to matrices only (ParamInfo::decays)
+};
+
+class AdamW {
+ public:
+  AdamW(ParamSet& params, AdamWConfig cfg);
+  // One update with learning rate lr from params.grad(); increments step().
+  void step(float lr);
+  int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
+  Tensor exp_avg() const { return m_.f32(Shape{params_.numel()}); }
+  Tensor exp_avg_sq() const { return v_.f32(Shape{params_.numel()}); }
+  const AdamWConfig& config() const { return cfg_; }
+
+ private:
+  ParamSet& params_;
+  AdamWConfig cfg_;
+  Buffer m_, v_;
+  int64_t t_ = 0;
+};
+
+// Linear warm-up to max_lr over `warmup` steps, then cosine decay to
+// max_lr * min_lr_ratio at step `total`:
+//   lr(s) = max_lr * (s + 1) / warmup                          s < warmup
+//   lr(s) = min + (max - min) * (1 + cos(pi * p)) / 2,  p = (s - warmup) / (total - warmup)
+// and min afterwards. s is the 0-based index of the optimizer step being taken.
+struct LrSchedule {
+  double max_lr = 1e-3, min_lr_ratio = 0.1;
+  int64_t warmup = 0, total = 1;
+  double at(int64_t step) const;
+};
+
+// sqrt(sum of squares of all gradients) in double.
+double grad_norm(const ParamSet& params);
+// If max_norm > 0 and norm > max_norm, scales all gradients by max_norm / (norm + 1e-6)
+// (torch.nn.utils.clip_grad_norm_). Returns the factor applied (1 when not clipped).
+float clip_grads(ParamSet& params, double norm, double max_norm);
+
+}  // namespace lns

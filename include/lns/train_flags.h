@@ -1,0 +1,15 @@
+// The trainer's flags (data, batch, optimizer, schedule, evaluation, output).
+#pragma once
+#include <string>
+
+#include "lns/trainer.h"
+
+namespace lns {
+
+TrainConfig train_config_from_flags();
+std::string dump_step_state_flag();
+// Every lns flag (those defined in *_flags.cpp) as "--name=value" lines: the
+// resolved configuration, itself a valid --flagfile.
+std::string resolved_flags();
+
+}  // namespace lns

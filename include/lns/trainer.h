@@ -1,0 +1,81 @@
+// Trainer: data -> forward/backward over micro-batches -> clip -> AdamW -> schedule,
+// with periodic validation, the rank-0 training line and a JSONL metrics file.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "lns/config.h"
+#include "lns/data.h"
+#include "lns/optim.h"
+#include "lns/stage.h"
+
+namespace lns {
+
+struct TrainConfig {
+  std::string data = "random";  // token file, Megatron prefix, or "random"
+  std::string val_data;         // empty: no validation
+  SampleMode data_mode = SampleMode::Packed;
+  int64_t seq_len = 256, micro_batch = 8, global_batch = 8;
+  int64_t steps = 100;
+  uint64_t seed = 1234;
+  double lr = 1e-3, min_lr_ratio = 0.1;
+  int64_t warmup_steps = 0;
+  AdamWConfig adam;
+  double grad_clip = 1.0;
+  int64_t eval_every = 0, eval_tokens = 65536, log_every = 10;
+  std::string out_dir;  // empty: no files written
+  double peak_tflops = 0;  // for MFU in the log; 0 = not shown
+  std::string init_from;
+
+  int64_t accum_steps() const { return global_batch / micro_batch; }
+  void validate() const;  // UserError naming the flag
+};
+
+struct StepStats {
+  int64_t step = 0;       // 1-based number of optimizer steps taken
+  double loss = 0;        // mean over the global batch's unmasked targets
+  double grad_norm = 0;   // before clipping
+  double lr = 0;
+  int64_t tokens = 0;     // unmasked targets in the global batch
+  double seconds = 0;
+};
+
+struct EvalStats {
+  double loss = 0, ppl = 0;
+  int64_t tokens = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg);
+  ~Trainer();
+
+  LlamaStage& model() { return *model_; }
+  AdamW& optimizer() { return *optim_; }
+  BatchSampler& sampler() { return *train_sampler_; }
+
+  // Gradients of the next global batch accumulated into model().params().grad()
+  // (zeroed first), normalised by its unmasked targets. Returns the mean loss.
+  double compute_gradients(int64_t* tokens = nullptr);
+  // compute_gradients, clipping, one AdamW step at the schedule's learning rate.
+  StepStats train_step();
+  // Mean loss over the first --eval_tokens target positions of the validation data.
+  EvalStats evaluate();
+  // The whole run: steps, logs, metrics, validation.
+  void run();
+  // Forward/backward of the first micro-batch, written as a step-state dump.
+  void dump_step_state(const std::string& path);
+  int64_t flops_per_token() const;  // 6 * parameters + attention (see docs/training.md)
+
+ private:
+  LlamaConfig model_cfg_;
+  TrainConfig cfg_;
+  LrSchedule schedule_;
+  std::unique_ptr<LlamaStage> model_;
+  std::unique_ptr<AdamW> optim_;
+  std::unique_ptr<TokenCorpus> train_data_, val_data_;
+  std::unique_ptr<BatchSampler> train_sampler_;
+  OwnedTensor inputs_, targets_;  // [accum * B, T]: this step's share of the global batch
+};
+
+}  // namespace lns

@@ -1,0 +1,232 @@
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "lns/data.h"
+#include "lns/errors.h"
+#include "lns/rng.h"
+
+namespace lns {
+namespace {
+
+constexpr char kMagic[8] = {'L', 'N', 'S', 'T', 'O', 'K', 'E', 'N'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 64;
+constexpr char kMegatronMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
+
+// A read-only memory map of a whole file; UserError naming the file on failure.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) fail(path, ": cannot open data file: ", std::strerror(errno));
+    struct stat st {};
+    ::fstat(fd, &st);
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        ::close(fd);
+        fail(path, ": cannot map data file: ", std::strerror(errno));
+      }
+      data_ = static_cast<const uint8_t*>(p);
+    }
+    ::close(fd);
+  }
+  ~MappedFile() {
+    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+  }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+template <typename T>
+T load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+bool file_exists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+// Our format (docs/data.md): 64-byte header, tokens, padding to 8, doc offsets.
+class LnsTokenFile : public TokenCorpus {
+ public:
+  explicit LnsTokenFile(const std::string& path) : file_(path) {
+    path_ = path;
+    const uint8_t* p = file_.data();
+    if (file_.size() < kHeaderBytes || std::memcmp(p, kMagic, 8) != 0)
+      fail(path, ": not an lns token file (bad magic; expected 'LNSTOKEN', or a Megatron prefix ",
+           "with .bin/.idx)");
+    const uint32_t version = load<uint32_t>(p + 8);
+    if (version != kVersion) fail(path, ": token file version ", version, ", expected ", kVersion);
+    token_bytes_ = static_cast<int>(load<uint32_t>(p + 12));
+    if (token_bytes_ != 2 && token_bytes_ != 4)
+      fail(path, ": corrupt header (token width ", token_bytes_, " bytes, expected 2 or 4)");
+    const uint64_t n = load<uint64_t>(p + 16), docs = load<uint64_t>(p + 24);
+    vocab_size_ = static_cast<int64_t>(load<uint64_t>(p + 32));
+    const uint64_t tok_end = kHeaderBytes + n * token_bytes_;
+    const uint64_t idx_begin = (tok_end + 7) / 8 * 8;
+    const uint64_t want = idx_begin + (docs + 1) * 8;
+    if (n > (uint64_t{1} << 40) || docs > n + 1 || want != file_.size())
+      fail(path, ": corrupt or truncated token file (header says ", n, " tokens and ", docs,
+           " documents = ", want, " bytes, file has ", file_.size(), ")");
+    num_tokens_ = static_cast<int64_t>(n);
+    tokens_ = p + kHeaderBytes;
+    doc_starts_.resize(docs + 1);
+    std::memcpy(doc_starts_.data(), p + idx_begin, (docs + 1) * 8);
+    for (uint64_t d = 0; d < docs; ++d)
+      if (doc_starts_[d] > doc_starts_[d + 1])
+        fail(path, ": corrupt document index (document ", d, " ends before it starts)");
+    if (doc_starts_.front() != 0 || doc_starts_.back() != num_tokens_)
+      fail(path, ": corrupt document index (must span tokens 0..", num_tokens_, ")");
+  }
+
+ private:
+  MappedFile file_;
+};
+
+// Megatron-LM's MMapIndexedDataset: PREFIX.idx = "MMIDIDX\0\0", u64 version 1, u8 dtype
+// code, u64 sequence count S, u64 document-index length D, i32 sizes[S], i64 byte
+// pointers[S], i64 doc_idx[D] (sequence index where each document starts, then S).
+class MegatronCorpus : public TokenCorpus {
+ public:
+  explicit MegatronCorpus(const std::string& prefix) : idx_(prefix + ".idx"), bin_(prefix + ".bin") {
+    path_ = prefix;
+    const std::string ip = prefix + ".idx";
+    const uint8_t* p = idx_.data();
+    if (idx_.size() < 34 || std::memcmp(p, kMegatronMagic, 9) != 0)
+      fail(ip, ": not a Megatron index (bad magic, expected MMIDIDX)");
+    if (load<uint64_t>(p + 9) != 1) fail(ip, ": Megatron index version ", load<uint64_t>(p + 9), ", expected 1");
+    const uint8_t code = p[17];
+    if (code == 8) token_bytes_ = 2;       // uint16
+    else if (code == 4) token_bytes_ = 4;  // int32
+    else fail(ip, ": token dtype code ", int(code), " not supported (expected 8 = uint16 or 4 = int32)");
+    const uint64_t S = load<uint64_t>(p + 18), D = load<uint64_t>(p + 26);
+    const uint64_t want = 34 + S * 4 + S * 8 + D * 8;
+    if (want != idx_.size())
+      fail(ip, ": corrupt or truncated Megatron index (", S, " sequences, ", D,
+           " document entries = ", want, " bytes, file has ", idx_.size(), ")");
+    const uint8_t* sizes = p + 34;
+    const uint8_t* ptrs = sizes + S * 4;
+    const uint8_t* doc_idx = ptrs + S * 8;
+    num_tokens_ = static_cast<int64_t>(bin_.size() / token_bytes_);
+    tokens_ = bin_.data();
+    // Sequences are stored back to back; a document is a run of sequences.
+    int64_t expect_ptr = 0;
+    for (uint64_t s = 0; s < S; ++s) {
+      const int64_t ptr = load<int64_t>(ptrs + s * 8), len = load<int32_t>(sizes + s * 4);
+      if (ptr != expect_ptr || len < 0)
+        fail(ip, ": sequence ", s, " is not stored contiguously after the previous one");
+      expect_ptr = ptr + len * token_bytes_;
+    }
+    if (static_cast<uint64_t>(expect_ptr) != bin_.size())
+      fail(prefix, ".bin: has ", bin_.size(), " bytes, the index describes ", expect_ptr);
+    auto seq_start = [&](uint64_t s) {
+      return s == S ? num_tokens_ : load<int64_t>(ptrs + s * 8) / token_bytes_;
+    };
+    if (D == 0) {
+      doc_starts_ = {0, num_tokens_};
+    } else {
+      for (uint64_t d = 0; d < D; ++d) {
+        const int64_t s = load<int64_t>(doc_idx + d * 8);
+        if (s < 0 || static_cast<uint64_t>(s) > S) fail(ip, ": document index entry ", d, " out of range");
+        doc_starts_.push_back(seq_start(s));
+      }
+      if (doc_starts_.back() != num_tokens_) doc_starts_.push_back(num_tokens_);
+    }
+  }
+
+ private:
+  MappedFile idx_, bin_;
+};
+
+class RandomCorpus : public TokenCorpus {
+ public:
+  RandomCorpus(int64_t vocab, int64_t n, uint64_t seed) : tokens_store_(n) {
+    path_ = "random";
+    const uint64_t key = rng_key(seed, "data.random");
+    for (int64_t i = 0; i < n; ++i)
+      tokens_store_[i] = static_cast<int32_t>(uniform_at(key, i) * static_cast<float>(vocab)) % vocab;
+    tokens_ = reinterpret_cast<const uint8_t*>(tokens_store_.data());
+    token_bytes_ = 4;
+    num_tokens_ = n;
+    vocab_size_ = vocab;
+    doc_starts_ = {0, n};
+  }
+
+ private:
+  std::vector<int32_t> tokens_store_;
+};
+
+}  // namespace
+
+std::unique_ptr<TokenCorpus> TokenCorpus::random(int64_t vocab_size, int64_t num_tokens,
+                                                 uint64_t seed) {
+  return std::make_unique<RandomCorpus>(vocab_size, num_tokens, seed);
+}
+
+std::unique_ptr<TokenCorpus> TokenCorpus::open(const std::string& path) {
+  if (!file_exists(path) && file_exists(path + ".idx") && file_exists(path + ".bin"))
+    return std::make_unique<MegatronCorpus>(path);
+  if (!file_exists(path))
+    fail(path, ": data file not found (expected an lns token file or a Megatron prefix with ",
+         ".bin and .idx)");
+  return std::make_unique<LnsTokenFile>(path);
+}
+
+void TokenCorpus::read(int64_t begin, int64_t n, int32_t* out) const {
+  LNS_CHECK(begin >= 0 && begin + n <= num_tokens_);
+  const uint8_t* p = tokens_ + begin * token_bytes_;
+  if (token_bytes_ == 2) {
+    for (int64_t i = 0; i < n; ++i) out[i] = load<uint16_t>(p + 2 * i);
+  } else {
+    std::memcpy(out, p, n * 4);
+  }
+}
+
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens,
+                      const std::vector<int64_t>& doc_starts, int token_bytes, int64_t vocab_size) {
+  LNS_CHECK(token_bytes == 2 || token_bytes == 4);
+  LNS_CHECK(!doc_starts.empty() && doc_starts.front() == 0 &&
+            doc_starts.back() == static_cast<int64_t>(tokens.size()));
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) fail(path, ": cannot write: ", std::strerror(errno));
+  uint8_t header[kHeaderBytes] = {};
+  std::memcpy(header, kMagic, 8);
+  const uint32_t ver = kVersion, tb = token_bytes;
+  const uint64_t n = tokens.size(), docs = doc_starts.size() - 1, vocab = vocab_size;
+  std::memcpy(header + 8, &ver, 4);
+  std::memcpy(header + 12, &tb, 4);
+  std::memcpy(header + 16, &n, 8);
+  std::memcpy(header + 24, &docs, 8);
+  std::memcpy(header + 32, &vocab, 8);
+  std::fwrite(header, 1, kHeaderBytes, f);
+  for (int32_t t : tokens) {
+    if (token_bytes == 2) {
+      const uint16_t v = static_cast<uint16_t>(t);
+      std::fwrite(&v, 2, 1, f);
+    } else {
+      std::fwrite(&t, 4, 1, f);
+    }
+  }
+  const uint64_t pad = (8 - (n * token_bytes) % 8) % 8;
+  const uint8_t zeros[8] = {};
+  std::fwrite(zeros, 1, pad, f);
+  std::fwrite(doc_starts.data(), 8, doc_starts.size(), f);
+  if (std::fclose(f) != 0) fail(path, ": write failed");
+}
+
+}  // namespace lns

@@ -1,0 +1,83 @@
+#include "lns/train_flags.h"
+
+#include <gflags/gflags.h>
+
+#include <absl/strings/match.h>
+#include <algorithm>
+#include <vector>
+
+// ---- data -----------------------------------------------------------------------------
+DEFINE_string(data, "random",
+              "Training tokens: an lns token file (tools/prepare_data.py), a Megatron indexed "
+              "dataset prefix (PREFIX.bin + PREFIX.idx), or 'random' for synthetic tokens.");
+DEFINE_string(val_data, "", "Validation tokens (same formats); empty disables validation.");
+DEFINE_string(data_mode, "packed",
+              "packed: contiguous windows of the token stream; document: one document per "
+              "sequence, truncated or padded with the loss masked (the paper's setup).");
+DEFINE_int32(seq_len, 256, "Tokens per sequence T.");
+DEFINE_int32(micro_batch_size, 8, "Sequences per forward/backward pass.");
+DEFINE_int32(global_batch_size, 8,
+             "Sequences per optimizer step; gradients of global/micro micro-batches accumulate.");
+DEFINE_uint64(seed, 1234, "Seed of the weight initialisation and the data order.");
+// ---- optimisation -----------------------------------------------------------------------
+DEFINE_int64(steps, 100, "Optimizer steps; the cosine schedule ends here.");
+DEFINE_double(lr, 1e-3, "Peak learning rate.");
+DEFINE_double(min_lr_ratio, 0.1, "Final learning rate as a fraction of --lr (cosine decay).");
+DEFINE_int64(warmup_steps, 0, "Linear warm-up steps.");
+DEFINE_double(beta1, 0.9, "AdamW beta1.");
+DEFINE_double(beta2, 0.999, "AdamW beta2.");
+DEFINE_double(adam_eps, 1e-8, "AdamW epsilon.");
+DEFINE_double(weight_decay, 0.0, "Decoupled weight decay, applied to matrices only.");
+DEFINE_double(grad_clip, 1.0, "Clip the global gradient norm to this value; 0 = off.");
+// ---- evaluation and output --------------------------------------------------------------
+DEFINE_int64(eval_every, 0, "Validate every N steps (and always at the end); 0 = only at the end.");
+DEFINE_int64(eval_tokens, 65536, "Validation target tokens per evaluation.");
+DEFINE_int64(log_every, 10, "Print the training line every N steps.");
+DEFINE_string(out_dir, "", "Run directory: metrics.jsonl and config.flags go here.");
+DEFINE_double(peak_tflops, 0, "Peak TFLOP/s of one device, for MFU in the log (0 = not shown).");
+// ---- debugging ----------------------------------------------------------------------------
+DEFINE_string(init_from, "", "Load all weights from this safetensors file (Hugging Face names).");
+DEFINE_string(dump_step_state, "",
+              "Write inputs, targets, logits, loss and grad.<param> of the first micro-batch, "
+              "before any optimizer step, to this safetensors file, then exit.");
+
+namespace lns {
+
+TrainConfig train_config_from_flags() {
+  TrainConfig c;
+  c.data = FLAGS_data;
+  c.val_data = FLAGS_val_data;
+  c.data_mode = parse_sample_mode(FLAGS_data_mode);
+  c.seq_len = FLAGS_seq_len;
+  c.micro_batch = FLAGS_micro_batch_size;
+  c.global_batch = FLAGS_global_batch_size;
+  c.seed = FLAGS_seed;
+  c.steps = FLAGS_steps;
+  c.lr = FLAGS_lr;
+  c.min_lr_ratio = FLAGS_min_lr_ratio;
+  c.warmup_steps = FLAGS_warmup_steps;
+  c.adam = {static_cast<float>(FLAGS_beta1), static_cast<float>(FLAGS_beta2),
+            static_cast<float>(FLAGS_adam_eps), static_cast<float>(FLAGS_weight_decay)};
+  c.grad_clip = FLAGS_grad_clip;
+  c.eval_every = FLAGS_eval_every;
+  c.eval_tokens = FLAGS_eval_tokens;
+  c.log_every = FLAGS_log_every;
+  c.out_dir = FLAGS_out_dir;
+  c.peak_tflops = FLAGS_peak_tflops;
+  c.init_from = FLAGS_init_from;
+  c.validate();
+  return c;
+}
+
+std::string dump_step_state_flag() { return FLAGS_dump_step_state; }
+
+std::string resolved_flags() {
+  std::vector<gflags::CommandLineFlagInfo> all;
+  gflags::GetAllFlags(&all);
+  std::string out;
+  for (const auto& f : all)
+    if (absl::EndsWith(f.filename, "_flags.cpp")) out += "--" + f.name + "=" + f.current_value + "\n";
+  return out;
+}
+
+}  // namespace lns
