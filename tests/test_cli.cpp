@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "lns/data.h"
 #include "lns/param_io.h"
 #include "lns/stage.h"
 #include "test_util.h"
@@ -70,6 +71,28 @@ TEST(Cli, BadInputIsOneClearLine) {
   expect_one_line_error(
       kGoldenFlags + " --norm_scheme=mix --intermediate_size=44 --init_from=" + golden("rmsnorm_mix"),
       "'model.layers.0.mlp.gate_proj.weight' has shape [45, 36], expected [44, 36]");
+}
+
+TEST(Cli, BadDataAndBatchesAreOneClearLine) {
+  const std::string dir = ::testing::TempDir() + "/lns_cli_data_" + std::to_string(::getpid());
+  std::system(("mkdir -p " + dir).c_str());
+  const std::string small = kGoldenFlags + " --norm_scheme=lns --steps=1";
+  expect_one_line_error(small + " --data=" + dir + "/nope.tok", dir + "/nope.tok: data file not found");
+  // A corrupt header: right magic, impossible token width.
+  std::string bytes = "LNSTOKEN";
+  bytes += std::string("\x01\0\0\0\x07\0\0\0", 8) + std::string(48, '\0');
+  std::ofstream(dir + "/corrupt.tok", std::ios::binary) << bytes;
+  expect_one_line_error(small + " --data=" + dir + "/corrupt.tok",
+                        "corrupt header (token width 7 bytes, expected 2 or 4)");
+  // A token id outside the model's vocabulary (53).
+  std::vector<int32_t> toks(40, 3);
+  toks[17] = 60;
+  write_token_file(dir + "/oov.tok", toks, {0, 40}, 2, 0);
+  expect_one_line_error(small + " --data=" + dir + "/oov.tok",
+                        "token id 60 at position 17 is outside the model's vocabulary");
+  expect_one_line_error(small + " --global_batch_size=5 --micro_batch_size=2",
+                        "--global_batch_size=5 must be a multiple of --micro_batch_size=2");
+  expect_one_line_error(small + " --data_mode=sliding", "--data_mode=sliding is not a sampling mode");
 }
 
 TEST(Cli, DumpStepStateEqualsTheLibrary) {

@@ -10,12 +10,24 @@ PKGS=(cmake g++ make ccache pkg-config
       libopenblas-dev libgtest-dev nlohmann-json3-dev
       python3 fortunes fortunes-min)
 
+# Python packages for the tools: tokenizers and sentencepiece (prepare_data.py),
+# matplotlib (plots). Installed with pip only when an import fails.
+install_python_deps() {
+  local py=${PYTHON:-python3}
+  if ! "$py" -c "import tokenizers, sentencepiece, matplotlib" 2>/dev/null; then
+    echo "[install_deps] pip installing tokenizers sentencepiece matplotlib"
+    "$py" -m pip install -q --disable-pip-version-check tokenizers sentencepiece matplotlib \
+      || echo "[install_deps] warning: pip install failed; tokenizer tests will skip, plots need matplotlib"
+  fi
+}
+
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "[install_deps] all ${#PKGS[@]} packages present"
+  echo "[install_deps] all ${#PKGS[@]} Debian packages present"
+  install_python_deps
   exit 0
 fi
 SUDO=""
@@ -23,4 +35,5 @@ SUDO=""
 echo "[install_deps] installing: ${missing[*]}"
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+install_python_deps
 echo "[install_deps] done"

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "lns/cpu_info.h"
 #include "lns/errors.h"
 #include "lns/model_flags.h"
 #include "lns/train_flags.h"
@@ -29,6 +30,8 @@ int run() {
   const TrainConfig cfg = train_config_from_flags();
   const std::string flags = resolved_flags();
   LOG(INFO) << "configuration:\n" << flags;
+  LOG(INFO) << "CPU backend: " << cpu_blas_info();
+  if (const std::string w = cpu_blas_warning(); !w.empty()) LOG(WARNING) << w;
   if (!cfg.out_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(cfg.out_dir, ec);

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""tools/prepare_data.py: documents survive tokenization, the split is deterministic,
+bad input names file and line, HF and SentencePiece tokenizers work, and lns_train
+reads exactly the documents Python wrote (LNS_TRAIN_BIN)."""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+import prepare_data  # noqa: E402
+
+DOCS = ["The first document.\nIt has two lines.\n", "Zweites Dokument: Grüße, naïve café.\n",
+        "third\n"] + ["filler document number %d, with some words.\n" % i for i in range(40)]
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack_from("<Q", data, 0)
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        raw = data[8 + n + b:8 + n + end]
+        fmt = {"I32": "i", "F32": "f"}[e["dtype"]]
+        out[name] = (e["shape"], list(struct.unpack("<%d%s" % (len(raw) // 4, fmt), raw)))
+    return out
+
+
+class PrepareData(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="lns_prep_")
+        self.txt = os.path.join(self.dir, "corpus.txt")
+        with open(self.txt, "w", encoding="utf-8") as f:
+            f.write("\n".join(DOCS))  # documents separated by blank lines
+
+    def prepare(self, *extra, inputs=None):
+        out = os.path.join(self.dir, "out")
+        prepare_data.main(["--input", *(inputs or [self.txt]), "--out", out, "--no_progress", *extra])
+        return out
+
+    def test_byte_round_trip_and_deterministic_split(self):
+        out = self.prepare("--val_fraction", "0.2")
+        docs = []
+        for split in ("train", "val"):
+            toks, starts, vocab = prepare_data.read_token_file(out + ".%s.tok" % split)
+            self.assertEqual(vocab, 257)
+            for a, b in zip(starts, starts[1:]):
+                self.assertEqual(toks[b - 1], 256)  # every document ends with EOS
+                docs.append(bytes(toks[a:b - 1]).decode("utf-8"))
+        self.assertEqual(sorted(docs), sorted(DOCS))
+        manifest = json.load(open(out + ".json"))
+        self.assertGreater(manifest["val"]["documents"], 0)
+        self.assertEqual(manifest["train"]["documents"] + manifest["val"]["documents"], len(DOCS))
+        first = open(out + ".train.tok", "rb").read()
+        self.prepare("--val_fraction", "0.2")
+        self.assertEqual(open(out + ".train.tok", "rb").read(), first)
+
+    def test_fortune_separator_and_jsonl(self):
+        fort = os.path.join(self.dir, "fort")
+        with open(fort, "w") as f:
+            f.write("one\n%\ntwo\nlines\n%\nthree\n")
+        out = self.prepare("--doc_sep", "fortune", "--val_fraction", "0", inputs=[fort])
+        toks, starts, _ = prepare_data.read_token_file(out + ".train.tok")
+        self.assertEqual([bytes(toks[a:b - 1]) for a, b in zip(starts, starts[1:])],
+                         [b"one\n", b"two\nlines\n", b"three\n"])
+        jl = os.path.join(self.dir, "d.jsonl")
+        with open(jl, "w") as f:
+            f.write(json.dumps({"text": "alpha"}) + "\n" + json.dumps({"text": "beta"}) + "\n")
+        out = self.prepare("--val_fraction", "0", inputs=[jl])
+        toks, starts, _ = prepare_data.read_token_file(out + ".train.tok")
+        self.assertEqual(len(starts) - 1, 2)
+
+    def test_bad_jsonl_line_names_file_and_line(self):
+        jl = os.path.join(self.dir, "bad.jsonl")
+        with open(jl, "w") as f:
+            f.write(json.dumps({"text": "ok"}) + "\n{not json\n")
+        r = subprocess.run([sys.executable, os.path.join(HERE, "..", "tools", "prepare_data.py"),
+                            "--input", jl, "--out", os.path.join(self.dir, "x")],
+                           capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("bad.jsonl:2:", r.stderr)
+
+    def test_huggingface_tokenizer(self):
+        try:
+            from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+        except ImportError:
+            self.skipTest("tokenizers not installed")
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.train_from_iterator(DOCS, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"]))
+        path = os.path.join(self.dir, "tokenizer.json")
+        tok.save(path)
+        out = self.prepare("--tokenizer", path, "--val_fraction", "0")
+        toks, starts, vocab = prepare_data.read_token_file(out + ".train.tok")
+        eos = tok.token_to_id("</s>")
+        self.assertEqual(vocab, tok.get_vocab_size())
+        self.assertEqual(toks[starts[1] - 1], eos)
+        self.assertEqual(toks[:starts[1] - 1], tok.encode(DOCS[0], add_special_tokens=False).ids)
+
+    def test_sentencepiece_tokenizer(self):
+        try:
+            import sentencepiece as spm
+        except ImportError:
+            self.skipTest("sentencepiece not installed")
+        prefix = os.path.join(self.dir, "sp")
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(DOCS * 5), model_prefix=prefix,
+                                       vocab_size=50, minloglevel=2)
+        out = self.prepare("--tokenizer", prefix + ".model", "--val_fraction", "0")
+        sp = spm.SentencePieceProcessor(model_file=prefix + ".model")
+        toks, starts, vocab = prepare_data.read_token_file(out + ".train.tok")
+        self.assertEqual(vocab, 50)
+        self.assertEqual(toks[:starts[1]], sp.encode(DOCS[0]) + [sp.eos_id()])
+
+    def test_lns_train_reads_the_documents_python_wrote(self):
+        binary = os.environ.get("LNS_TRAIN_BIN")
+        if not binary:
+            self.skipTest("LNS_TRAIN_BIN not set (ctest sets it)")
+        out = self.prepare("--val_fraction", "0")
+        toks, starts, _ = prepare_data.read_token_file(out + ".train.tok")
+        dump = os.path.join(self.dir, "dump.safetensors")
+        subprocess.run([binary, "--vocab_size=257", "--hidden_size=16", "--intermediate_size=24",
+                        "--num_layers=1", "--num_heads=2", "--num_kv_heads=1", "--seq_len=16",
+                        "--micro_batch_size=4", "--data=" + out + ".train.tok",
+                        "--data_mode=document", "--dump_step_state=" + dump],
+                       check=True, capture_output=True)
+        t = read_safetensors(dump)
+        shape, inputs = t["inputs"]
+        _, targets = t["targets"]
+        self.assertEqual(shape, [4, 16])
+        for b in range(4):
+            row, tgt = inputs[b * 16:(b + 1) * 16], targets[b * 16:(b + 1) * 16]
+            n = sum(1 for x in tgt if x != -100)
+            doc = next(toks[s:e] for s, e in zip(starts, starts[1:]) if toks[s:s + n + 1] == row[:n] + [tgt[n - 1]])
+            self.assertEqual(row[:n], doc[:n])  # a document prefix, loss masked after its end
+            self.assertEqual(tgt[:n], doc[1:n + 1])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
