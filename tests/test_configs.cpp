@@ -1,0 +1,55 @@
+// Every flagfile in configs/ parses, validates, and has the shape and schedule the
+// paper (or the quickstart) specifies.
+#include <gflags/gflags.h>
+
+#include "lns/model_flags.h"
+#include "lns/train_flags.h"
+#include "test_util.h"
+
+namespace lns {
+namespace {
+
+struct Expect {
+  const char* name;
+  int hidden, layers, heads, inter, vocab;
+  int64_t steps, warmup;
+  double lr;
+};
+
+TEST(Configs, FlagfilesHaveThePapersShapes) {
+  const Expect sizes[] = {
+      {"130m", 768, 12, 12, 2048, 32000, 20000, 2000, 1e-3},
+      {"250m", 768, 24, 16, 2560, 32000, 40000, 4000, 1e-3},
+      {"350m", 1024, 24, 16, 2736, 32000, 60000, 6000, 5e-4},
+      {"1b", 2048, 24, 32, 5461, 32000, 100000, 1000, 5e-4},
+      {"tiny", 128, 6, 4, 344, 257, 300, 30, 3e-3},
+  };
+  for (const Expect& e : sizes)
+    for (const char* scheme : {"lns", "pre"}) {
+      gflags::FlagSaver restore;  // flags are global: leave them as found
+      const std::string path = std::string(LNS_SOURCE_DIR) + "/configs/" + e.name + "_" + scheme + ".flags";
+      ASSERT_TRUE(gflags::ReadFromFlagsFile(path, "lns_tests", true)) << path;
+      const LlamaConfig m = config_from_flags();
+      const TrainConfig t = train_config_from_flags();
+      SCOPED_TRACE(path);
+      EXPECT_EQ(m.norm_scheme, std::string(scheme) == "lns" ? NormScheme::LNS : NormScheme::Pre);
+      EXPECT_EQ(m.hidden_size, e.hidden);
+      EXPECT_EQ(m.num_layers, e.layers);
+      EXPECT_EQ(m.num_heads, e.heads);
+      EXPECT_EQ(m.intermediate_size, e.inter);
+      EXPECT_EQ(m.vocab_size, e.vocab);
+      EXPECT_EQ(t.steps, e.steps);
+      EXPECT_EQ(t.warmup_steps, e.warmup);
+      EXPECT_DOUBLE_EQ(t.lr, e.lr);
+      EXPECT_DOUBLE_EQ(t.min_lr_ratio, 0.1);
+      if (std::string(e.name) != "tiny") {
+        EXPECT_EQ(t.seq_len, 256);
+        EXPECT_EQ(t.global_batch, 512);
+        EXPECT_EQ(t.adam.weight_decay, 0.0f);
+        EXPECT_EQ(t.data_mode, SampleMode::Document);
+      }
+    }
+}
+
+}  // namespace
+}  // namespace lns
