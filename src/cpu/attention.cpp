@@ -29,11 +29,14 @@ void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v) {
   cpu::require_cpu({&out, &probs, &q, &k, &v});
   const AttnDims d(q, k);
   LNS_CHECK(probs.numel() == d.B * d.Hq * d.T * d.T && out.numel() == q.numel());
+  cpu::blas_single_threaded();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   const int64_t ldq = d.Hq * d.D, ldk = d.Hkv * d.D, T = d.T;
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t h = 0; h < d.Hq; ++h) {
-      const int64_t g = h / d.group;
+  // One task per (batch, kv head): its query heads write disjoint outputs.
+#pragma omp parallel for schedule(static)
+  for (int64_t bg = 0; bg < d.B * d.Hkv; ++bg)
+    for (int64_t h = (bg % d.Hkv) * d.group; h < (bg % d.Hkv + 1) * d.group; ++h) {
+      const int64_t b = bg / d.Hkv, g = bg % d.Hkv;
       const float* qh = q.f32() + b * T * ldq + h * d.D;   // [T,D] stride ldq
       const float* kg = k.f32() + b * T * ldk + g * d.D;   // [T,D] stride ldk
       const float* vg = v.f32() + b * T * ldk + g * d.D;   // [T,D] stride ldk
@@ -67,14 +70,17 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor pro
   const AttnDims d(q, k);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   const int64_t ldq = d.Hq * d.D, ldk = d.Hkv * d.D, T = d.T;
+  cpu::blas_single_threaded();
   std::memset(dk.data, 0, dk.nbytes());
   std::memset(dv.data, 0, dv.nbytes());
-  thread_local std::vector<float> dp_buf;
-  dp_buf.resize(T * T);
-  float* dp = dp_buf.data();  // [T,T]
-  for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t h = 0; h < d.Hq; ++h) {
-      const int64_t g = h / d.group;
+  // One task per (batch, kv head): it alone accumulates that kv head's dk, dv.
+#pragma omp parallel for schedule(static)
+  for (int64_t bg = 0; bg < d.B * d.Hkv; ++bg)
+    for (int64_t h = (bg % d.Hkv) * d.group; h < (bg % d.Hkv + 1) * d.group; ++h) {
+      const int64_t b = bg / d.Hkv, g = bg % d.Hkv;
+      thread_local std::vector<float> dp_buf;
+      dp_buf.resize(T * T);
+      float* dp = dp_buf.data();  // [T,T]
       const int64_t qoff = b * T * ldq + h * d.D, koff = b * T * ldk + g * d.D;
       const float* p = probs.f32() + (b * d.Hq + h) * T * T;
       const float* doh = dout.f32() + qoff;

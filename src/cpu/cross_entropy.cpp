@@ -24,11 +24,15 @@ void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
   LNS_CHECK(losses.numel() == N && targets.numel() == N);
   for (int64_t n = 0; n < N; ++n) {
     const int32_t t = targets.i32()[n];
+    LNS_CHECK(t == kIgnoreIndex || (t >= 0 && t < V)) << "target " << t << " outside [0, " << V << ")";
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t t = targets.i32()[n];
     if (t == kIgnoreIndex) {
       losses.f32()[n] = 0.0f;
       continue;
     }
-    LNS_CHECK(t >= 0 && t < V) << "target " << t << " outside [0, " << V << ")";
     const float* x = logits.f32() + n * V;
     float mx;
     double lse;
@@ -41,6 +45,7 @@ void cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor targets, float
   cpu::require_cpu({&dlogits, &logits, &targets});
   const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
   LNS_CHECK(dlogits.numel() == N * V);
+#pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const int32_t t = targets.i32()[n];
     const float* x = logits.f32() + n * V;

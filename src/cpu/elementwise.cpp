@@ -8,7 +8,9 @@ void axpby(Tensor y, float a, Tensor x, float b) {
   LNS_CHECK(y.numel() == x.numel());
   float* yp = y.f32();
   const float* xp = x.f32();
-  for (int64_t i = 0, n = y.numel(); i < n; ++i) yp[i] = a * yp[i] + b * xp[i];
+  const int64_t n = y.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) yp[i] = a * yp[i] + b * xp[i];
 }
 
 }  // namespace lns

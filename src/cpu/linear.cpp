@@ -1,6 +1,4 @@
 // Linear layers on OpenBLAS sgemm, row-major, weights [out, in] as torch.nn.Linear.
-#include <cblas.h>
-
 #include "cpu/check.h"
 #include "lns/ops.h"
 
@@ -13,8 +11,8 @@ void linear_forward(Tensor y, Tensor x, Tensor w) {
                                                      << w.shape.str() << " y " << y.shape.str();
   if (N == 0) return;
   // y[N,out] = x[N,in] @ w[out,in]^T
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, 1.0f, x.f32(), in, w.f32(), in,
-              0.0f, y.f32(), out);
+  cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, 1.0f, x.f32(), in, w.f32(), in, 0.0f, y.f32(),
+                 out);
 }
 
 void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx) {
@@ -25,12 +23,12 @@ void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool a
   if (!dx.empty()) {
     LNS_CHECK(dx.numel() == N * in);
     // dx[N,in] (+)= dy[N,out] @ w[out,in]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, dy.f32(), out, w.f32(),
-                in, accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
+    cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, dy.f32(), out, w.f32(), in,
+                   accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
   }
   // dw[out,in] += dy^T[out,N] @ x[N,in]
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, N, 1.0f, dy.f32(), out, x.f32(), in,
-              1.0f, dw.f32(), in);
+  cpu::gemm_rows(CblasTrans, CblasNoTrans, out, in, N, 1.0f, dy.f32(), out, x.f32(), in, 1.0f,
+                 dw.f32(), in);
 }
 
 }  // namespace lns

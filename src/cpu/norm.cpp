@@ -1,6 +1,8 @@
 // RMSNorm / LayerNorm with gain, optional bias and the LNS output scale.
 // Statistics accumulate in double: deterministic, and closer to the f64 reference.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "cpu/check.h"
 #include "lns/ops.h"
@@ -52,6 +54,7 @@ void norm_forward(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x,
   const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
   const float* b = bias.empty() ? nullptr : bias.f32();
   float* mp = mean.empty() ? nullptr : mean.f32();
+#pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
     norm_row(type, out.f32() + n * C, mp ? mp + n : nullptr, rstd.f32() + n, x.f32() + n * C,
              gain.f32(), b, scale, eps, C);
@@ -65,6 +68,7 @@ void residual_norm_forward(NormType type, Tensor res_out, Tensor out, Tensor mea
   const int64_t N = cpu::rows_of(res_in), C = cpu::cols_of(res_in);
   const float* b = bias.empty() ? nullptr : bias.f32();
   float* mp = mean.empty() ? nullptr : mean.f32();
+#pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     float* r = res_out.f32() + n * C;
     const float* ri = res_in.f32() + n * C;
@@ -83,34 +87,49 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
   LNS_CHECK(dres.empty() || dres.numel() == N * C);
   const bool ln = type == NormType::LayerNorm;
   const float* g = gain.f32();
-  float* dg = dgain.f32();
-  float* db = dbias.empty() ? nullptr : dbias.f32();
-  for (int64_t n = 0; n < N; ++n) {
-    const float* xr = x.f32() + n * C;
-    const float* dy = dout.f32() + n * C;
-    const float m = ln ? mean.f32()[n] : 0.0f;
-    const float rs = rstd.f32()[n];
-    // dxhat = scale * g * dy ; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat*xhat))
-    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
-    for (int64_t c = 0; c < C; ++c) {
-      const float xhat = (xr[c] - m) * rs;
-      const float dxhat = scale * g[c] * dy[c];
-      sum_dxhat += dxhat;
-      sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
-      dg[c] += scale * dy[c] * xhat;
-      if (db) db[c] += scale * dy[c];
-    }
-    const float mean_dxhat = ln ? static_cast<float>(sum_dxhat / C) : 0.0f;
-    const float mean_dxhat_xhat = static_cast<float>(sum_dxhat_xhat / C);
-    float* dxr = dx.f32() + n * C;
-    const float* dr = dres.empty() ? nullptr : dres.f32() + n * C;
-    for (int64_t c = 0; c < C; ++c) {
-      const float xhat = (xr[c] - m) * rs;
-      const float dxhat = scale * g[c] * dy[c];
-      const float v = rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
-      dxr[c] = (dr ? dr[c] : 0.0f) + v;
+  // dgain/dbias: per-block partials over fixed blocks of kRowsPerBlock rows, summed in
+  // block order, so the result does not depend on the number of threads.
+  constexpr int64_t kRowsPerBlock = 32;
+  const int64_t num_blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+  std::vector<float> part_g(num_blocks * C, 0.0f), part_b(dbias.empty() ? 0 : num_blocks * C, 0.0f);
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < num_blocks; ++blk) {
+    float* pg = part_g.data() + blk * C;
+    float* pb = part_b.empty() ? nullptr : part_b.data() + blk * C;
+    for (int64_t n = blk * kRowsPerBlock; n < std::min(N, (blk + 1) * kRowsPerBlock); ++n) {
+      const float* xr = x.f32() + n * C;
+      const float* dy = dout.f32() + n * C;
+      const float m = ln ? mean.f32()[n] : 0.0f;
+      const float rs = rstd.f32()[n];
+      // dxhat = scale * g * dy ; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat*xhat))
+      double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+      for (int64_t c = 0; c < C; ++c) {
+        const float xhat = (xr[c] - m) * rs;
+        const float dxhat = scale * g[c] * dy[c];
+        sum_dxhat += dxhat;
+        sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+        pg[c] += scale * dy[c] * xhat;
+        if (pb) pb[c] += scale * dy[c];
+      }
+      const float mean_dxhat = ln ? static_cast<float>(sum_dxhat / C) : 0.0f;
+      const float mean_dxhat_xhat = static_cast<float>(sum_dxhat_xhat / C);
+      float* dxr = dx.f32() + n * C;
+      const float* dr = dres.empty() ? nullptr : dres.f32() + n * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const float xhat = (xr[c] - m) * rs;
+        const float dxhat = scale * g[c] * dy[c];
+        const float v = rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
+        dxr[c] = (dr ? dr[c] : 0.0f) + v;
+      }
     }
   }
+  float* dg = dgain.f32();
+  float* db = dbias.empty() ? nullptr : dbias.f32();
+  for (int64_t blk = 0; blk < num_blocks; ++blk)
+    for (int64_t c = 0; c < C; ++c) {
+      dg[c] += part_g[blk * C + c];
+      if (db) db[c] += part_b[blk * C + c];
+    }
 }
 
 }  // namespace lns

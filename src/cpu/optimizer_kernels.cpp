@@ -12,6 +12,7 @@ void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h) {
   float *pp = p.f32(), *mp = m.f32(), *vp = v.f32();
   const float* gp = g.f32();
   const float decay = 1.0f - h.lr * h.weight_decay;
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     mp[i] = h.beta1 * mp[i] + (1.0f - h.beta1) * gp[i];
     vp[i] = h.beta2 * vp[i] + (1.0f - h.beta2) * gp[i] * gp[i];
@@ -32,7 +33,9 @@ double sum_squares(Tensor x) {
 void scale_inplace(Tensor x, float a) {
   cpu::require_cpu({&x});
   float* p = x.f32();
-  for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] *= a;
+  const int64_t n = x.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] *= a;
 }
 
 }  // namespace lns

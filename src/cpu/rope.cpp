@@ -12,6 +12,7 @@ void rotate(Tensor x, Tensor cos, Tensor sin, float sign) {
   const int64_t B = x.dim(0), T = x.dim(1), H = x.dim(2), D = x.dim(3), half = D / 2;
   LNS_CHECK(D % 2 == 0 && cos.dim(0) >= T && cos.dim(1) == half);
   float* p = x.f32();
+#pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
       const float* c = cos.f32() + t * half;

@@ -11,6 +11,7 @@ void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
   LNS_CHECK(up.numel() == n && out.numel() == n);
   const float *g = gate.f32(), *u = up.f32();
   float* o = out.f32();
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
@@ -19,6 +20,7 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
   const int64_t n = gate.numel();
   const float *g = gate.f32(), *u = up.f32(), *d = dout.f32();
   float *dg = dgate.f32(), *du = dup.f32();
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float sig = 1.0f / (1.0f + std::exp(-g[i]));
     const float silu = g[i] * sig;
