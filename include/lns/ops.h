@@ -12,10 +12,13 @@ namespace lns {
 enum class NormType { RMSNorm, LayerNorm };
 
 // ---- embedding -------------------------------------------------------------------
-// out[N,C] = weight[ids[n], :]                        ids[N] i32, weight[V,C]
-void embedding_forward(Tensor out, Tensor ids, Tensor weight);
-// dweight[ids[n], :] += dout[n, :], in token order (deterministic, no atomics)
-void embedding_backward(Tensor dweight, Tensor ids, Tensor dout);
+// weight[Vl,C] holds vocabulary rows [row_begin, row_begin + Vl) (all of them when not
+// vocab-parallel). out[N,C] = weight[ids[n] - row_begin, :], or 0 when ids[n] is
+// another rank's row.                                    ids[N] i32
+void embedding_forward(Tensor out, Tensor ids, Tensor weight, int64_t row_begin = 0);
+// dweight[ids[n] - row_begin, :] += dout[n, :] for this rank's rows, in token order
+// (deterministic, no atomics)
+void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_begin = 0);
 
 // ---- normalization -----------------------------------------------------------------
 // out[N,C] = scale * (xhat * gain + bias), xhat = (x - mean) * rstd   (LayerNorm)
@@ -62,6 +65,24 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
 
 // ---- cross-entropy --------------------------------------------------------------------------
 constexpr int32_t kIgnoreIndex = -100;
+// Vocab-parallel pieces. logits[N,Vl] hold vocabulary columns [col_begin, col_begin + Vl);
+// only the first `valid` are real (the rest is tensor-parallel padding and ignored).
+// Between the pieces, the caller all-reduces rowmax (max) and sumexp, target (sum).
+// rowmax[N] = max over valid columns
+void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid);
+// sumexp[N] = sum_j exp(logits[n,j] - rowmax[n]) over valid columns;
+// target[N] = logits[n, t - col_begin] when this rank holds target t, else 0.
+void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor rowmax,
+                         Tensor targets, int64_t col_begin, int64_t valid);
+// losses[N] = log(sumexp) + rowmax - target, 0 on ignored rows
+void cross_entropy_combine(Tensor losses, Tensor rowmax, Tensor sumexp, Tensor target,
+                           Tensor targets);
+// dlogits[N,Vl] = grad_scale * (exp(logits - rowmax) / sumexp - onehot) on valid columns,
+// 0 on padding columns and ignored rows. dlogits may alias logits.
+void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, Tensor sumexp,
+                                  Tensor targets, int64_t col_begin, int64_t valid,
+                                  float grad_scale);
+// Single-device compositions of the pieces:
 // losses[N] = logsumexp(logits[n,:]) - logits[n, targets[n]]; 0 where targets[n] == -100.
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
 // dlogits[N,V] = grad_scale * (softmax(logits) - onehot(target)), 0 on ignored rows.

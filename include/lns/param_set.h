@@ -13,17 +13,34 @@ namespace lns {
 
 struct ParamInfo {
   std::string name;  // Hugging Face name with the global layer index
-  Shape shape;
+  Shape shape;       // this rank's (local, possibly padded) shape
   size_t offset = 0;  // in elements, into the flat buffers
   ParamKind kind = ParamKind::NormGain;
   int layer = -1;     // global layer, -1 for embedding, final norm and head
+  // Tensor parallelism: the logical (checkpoint) shape, the dimension split across
+  // ranks (-1: replicated on every tp rank), and this rank's slice of it: indices
+  // [shard_begin, shard_begin + shape[split_dim]) of the padded dimension, of which
+  // the first shard_valid are real (the rest is zero padding).
+  Shape logical;
+  int split_dim = -1;
+  int64_t shard_begin = 0, shard_valid = 0;
+  // The last stage's copy of a tied embedding: same values as the first stage's,
+  // gradient summed with it; counted once in the global gradient norm.
+  bool tied_copy = false;
   bool decays() const { return shape.ndim == 2; }  // weight decay on matrices only
+  bool replicated() const { return split_dim < 0; }
+  // Local element (i, j) -> logical (li, lj); false for padding.
+  bool to_logical(int64_t i, int64_t j, int64_t* li, int64_t* lj) const;
 };
 
 class ParamSet {
  public:
   // Registers a parameter; only before finalize().
   int add(std::string name, Shape shape, ParamKind kind, int layer);
+  // A tensor-parallel shard: local shape = logical with split_dim replaced by `local`.
+  int add_shard(std::string name, Shape logical, int split_dim, int64_t begin, int64_t local,
+                int64_t valid, ParamKind kind, int layer);
+  ParamInfo& mutable_info(int i) { return infos_[i]; }
   // Allocates the zeroed flat buffers (params and grads).
   void finalize(Device device = Device::CPU);
 

@@ -8,6 +8,12 @@
 //
 // Activations are planned at construction for `num_slots` micro-batches in flight
 // (the pipeline schedule keeps several); nothing is allocated in forward/backward.
+//
+// Under tensor parallelism (tp.size > 1) the stage holds this rank's shard: its
+// query/key-value heads, its slice of the FFN width and of the vocabulary (padded by
+// the rule of parallel/tensor_parallel.h), and replicated norms. It all-reduces
+// after o_proj and down_proj, after the input gradients of q/k/v and gate/up, in the
+// embedding and in the loss; the logits it returns are its vocabulary columns.
 #pragma once
 #include <memory>
 #include <vector>
@@ -15,6 +21,7 @@
 #include "lns/block_plan.h"
 #include "lns/param_set.h"
 #include "lns/rope.h"
+#include "parallel/tensor_parallel.h"
 
 namespace lns {
 
@@ -28,7 +35,7 @@ struct StageSpec {
 class LlamaStage {
  public:
   LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
-             int num_slots = 1);
+             int num_slots = 1, TensorParallel tp = {});
   ~LlamaStage();
 
   const LlamaConfig& config() const { return cfg_; }
@@ -36,13 +43,17 @@ class LlamaStage {
   ParamSet& params() { return params_; }
   const ParamSet& params() const { return params_; }
   int64_t tokens() const { return B_ * T_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  // This rank's vocabulary columns of the logits: [vocab_shard().begin, + valid).
+  const ShardRange& vocab_shard() const { return vshard_; }
 
   // Initialises every parameter by its scheme's rule. Each tensor draws from its own
   // named random stream, so any layout gets the single-rank model's weights.
   void init_weights(uint64_t seed);
 
   // input: token ids [B,T] i32 on the first stage, hidden states [B,T,C] f32 otherwise.
-  // Returns the hidden states leaving the stage [B,T,C], or logits [B,T,V] on the last.
+  // Returns the hidden states leaving the stage [B,T,C], or logits [B,T,V_local] on the
+  // last (this rank's vocabulary columns, padding columns included).
   Tensor forward(Tensor input, int slot = 0);
   // Last stage, after forward: per-token losses [B*T] (0 where ignored) and their sum.
   double loss(Tensor targets, int slot = 0);
@@ -74,6 +85,10 @@ class LlamaStage {
   LlamaConfig cfg_;
   StageSpec spec_;
   int64_t B_, T_;
+  TensorParallel tp_;
+  // Local sizes: query/kv heads, their widths, FFN and vocabulary shards.
+  int64_t Hq_, Hkv_, QD_, KD_;
+  ShardRange fshard_, vshard_;
   ParamSet params_;
   RopeTable rope_;
   std::vector<Layer> layers_;

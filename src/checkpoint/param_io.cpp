@@ -15,9 +15,25 @@ void load_params(ParamSet& params, const SafetensorsReader& file) {
     if (is_weight_name(name) && params.find(name) < 0)
       fail(file.path(), ": has weight '", name, "' that this model (its --norm_scheme, ",
            "--norm_type, --num_layers, --tie_embeddings) does not have");
-  for (const ParamInfo& info : params.infos()) {
+  for (int i = 0; i < params.size(); ++i) {
+    const ParamInfo& info = params.info(i);
     if (!file.has(info.name)) fail(file.path(), ": missing weight '", info.name, "'");
-    file.read_into(info.name, params.param(params.find(info.name)));
+    if (info.replicated()) {
+      file.read_into(info.name, params.param(i));
+      continue;
+    }
+    // A tensor-parallel shard: the logical tensor's slice, zero on padding.
+    const SafetensorEntry& e = file.entry(info.name);
+    if (Shape(e.shape) != info.logical)
+      fail(file.path(), ": tensor '", info.name, "' has shape ", Shape(e.shape).str(), ", expected ",
+           info.logical.str());
+    const std::vector<float> full = file.read_f32(info.name);
+    float* w = params.param(i).f32();
+    const int64_t cols = info.shape[1], lcols = info.logical[1];
+    for (int64_t j = 0; j < info.shape.numel(); ++j) {
+      int64_t li, lj;
+      w[j] = info.to_logical(j / cols, j % cols, &li, &lj) ? full[li * lcols + lj] : 0.0f;
+    }
   }
 }
 

@@ -1,66 +1,109 @@
+// Cross-entropy in vocab-parallel pieces; the single-device ops compose them.
 #include <cmath>
+#include <vector>
 
 #include "cpu/check.h"
 #include "lns/ops.h"
 
 namespace lns {
+
+void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid) {
+  cpu::require_cpu({&rowmax, &logits});
+  const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
+  LNS_CHECK(rowmax.numel() == N && valid <= V);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits.f32() + n * V;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, x[j]);
+    rowmax.f32()[n] = mx;
+  }
+}
+
+void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor rowmax,
+                         Tensor targets, int64_t col_begin, int64_t valid) {
+  cpu::require_cpu({&sumexp, &target, &logits, &rowmax, &targets});
+  const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
+  LNS_CHECK(sumexp.numel() == N && target.numel() == N && targets.numel() == N);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits.f32() + n * V;
+    const float mx = rowmax.f32()[n];
+    double s = 0.0;
+    for (int64_t j = 0; j < valid; ++j) s += std::exp(static_cast<double>(x[j] - mx));
+    sumexp.f32()[n] = static_cast<float>(s);
+    const int64_t t = targets.i32()[n] - col_begin;
+    target.f32()[n] = targets.i32()[n] != kIgnoreIndex && t >= 0 && t < valid ? x[t] : 0.0f;
+  }
+}
+
+void cross_entropy_combine(Tensor losses, Tensor rowmax, Tensor sumexp, Tensor target,
+                           Tensor targets) {
+  cpu::require_cpu({&losses, &rowmax, &sumexp, &target, &targets});
+  const int64_t N = losses.numel();
+  for (int64_t n = 0; n < N; ++n)
+    losses.f32()[n] = targets.i32()[n] == kIgnoreIndex
+                          ? 0.0f
+                          : static_cast<float>(std::log(double(sumexp.f32()[n])) +
+                                               rowmax.f32()[n] - target.f32()[n]);
+}
+
+void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, Tensor sumexp,
+                                  Tensor targets, int64_t col_begin, int64_t valid,
+                                  float grad_scale) {
+  cpu::require_cpu({&dlogits, &logits, &rowmax, &sumexp, &targets});
+  const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
+  LNS_CHECK(dlogits.numel() == N * V);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const int32_t tg = targets.i32()[n];
+    const float* x = logits.f32() + n * V;
+    float* dx = dlogits.f32() + n * V;
+    if (tg == kIgnoreIndex) {
+      for (int64_t j = 0; j < V; ++j) dx[j] = 0.0f;
+      continue;
+    }
+    const float mx = rowmax.f32()[n];
+    const double inv = 1.0 / sumexp.f32()[n];
+    for (int64_t j = 0; j < valid; ++j)
+      dx[j] = grad_scale * static_cast<float>(std::exp(static_cast<double>(x[j] - mx)) * inv);
+    for (int64_t j = valid; j < V; ++j) dx[j] = 0.0f;
+    const int64_t t = tg - col_begin;
+    if (t >= 0 && t < valid) dx[t] -= grad_scale;
+  }
+}
+
 namespace {
 
-// max and log(sum(exp(x - max))) of one row, in double.
-inline void row_lse(const float* x, int64_t V, float* mx_out, double* lse_out) {
-  float mx = x[0];
-  for (int64_t j = 1; j < V; ++j) mx = std::max(mx, x[j]);
-  double s = 0.0;
-  for (int64_t j = 0; j < V; ++j) s += std::exp(static_cast<double>(x[j] - mx));
-  *mx_out = mx;
-  *lse_out = std::log(s);
+void check_targets(Tensor targets, int64_t V) {
+  for (int64_t n = 0; n < targets.numel(); ++n) {
+    const int32_t t = targets.i32()[n];
+    LNS_CHECK(t == kIgnoreIndex || (t >= 0 && t < V)) << "target " << t << " outside [0, " << V << ")";
+  }
 }
 
 }  // namespace
 
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
-  cpu::require_cpu({&losses, &logits, &targets});
   const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
-  LNS_CHECK(losses.numel() == N && targets.numel() == N);
-  for (int64_t n = 0; n < N; ++n) {
-    const int32_t t = targets.i32()[n];
-    LNS_CHECK(t == kIgnoreIndex || (t >= 0 && t < V)) << "target " << t << " outside [0, " << V << ")";
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const int32_t t = targets.i32()[n];
-    if (t == kIgnoreIndex) {
-      losses.f32()[n] = 0.0f;
-      continue;
-    }
-    const float* x = logits.f32() + n * V;
-    float mx;
-    double lse;
-    row_lse(x, V, &mx, &lse);
-    losses.f32()[n] = static_cast<float>(lse + mx - x[t]);
-  }
+  check_targets(targets, V);
+  std::vector<float> mx(N), se(N), tl(N);
+  const Tensor m{mx.data(), DType::F32, Device::CPU, Shape{N}},
+      s{se.data(), DType::F32, Device::CPU, Shape{N}}, t{tl.data(), DType::F32, Device::CPU, Shape{N}};
+  vocab_row_max(m, logits, V);
+  vocab_sumexp_target(s, t, logits, m, targets, 0, V);
+  cross_entropy_combine(losses, m, s, t, targets);
 }
 
 void cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor targets, float grad_scale) {
-  cpu::require_cpu({&dlogits, &logits, &targets});
   const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
-  LNS_CHECK(dlogits.numel() == N * V);
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const int32_t t = targets.i32()[n];
-    const float* x = logits.f32() + n * V;
-    float* dx = dlogits.f32() + n * V;
-    if (t == kIgnoreIndex) {
-      for (int64_t j = 0; j < V; ++j) dx[j] = 0.0f;
-      continue;
-    }
-    float mx;
-    double lse;
-    row_lse(x, V, &mx, &lse);
-    for (int64_t j = 0; j < V; ++j)
-      dx[j] = grad_scale * static_cast<float>(std::exp(static_cast<double>(x[j] - mx) - lse));
-    dx[t] -= grad_scale;
-  }
+  check_targets(targets, V);
+  std::vector<float> mx(N), se(N), tl(N);
+  const Tensor m{mx.data(), DType::F32, Device::CPU, Shape{N}},
+      s{se.data(), DType::F32, Device::CPU, Shape{N}}, t{tl.data(), DType::F32, Device::CPU, Shape{N}};
+  vocab_row_max(m, logits, V);
+  vocab_sumexp_target(s, t, logits, m, targets, 0, V);
+  vocab_cross_entropy_backward(dlogits, logits, m, s, targets, 0, V, grad_scale);
 }
 
 }  // namespace lns

@@ -9,12 +9,44 @@ namespace lns {
 int ParamSet::add(std::string name, Shape shape, ParamKind kind, int layer) {
   LNS_CHECK(!finalized_) << "ParamSet::add after finalize";
   LNS_CHECK(!index_.count(name)) << "duplicate parameter " << name;
-  ParamInfo p{std::move(name), shape, static_cast<size_t>(numel_), kind, layer};
+  ParamInfo p;
+  p.name = std::move(name);
+  p.shape = shape;
+  p.offset = static_cast<size_t>(numel_);
+  p.kind = kind;
+  p.layer = layer;
+  p.logical = shape;
   // Keep each tensor 16-float aligned (64 bytes) so vector loads never straddle.
   numel_ += (shape.numel() + 15) / 16 * 16;
   index_[p.name] = static_cast<int>(infos_.size());
   infos_.push_back(std::move(p));
   return static_cast<int>(infos_.size()) - 1;
+}
+
+int ParamSet::add_shard(std::string name, Shape logical, int split_dim, int64_t begin,
+                        int64_t local, int64_t valid, ParamKind kind, int layer) {
+  Shape s = logical;
+  s.dims[split_dim] = local;
+  const int i = add(std::move(name), s, kind, layer);
+  ParamInfo& p = infos_[i];
+  p.logical = logical;
+  p.split_dim = split_dim;
+  p.shard_begin = begin;
+  p.shard_valid = valid;
+  return i;
+}
+
+bool ParamInfo::to_logical(int64_t i, int64_t j, int64_t* li, int64_t* lj) const {
+  *li = i, *lj = j;
+  if (split_dim == 0) {
+    *li = shard_begin + i;
+    return i < shard_valid;
+  }
+  if (split_dim == 1) {
+    *lj = shard_begin + j;
+    return j < shard_valid;
+  }
+  return true;
 }
 
 void ParamSet::finalize(Device device) {

@@ -58,6 +58,7 @@ struct LlamaStage::Slot {
   OwnedTensor hf;         // [N,C] final-norm output, last stage
   OwnedTensor logits;     // [N,V], overwritten by dlogits in backward
   OwnedTensor losses;     // [N]
+  OwnedTensor rowmax, sumexp, target_logit;  // [N] loss statistics, reduced over tp
   Tensor targets;         // view of the caller's [N] i32
   Tensor out;             // what forward returned
 };
@@ -73,19 +74,26 @@ struct LlamaStage::Scratch {
 LlamaStage::~LlamaStage() = default;
 
 LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
-                       int num_slots)
-    : cfg_(cfg), spec_(spec), B_(micro_batch), T_(seq_len),
+                       int num_slots, TensorParallel tp)
+    : cfg_(cfg), spec_(spec), B_(micro_batch), T_(seq_len), tp_(tp),
       rope_(seq_len, cfg.head_dim(), cfg.rope_theta) {
   cfg_.validate();
+  LNS_CHECK(cfg_.num_heads % tp_.size == 0 && cfg_.num_kv_heads % tp_.size == 0)
+      << "validate_layout() must reject this layout";
+  Hq_ = cfg_.num_heads / tp_.size;
+  Hkv_ = cfg_.num_kv_heads / tp_.size;
+  QD_ = Hq_ * cfg_.head_dim();
+  KD_ = Hkv_ * cfg_.head_dim();
+  fshard_ = shard_range(cfg_.intermediate_size, tp_.size, tp_.rank);
+  vshard_ = shard_range(cfg_.vocab_size, tp_.size, tp_.rank);
   LNS_CHECK(0 <= spec.first_layer && spec.first_layer <= spec.last_layer &&
             spec.last_layer <= cfg.num_layers);
   LNS_CHECK(num_slots >= 1 && B_ > 0 && T_ > 0);
   register_params();
   params_.finalize();
 
-  const int64_t N = B_ * T_, C = cfg_.hidden_size, F = cfg_.intermediate_size,
-                QD = int64_t{cfg_.num_heads} * cfg_.head_dim(), KD = cfg_.kv_dim(),
-                V = cfg_.vocab_size;
+  const int64_t N = B_ * T_, C = cfg_.hidden_size, F = fshard_.size, QD = QD_, KD = KD_,
+                V = vshard_.size;
   const auto f32 = [](Shape s) { return OwnedTensor(DType::F32, s); };
   int num_stats = 0;
   for (auto& l : layers_)
@@ -109,7 +117,7 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       a.q = f32({N, QD});
       a.k = f32({N, KD});
       a.v = f32({N, KD});
-      a.probs = f32({B_, cfg_.num_heads, T_, T_});
+      a.probs = f32({B_, Hq_, T_, T_});
       a.ctx = f32({N, QD});
       a.gate = f32({N, F});
       a.up = f32({N, F});
@@ -124,6 +132,9 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       slot->hf = f32({N, C});
       slot->logits = f32({B_, T_, V});
       slot->losses = f32({N});
+      slot->rowmax = f32({N});
+      slot->sumexp = f32({N});
+      slot->target_logit = f32({N});
     }
     slots_.push_back(std::move(slot));
   }
@@ -131,7 +142,7 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   Scratch& sc = *scratch_;
   sc.d_a = f32({N, C}), sc.d_b = f32({N, C}), sc.dr = f32({N, C}), sc.df = f32({N, C}),
   sc.du = f32({N, C}), sc.dhf = f32({N, C});
-  sc.dq = f32({N, QD}), sc.dctx = f32({N, QD}), sc.dk = f32({N, KD}), sc.dv = f32({N, KD});
+  sc.dq = f32({N, QD}), sc.dctx = f32({N, QD}), sc.dk = f32({N, KD}), sc.dv = f32({N, KD});  // local heads
   sc.dgate = f32({N, F}), sc.dup = f32({N, F}), sc.dact = f32({N, F});
 }
 
@@ -141,7 +152,18 @@ void LlamaStage::register_params() {
                 V = cfg_.vocab_size;
   const bool ln = cfg_.norm_type == NormType::LayerNorm;
   ParamSet& p = params_;
-  if (spec_.has_embedding) embed_ = p.add("model.embed_tokens.weight", {V, C}, ParamKind::Embedding, -1);
+  // Column-parallel weights split their rows (output features), row-parallel ones
+  // their columns (input features); heads split evenly, FFN and vocabulary padded.
+  const int r = tp_.rank;
+  auto rows = [&](const std::string& name, int64_t out, int64_t in, ShardRange s, ParamKind k, int g) {
+    return p.add_shard(name, {out, in}, 0, s.begin, s.size, s.valid, k, g);
+  };
+  auto cols = [&](const std::string& name, int64_t out, int64_t in, ShardRange s, ParamKind k, int g) {
+    return p.add_shard(name, {out, in}, 1, s.begin, s.size, s.valid, k, g);
+  };
+  const ShardRange qs{r * QD_, QD_, QD_}, ks{r * KD_, KD_, KD_};
+  if (spec_.has_embedding)
+    embed_ = rows("model.embed_tokens.weight", V, C, vshard_, ParamKind::Embedding, -1);
 
   int next_stat = 0;
   for (int g = spec_.first_layer; g < spec_.last_layer; ++g) {
@@ -172,24 +194,26 @@ void LlamaStage::register_params() {
       l.sub[w].out = use(plans[w]->out_norm, 1.0f);
       l.sub[w].add = use(plans[w]->add_norm, 1.0f);
     }
-    l.wq = p.add(layer_name(g, "self_attn.q_proj.weight"), {QD, C}, ParamKind::Q, g);
-    l.wk = p.add(layer_name(g, "self_attn.k_proj.weight"), {KD, C}, ParamKind::K, g);
-    l.wv = p.add(layer_name(g, "self_attn.v_proj.weight"), {KD, C}, ParamKind::V, g);
-    l.wo = p.add(layer_name(g, "self_attn.o_proj.weight"), {C, QD}, ParamKind::O, g);
-    l.wg = p.add(layer_name(g, "mlp.gate_proj.weight"), {F, C}, ParamKind::Gate, g);
-    l.wu = p.add(layer_name(g, "mlp.up_proj.weight"), {F, C}, ParamKind::Up, g);
-    l.wd = p.add(layer_name(g, "mlp.down_proj.weight"), {C, F}, ParamKind::Down, g);
+    l.wq = rows(layer_name(g, "self_attn.q_proj.weight"), QD, C, qs, ParamKind::Q, g);
+    l.wk = rows(layer_name(g, "self_attn.k_proj.weight"), KD, C, ks, ParamKind::K, g);
+    l.wv = rows(layer_name(g, "self_attn.v_proj.weight"), KD, C, ks, ParamKind::V, g);
+    l.wo = cols(layer_name(g, "self_attn.o_proj.weight"), C, QD, qs, ParamKind::O, g);
+    l.wg = rows(layer_name(g, "mlp.gate_proj.weight"), F, C, fshard_, ParamKind::Gate, g);
+    l.wu = rows(layer_name(g, "mlp.up_proj.weight"), F, C, fshard_, ParamKind::Up, g);
+    l.wd = cols(layer_name(g, "mlp.down_proj.weight"), C, F, fshard_, ParamKind::Down, g);
     layers_.push_back(std::move(l));
   }
   if (spec_.has_head) {
     final_gain_ = p.add("model.norm.weight", {C}, ParamKind::NormGain, -1);
     if (ln) final_bias_ = p.add("model.norm.bias", {C}, ParamKind::NormBias, -1);
-    if (!cfg_.tie_embeddings)
-      head_ = p.add("lm_head.weight", {V, C}, ParamKind::LmHead, -1);
-    else if (embed_ >= 0)
+    if (!cfg_.tie_embeddings) {
+      head_ = rows("lm_head.weight", V, C, vshard_, ParamKind::LmHead, -1);
+    } else if (embed_ >= 0) {
       head_ = embed_;
-    else  // tied, but the embedding lives on the first stage: keep a copy here
-      head_ = p.add("model.embed_tokens.weight", {V, C}, ParamKind::Embedding, -1);
+    } else {  // tied, but the embedding lives on the first stage: keep a copy here
+      head_ = rows("model.embed_tokens.weight", V, C, vshard_, ParamKind::Embedding, -1);
+      p.mutable_info(head_).tied_copy = true;
+    }
   }
 }
 
@@ -203,9 +227,15 @@ void LlamaStage::init_weights(uint64_t seed) {
       for (int64_t j = 0; j < n; ++j) w[j] = v;
       continue;
     }
-    const float std = init_std_for(cfg_, info.kind, info.shape[0], info.shape[1]);
+    // Each element draws the number its logical index draws on a single rank;
+    // tensor-parallel padding is zero.
+    const float std = init_std_for(cfg_, info.kind, info.logical[0], info.logical[1]);
     const uint64_t key = rng_key(seed, info.name);
-    for (int64_t j = 0; j < n; ++j) w[j] = std * normal_at(key, j);
+    const int64_t cols = info.shape[1], lcols = info.logical[1];
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t li, lj;
+      w[j] = info.to_logical(j / cols, j % cols, &li, &lj) ? std * normal_at(key, li * lcols + lj) : 0.0f;
+    }
   }
 }
 
@@ -289,14 +319,15 @@ void LlamaStage::sublayer_backward(Layer& l, int w, Slot& s, Tensor dy, Tensor d
 void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
   Slot::LayerActs& a = s.layers[&l - layers_.data()];
   const int64_t D = cfg_.head_dim();
-  const Shape qs{B_, T_, cfg_.num_heads, D}, ks{B_, T_, cfg_.num_kv_heads, D};
+  const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};  // this rank's heads
   linear_forward(a.q, u, params_.param(l.wq));  // [N, Hq*D]
   linear_forward(a.k, u, params_.param(l.wk));  // [N, Hkv*D]
   linear_forward(a.v, u, params_.param(l.wv));  // [N, Hkv*D]
   rope_forward(a.q.t.view(qs), rope_.cos, rope_.sin);
   rope_forward(a.k.t.view(ks), rope_.cos, rope_.sin);
   attention_forward(a.ctx.t.view(qs), a.probs, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks));
-  linear_forward(f, a.ctx, params_.param(l.wo));  // [N, C]
+  linear_forward(f, a.ctx, params_.param(l.wo));  // [N, C], partial over tp (row-parallel)
+  tp_.all_reduce_sum(f);
 }
 
 void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
@@ -305,7 +336,7 @@ void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   const Tensor u = l.sub[0].pre.active() ? sa.u.t : sa.x;
   Scratch& sc = *scratch_;
   const int64_t D = cfg_.head_dim();
-  const Shape qs{B_, T_, cfg_.num_heads, D}, ks{B_, T_, cfg_.num_kv_heads, D};
+  const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};
   linear_backward(sc.dctx, params_.grad(l.wo), df, a.ctx, params_.param(l.wo), false);
   attention_backward(sc.dq.t.view(qs), sc.dk.t.view(ks), sc.dv.t.view(ks), sc.dctx.t.view(qs),
                      a.probs, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks));
@@ -314,6 +345,7 @@ void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   linear_backward(du, params_.grad(l.wq), sc.dq, u, params_.param(l.wq), false);
   linear_backward(du, params_.grad(l.wk), sc.dk, u, params_.param(l.wk), true);
   linear_backward(du, params_.grad(l.wv), sc.dv, u, params_.param(l.wv), true);
+  tp_.all_reduce_sum(du);  // column-parallel q/k/v: input gradient summed over tp
 }
 
 void LlamaStage::mlp_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
@@ -321,7 +353,8 @@ void LlamaStage::mlp_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
   linear_forward(a.gate, u, params_.param(l.wg));  // [N, F]
   linear_forward(a.up, u, params_.param(l.wu));    // [N, F]
   swiglu_forward(a.act, a.gate, a.up);             // [N, F]
-  linear_forward(f, a.act, params_.param(l.wd));   // [N, C]
+  linear_forward(f, a.act, params_.param(l.wd));   // [N, C], partial over tp (row-parallel)
+  tp_.all_reduce_sum(f);
 }
 
 void LlamaStage::mlp_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
@@ -333,6 +366,7 @@ void LlamaStage::mlp_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   swiglu_backward(sc.dgate, sc.dup, sc.dact, a.gate, a.up);
   linear_backward(du, params_.grad(l.wg), sc.dgate, u, params_.param(l.wg), false);
   linear_backward(du, params_.grad(l.wu), sc.dup, u, params_.param(l.wu), true);
+  tp_.all_reduce_sum(du);  // column-parallel gate/up: input gradient summed over tp
 }
 
 Tensor LlamaStage::forward(Tensor input, int slot) {
@@ -341,7 +375,8 @@ Tensor LlamaStage::forward(Tensor input, int slot) {
   if (spec_.has_embedding) {
     LNS_CHECK(input.dtype == DType::I32 && input.numel() == N) << "first stage takes ids [B,T]";
     copy(s.ids, input);
-    embedding_forward(s.h0, s.ids, params_.param(embed_));
+    embedding_forward(s.h0, s.ids, params_.param(embed_), vshard_.begin);
+    tp_.all_reduce_sum(s.h0);  // vocab-parallel: each row comes from one rank
   } else {
     LNS_CHECK(input.dtype == DType::F32 && input.numel() == N * C) << "stage takes hidden [B,T,C]";
     copy(s.h0, input);
@@ -357,7 +392,7 @@ Tensor LlamaStage::forward(Tensor input, int slot) {
   }
   NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1};
   norm_fwd(fin, s, s.hf, x);
-  linear_forward(s.logits.t.view({N, cfg_.vocab_size}), s.hf, params_.param(head_));
+  linear_forward(s.logits.t.view({N, vshard_.size}), s.hf, params_.param(head_));
   s.out = x;  // the input of the final norm, kept for its backward
   return s.logits;
 }
@@ -366,7 +401,15 @@ double LlamaStage::loss(Tensor targets, int slot) {
   Slot& s = *slots_.at(slot);
   LNS_CHECK(spec_.has_head && targets.dtype == DType::I32 && targets.numel() == B_ * T_);
   s.targets = targets;
-  cross_entropy_forward(s.losses, s.logits.t.view({B_ * T_, cfg_.vocab_size}), targets);
+  // Vocab-parallel cross-entropy: no rank holds the full logits.
+  const Tensor logits = s.logits.t.view({B_ * T_, vshard_.size});
+  vocab_row_max(s.rowmax, logits, vshard_.valid);
+  tp_.all_reduce_max(s.rowmax);
+  vocab_sumexp_target(s.sumexp, s.target_logit, logits, s.rowmax, targets, vshard_.begin,
+                      vshard_.valid);
+  tp_.all_reduce_sum(s.sumexp);
+  tp_.all_reduce_sum(s.target_logit);
+  cross_entropy_combine(s.losses, s.rowmax, s.sumexp, s.target_logit, targets);
   double sum = 0.0;
   for (int64_t n = 0; n < B_ * T_; ++n) sum += s.losses.f32()[n];
   return sum;
@@ -381,9 +424,11 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
   Tensor dy = sc.d_a.t.view({N, C}), dx = sc.d_b.t.view({N, C});
   if (spec_.has_head) {
     LNS_CHECK(!s.targets.empty()) << "loss() must run before backward() on the last stage";
-    const Tensor dlogits = s.logits.t.view({N, cfg_.vocab_size});
-    cross_entropy_backward(dlogits, dlogits, s.targets, grad_scale);
+    const Tensor dlogits = s.logits.t.view({N, vshard_.size});
+    vocab_cross_entropy_backward(dlogits, dlogits, s.rowmax, s.sumexp, s.targets, vshard_.begin,
+                                 vshard_.valid, grad_scale);
     linear_backward(sc.dhf, params_.grad(head_), dlogits, s.hf, params_.param(head_), false);
+    tp_.all_reduce_sum(sc.dhf);  // column-parallel head: input gradient summed over tp
     NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1};
     norm_bwd(fin, s, dy, {}, sc.dhf, s.out);
   } else {
@@ -397,7 +442,7 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
     std::swap(dy, dx);
   }
   if (spec_.has_embedding) {
-    embedding_backward(params_.grad(embed_), s.ids, dy);
+    embedding_backward(params_.grad(embed_), s.ids, dy, vshard_.begin);
     return {};
   }
   return dy.view({B_, T_, C});

@@ -1,0 +1,48 @@
+// Communicator: the collectives and point-to-point messages the parallel layers use,
+// independent of the transport (MPI here, NCCL in the CUDA backend). Model code sees
+// only this interface. All operations are checked; a failure is fatal with the
+// transport's message.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lns/tensor.h"
+
+namespace lns {
+
+enum class ReduceOp { Sum, Max };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place over every rank; the result is bitwise identical on all ranks.
+  virtual void all_reduce(Tensor t, ReduceOp op) = 0;
+  virtual void all_reduce(double* v, int n, ReduceOp op) = 0;
+  // out[size * n] = the n elements of `in` from rank 0, 1, ... in order.
+  virtual void all_gather(Tensor out, Tensor in) = 0;
+  // out[n] = sum over ranks of in[rank * n : (rank + 1) * n].
+  virtual void reduce_scatter(Tensor out, Tensor in) = 0;
+  virtual void broadcast(Tensor t, int root) = 0;
+  // Non-blocking send: `t` must stay valid until wait_sends() returns.
+  virtual void send(Tensor t, int peer, int tag) = 0;
+  virtual void recv(Tensor t, int peer, int tag) = 0;
+  virtual void wait_sends() = 0;
+  virtual void barrier() = 0;
+  // Rank 0 receives every rank's bytes in rank order; other ranks get nothing back.
+  virtual std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine) = 0;
+
+  double all_reduce_sum(double v) {
+    all_reduce(&v, 1, ReduceOp::Sum);
+    return v;
+  }
+};
+
+// The one-rank communicator: every collective is the identity. Lets single-process
+// code (tests, tools) run the same paths without MPI.
+std::unique_ptr<Communicator> make_local_communicator();
+
+}  // namespace lns

@@ -1,0 +1,95 @@
+#include "parallel/process_grid.h"
+
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_split.h>
+
+#include "lns/errors.h"
+#include "parallel/mpi_communicator.h"
+
+namespace lns {
+
+std::unique_ptr<ProcessGrid> ProcessGrid::single() {
+  auto g = std::make_unique<ProcessGrid>();
+  g->world_ = make_local_communicator();
+  g->tp_ = make_local_communicator();
+  g->dp_ = make_local_communicator();
+  g->embed_ = make_local_communicator();
+  return g;
+}
+
+std::unique_ptr<ProcessGrid> ProcessGrid::create_mpi(int tp, int pp) {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  LNS_REQUIRE(tp >= 1 && pp >= 1, "--tp and --pp must be >= 1, got --tp=", tp, " --pp=", pp);
+  LNS_REQUIRE(world % (tp * pp) == 0, "the world of ", world, " ranks is not divisible by --tp=",
+              tp, " x --pp=", pp, "; launch a multiple of ", tp * pp, " ranks");
+  auto g = std::make_unique<ProcessGrid>();
+  g->rank = rank, g->world_size = world, g->tp = tp, g->pp = pp, g->dp = world / (tp * pp);
+  g->tp_rank = rank % tp;
+  g->dp_rank = (rank / tp) % g->dp;
+  g->pp_rank = rank / (tp * g->dp);
+  auto split = [&](int color, int key) {
+    MPI_Comm c;
+    MPI_Comm_split(MPI_COMM_WORLD, color, key, &c);
+    return make_mpi_communicator(c);
+  };
+  g->world_ = make_mpi_communicator(MPI_COMM_WORLD);
+  g->tp_ = split(g->dp_rank + g->pp_rank * g->dp, g->tp_rank);
+  g->dp_ = split(g->tp_rank + g->pp_rank * tp, g->dp_rank);
+  // The embedding group pairs the first and last stage of each (tp, dp); middle
+  // stages form groups of one.
+  const bool ends = g->pp_rank == 0 || g->pp_rank == pp - 1;
+  g->embed_ = split(ends ? g->tp_rank + g->dp_rank * tp : tp * g->dp + rank, g->pp_rank);
+  return g;
+}
+
+std::string ProcessGrid::describe(const std::vector<std::pair<int, int>>& stage_layers) const {
+  std::string s = absl::StrCat("world ", world_size, " = tp ", tp, " x dp ", dp, " x pp ", pp,
+                               " (rank = tp + dp*", tp, " + pp*", tp * dp, ")");
+  for (int p = 0; p < static_cast<int>(stage_layers.size()); ++p)
+    absl::StrAppend(&s, "\n  stage ", p, ": layers ", stage_layers[p].first, "..",
+                    stage_layers[p].second - 1, " (", stage_layers[p].second - stage_layers[p].first,
+                    ")", p == 0 ? " + embedding" : "",
+                    p + 1 == static_cast<int>(stage_layers.size()) ? " + final norm + head" : "",
+                    ", ranks ", global_rank(0, 0, p), "..", global_rank(tp - 1, dp - 1, p));
+  return s;
+}
+
+std::vector<std::pair<int, int>> stage_layer_ranges(int num_layers, int pp,
+                                                    const std::string& pp_layers) {
+  std::vector<int> counts;
+  if (pp_layers.empty()) {
+    LNS_REQUIRE(pp <= num_layers, "--pp=", pp, " stages for ", num_layers,
+                " layers: every stage needs at least one layer");
+    for (int p = 0; p < pp; ++p) counts.push_back(num_layers / pp + (p < num_layers % pp ? 1 : 0));
+  } else {
+    for (absl::string_view part : absl::StrSplit(pp_layers, ',')) {
+      int c = 0;
+      LNS_REQUIRE(absl::SimpleAtoi(part, &c) && c >= 1, "--pp_layers=", pp_layers,
+                  ": expected positive layer counts per stage, e.g. 3,2,2");
+      counts.push_back(c);
+    }
+    LNS_REQUIRE(static_cast<int>(counts.size()) == pp, "--pp_layers=", pp_layers, " names ",
+                counts.size(), " stages but --pp=", pp);
+    int sum = 0;
+    for (int c : counts) sum += c;
+    LNS_REQUIRE(sum == num_layers, "--pp_layers=", pp_layers, " adds up to ", sum,
+                " layers but --num_layers=", num_layers);
+  }
+  std::vector<std::pair<int, int>> ranges;
+  int first = 0;
+  for (int c : counts) ranges.push_back({first, first + c}), first += c;
+  return ranges;
+}
+
+void validate_layout(const LlamaConfig& cfg, int tp, int pp) {
+  LNS_REQUIRE(cfg.num_heads % tp == 0, "--num_heads=", cfg.num_heads,
+              " must be divisible by --tp=", tp);
+  LNS_REQUIRE(cfg.num_kv_heads % tp == 0, "--num_kv_heads=", cfg.num_kv_heads,
+              " must be divisible by --tp=", tp);
+  LNS_REQUIRE(pp <= cfg.num_layers, "--pp=", pp, " stages for --num_layers=", cfg.num_layers,
+              ": every stage needs at least one layer");
+}
+
+}  // namespace lns

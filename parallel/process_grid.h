@@ -1,0 +1,68 @@
+// The parallel layout, in one place. Megatron order: tensor-parallel rank innermost,
+// then data-parallel, then pipeline outermost:
+//
+//     rank = tp_rank + dp_rank * TP + pp_rank * TP * DP
+//
+// Who owns what and when they talk:
+//  - tp group (same dp, pp): splits attention heads, FFN width and vocabulary; one
+//    all-reduce after o_proj and down_proj (forward) and after the q/k/v and
+//    gate/up input gradients (backward); max/sum-exp all-reduces in the loss.
+//  - dp group (same tp, pp): disjoint shares of every global batch; gradients summed
+//    after backward (all-reduce, or reduce-scatter + all-gather with --zero=1).
+//  - pipeline: stage s holds global layers [first_s, last_s); stage s sends
+//    activations to the same (tp, dp) rank of stage s+1 and receives gradients back.
+//  - embed group (tied embeddings, pp > 1): the first and the last stage of the same
+//    (tp, dp) sum the embedding gradient so both copies stay equal.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lns/config.h"
+#include "parallel/communicator.h"
+#include "parallel/tensor_parallel.h"
+
+namespace lns {
+
+class ProcessGrid {
+ public:
+  // From MPI_COMM_WORLD; UserError when tp * pp does not divide the world size.
+  static std::unique_ptr<ProcessGrid> create_mpi(int tp, int pp);
+  // One process, no MPI.
+  static std::unique_ptr<ProcessGrid> single();
+
+  int rank = 0, world_size = 1;
+  int tp = 1, pp = 1, dp = 1;
+  int tp_rank = 0, dp_rank = 0, pp_rank = 0;
+
+  int global_rank(int t, int d, int p) const { return t + d * tp + p * tp * dp; }
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage() const { return pp_rank == pp - 1; }
+  int prev_stage_rank() const { return global_rank(tp_rank, dp_rank, pp_rank - 1); }
+  int next_stage_rank() const { return global_rank(tp_rank, dp_rank, pp_rank + 1); }
+
+  Communicator& world() { return *world_; }
+  Communicator& tp_comm() { return *tp_; }
+  Communicator& dp_comm() { return *dp_; }
+  Communicator& embed_comm() { return *embed_; }  // 2 ranks when pp > 1, else 1
+  TensorParallel tensor_parallel() { return {tp_rank, tp, tp > 1 ? tp_.get() : nullptr}; }
+
+  // "world 8 = tp 2 x dp 2 x pp 2" and one line per stage with its global layers.
+  std::string describe(const std::vector<std::pair<int, int>>& stage_layers) const;
+
+ private:
+  std::unique_ptr<Communicator> world_, tp_, dp_, embed_;
+};
+
+// The global layers [first, last) of every stage: an even split with the extra
+// layers on the first stages, or the counts of --pp_layers=a,b,c. UserError when
+// the counts do not add up or a stage would be empty.
+std::vector<std::pair<int, int>> stage_layer_ranges(int num_layers, int pp,
+                                                    const std::string& pp_layers);
+
+// Model constraints of a layout: heads and kv heads divisible by tp, no more stages
+// than layers. UserError naming the flags.
+void validate_layout(const LlamaConfig& cfg, int tp, int pp);
+
+}  // namespace lns
