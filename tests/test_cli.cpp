@@ -42,7 +42,7 @@ std::string golden(const std::string& name) {
 // The flags of the golden files' model (tools/reference/make_golden.py).
 const std::string kGoldenFlags =
     "--vocab_size=53 --hidden_size=36 --intermediate_size=45 --num_layers=3 --num_heads=6 "
-    "--num_kv_heads=2 --post_layers=1 --seq_len=7 --micro_batch_size=2";
+    "--num_kv_heads=2 --post_layers=1 --seq_len=7 --micro_batch_size=2 --global_batch_size=2";
 
 void expect_one_line_error(const std::string& args, const std::string& needle) {
   const Result r = run_train(args);

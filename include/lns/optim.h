@@ -15,18 +15,24 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  AdamW(ParamSet& params, AdamWConfig cfg);
+  // Updates the flat range [begin, end) of the parameters (all of them by default; a
+  // data-parallel shard under ZeRO), with moments for that range only.
+  AdamW(ParamSet& params, AdamWConfig cfg, int64_t begin = 0, int64_t end = -1);
   // One update with learning rate lr from params.grad(); increments step().
   void step(float lr);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
-  Tensor exp_avg() const { return m_.f32(Shape{params_.numel()}); }
-  Tensor exp_avg_sq() const { return v_.f32(Shape{params_.numel()}); }
+  // Moments of the range [begin(), end()), laid out as the flat parameter buffer.
+  Tensor exp_avg() const { return m_.f32(Shape{end_ - begin_}); }
+  Tensor exp_avg_sq() const { return v_.f32(Shape{end_ - begin_}); }
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
   const AdamWConfig& config() const { return cfg_; }
 
  private:
   ParamSet& params_;
   AdamWConfig cfg_;
+  int64_t begin_, end_;
   Buffer m_, v_;
   int64_t t_ = 0;
 };

@@ -8,6 +8,8 @@ namespace lns {
 
 TrainConfig train_config_from_flags();
 std::string dump_step_state_flag();
+int tp_flag();
+int pp_flag();
 // Every lns flag (those defined in *_flags.cpp) as "--name=value" lines: the
 // resolved configuration, itself a valid --flagfile.
 std::string resolved_flags();

@@ -8,6 +8,9 @@
 #include "lns/data.h"
 #include "lns/optim.h"
 #include "lns/stage.h"
+#include "parallel/gradient_sync.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/process_grid.h"
 
 namespace lns {
 
@@ -26,8 +29,10 @@ struct TrainConfig {
   std::string out_dir;  // empty: no files written
   double peak_tflops = 0;  // for MFU in the log; 0 = not shown
   std::string init_from;
-
-  int64_t accum_steps() const { return global_batch / micro_batch; }
+  // Parallel layout (tp and pp live in the ProcessGrid).
+  std::string pp_layers;     // layers per stage, e.g. "3,2,2"; empty = even split
+  bool zero = false;         // ZeRO-1: optimizer state sharded across data-parallel ranks
+  double dp_bucket_mb = 25;  // data-parallel all-reduce bucket size
   void validate() const;  // UserError naming the flag
 };
 
@@ -47,15 +52,19 @@ struct EvalStats {
 
 class Trainer {
  public:
-  Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg);
+  // grid: the parallel layout; null for one process without MPI.
+  Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGrid* grid = nullptr);
   ~Trainer();
 
   LlamaStage& model() { return *model_; }
+  ProcessGrid& grid() { return *grid_; }
+  int micro_batches() const { return num_micro_; }  // per data-parallel rank and step
   AdamW& optimizer() { return *optim_; }
   BatchSampler& sampler() { return *train_sampler_; }
 
   // Gradients of the next global batch accumulated into model().params().grad()
-  // (zeroed first), normalised by its unmasked targets. Returns the mean loss.
+  // (zeroed first), normalised by its unmasked targets, before any cross-rank
+  // reduction. Returns the mean loss of the global batch (on every rank).
   double compute_gradients(int64_t* tokens = nullptr);
   // compute_gradients, clipping, one AdamW step at the schedule's learning rate.
   StepStats train_step();
@@ -63,19 +72,28 @@ class Trainer {
   EvalStats evaluate();
   // The whole run: steps, logs, metrics, validation.
   void run();
-  // Forward/backward of the first micro-batch, written as a step-state dump.
+  // Forward/backward of the first global batch, reduced across ranks and written by
+  // rank 0 as a step-state dump with logical (single-rank) names and shapes.
   void dump_step_state(const std::string& path);
   int64_t flops_per_token() const;  // 6 * parameters + attention (see docs/training.md)
 
  private:
+  bool is_root() const { return grid_->rank == 0; }
+
   LlamaConfig model_cfg_;
   TrainConfig cfg_;
+  std::unique_ptr<ProcessGrid> own_grid_;
+  ProcessGrid* grid_;
+  std::vector<std::pair<int, int>> stage_layers_;
+  int num_micro_ = 1;
   LrSchedule schedule_;
   std::unique_ptr<LlamaStage> model_;
+  std::unique_ptr<PipelineSchedule1F1B> pipeline_;
+  std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<AdamW> optim_;
   std::unique_ptr<TokenCorpus> train_data_, val_data_;
   std::unique_ptr<BatchSampler> train_sampler_;
-  OwnedTensor inputs_, targets_;  // [accum * B, T]: this step's share of the global batch
+  OwnedTensor inputs_, targets_;  // [M * B, T]: this dp rank's share of the global batch
 };
 
 }  // namespace lns

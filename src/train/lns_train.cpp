@@ -1,5 +1,5 @@
 // lns_train: trains a LLaMA-family model with the chosen normalization scheme.
-//   lns_train --flagfile=configs/tiny_lns.flags [--flag=value ...]
+//   mpirun -np 8 lns_train --flagfile=configs/tiny_lns.flags --tp=2 --pp=2
 #include <gflags/gflags.h>
 #include <mpi.h>
 
@@ -13,39 +13,83 @@
 #include "lns/model_flags.h"
 #include "lns/train_flags.h"
 #include "lns/trainer.h"
+#include "parallel/process_grid.h"
 
 namespace lns {
 namespace {
 
-// "[12:34:56 r0] message": short, and says which rank spoke.
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// "[12:34:56 I r3] message": short, and says which rank spoke.
 void log_prefix(std::ostream& s, const google::LogMessageInfo& m, void*) {
-  char buf[32];
+  char buf[48];
   std::snprintf(buf, sizeof(buf), "[%02d:%02d:%02d %c] ", m.time.hour(), m.time.min(), m.time.sec(),
                 m.severity[0]);
   s << buf;
 }
 
+// Start-up runs on every rank; if any rank fails (a bad flag, its data file missing),
+// all of them exit with status 1 and rank 0 prints the first failure as one line,
+// instead of the healthy ranks hanging in their first collective.
+bool agree_or_report(const std::string& error) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  int failed = error.empty() ? 0 : 1, any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (!any) return true;
+  // The lowest failing rank's message travels to rank 0.
+  int mine = failed ? world_rank() : world, first = world;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  char msg[1024] = {};
+  if (world_rank() == first) std::snprintf(msg, sizeof(msg), "%s", error.c_str());
+  MPI_Bcast(msg, sizeof(msg), MPI_CHAR, first, MPI_COMM_WORLD);
+  if (world_rank() == 0)
+    std::fprintf(stderr, "lns_train: error: %s%s\n", msg,
+                 world > 1 && first != 0 ? (" (rank " + std::to_string(first) + ")").c_str() : "");
+  return false;
+}
+
 int run() {
-  const LlamaConfig model_cfg = config_from_flags();
-  const TrainConfig cfg = train_config_from_flags();
-  const std::string flags = resolved_flags();
-  LOG(INFO) << "configuration:\n" << flags;
-  LOG(INFO) << "CPU backend: " << cpu_blas_info();
-  if (const std::string w = cpu_blas_warning(); !w.empty()) LOG(WARNING) << w;
-  if (!cfg.out_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(cfg.out_dir, ec);
-    if (ec) fail("--out_dir=", cfg.out_dir, ": cannot create directory: ", ec.message());
-    std::ofstream(cfg.out_dir + "/config.flags") << flags;
-    std::ofstream(cfg.out_dir + "/model_config.json") << model_cfg.to_json().dump(2) << "\n";
+  std::unique_ptr<ProcessGrid> grid;
+  std::unique_ptr<Trainer> trainer;
+  TrainConfig cfg;
+  std::string error;
+  try {
+    const LlamaConfig model_cfg = config_from_flags();
+    cfg = train_config_from_flags();
+    grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
+    validate_layout(model_cfg, grid->tp, grid->pp);
+    const auto layers = stage_layer_ranges(model_cfg.num_layers, grid->pp, cfg.pp_layers);
+    if (grid->rank == 0) {
+      const std::string flags = resolved_flags();
+      LOG(INFO) << "configuration:\n" << flags;
+      LOG(INFO) << "layout: " << grid->describe(layers);
+      LOG(INFO) << "CPU backend: " << cpu_blas_info();
+      if (const std::string w = cpu_blas_warning(); !w.empty()) LOG(WARNING) << w;
+      if (!cfg.out_dir.empty()) {
+        std::error_code ec;
+        std::filesystem::create_directories(cfg.out_dir, ec);
+        if (ec) fail("--out_dir=", cfg.out_dir, ": cannot create directory: ", ec.message());
+        std::ofstream(cfg.out_dir + "/config.flags") << flags;
+        std::ofstream(cfg.out_dir + "/model_config.json") << model_cfg.to_json().dump(2) << "\n";
+      }
+    }
+    trainer = std::make_unique<Trainer>(model_cfg, cfg, grid.get());
+  } catch (const UserError& e) {
+    error = e.what();
   }
-  Trainer trainer(model_cfg, cfg);
+  if (!agree_or_report(error)) return 1;
+
   if (!dump_step_state_flag().empty()) {
-    trainer.dump_step_state(dump_step_state_flag());
+    trainer->dump_step_state(dump_step_state_flag());
     return 0;
   }
-  trainer.run();
-  if (!cfg.out_dir.empty()) LOG(INFO) << "metrics: " << cfg.out_dir << "/metrics.jsonl";
+  trainer->run();
+  if (grid->rank == 0 && !cfg.out_dir.empty()) LOG(INFO) << "metrics: " << cfg.out_dir << "/metrics.jsonl";
   return 0;
 }
 
@@ -62,7 +106,14 @@ int main(int argc, char** argv) {
   try {
     code = lns::run();
   } catch (const lns::UserError& e) {
-    std::fprintf(stderr, "lns_train: error: %s\n", e.what());
+    // A failure after start-up (bad data mid-run, divergence): the other ranks may be
+    // inside a collective, so end them all.
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    std::fprintf(stderr, "lns_train: error: %s%s\n", e.what(),
+                 world > 1 ? (" (rank " + std::to_string(lns::world_rank()) + ")").c_str() : "");
+    std::fflush(stderr);
+    if (world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     code = 1;
   }
   MPI_Finalize();

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "lns/errors.h"
@@ -6,9 +7,9 @@
 
 namespace lns {
 
-AdamW::AdamW(ParamSet& params, AdamWConfig cfg)
-    : params_(params), cfg_(cfg), m_(params.numel() * sizeof(float)),
-      v_(params.numel() * sizeof(float)) {}
+AdamW::AdamW(ParamSet& params, AdamWConfig cfg, int64_t begin, int64_t end)
+    : params_(params), cfg_(cfg), begin_(begin), end_(end < 0 ? params.numel() : end),
+      m_((end_ - begin_) * sizeof(float)), v_((end_ - begin_) * sizeof(float)) {}
 
 void AdamW::step(float lr) {
   ++t_;
@@ -16,18 +17,21 @@ void AdamW::step(float lr) {
                static_cast<float>(1.0 - std::pow(double(cfg_.beta1), double(t_))),
                static_cast<float>(1.0 - std::pow(double(cfg_.beta2), double(t_)))};
   const Tensor m = exp_avg(), v = exp_avg_sq();
+  const Tensor p = params_.flat_params(), g = params_.flat_grads();
+  auto slice = [](Tensor flat, int64_t at, int64_t n) {
+    Tensor t = flat;
+    t.data = flat.f32() + at;
+    t.shape = Shape{n};
+    return t;
+  };
   for (int i = 0; i < params_.size(); ++i) {
     const ParamInfo& info = params_.info(i);
+    const int64_t lo = std::max<int64_t>(begin_, info.offset),
+                  hi = std::min<int64_t>(end_, info.offset + info.shape.numel());
+    if (lo >= hi) continue;
     h.weight_decay = info.decays() ? cfg_.weight_decay : 0.0f;
-    const int64_t n = info.shape.numel();
-    const Shape s{n};
-    auto slice = [&](Tensor flat) {
-      Tensor t = flat;
-      t.data = flat.f32() + info.offset;
-      t.shape = s;
-      return t;
-    };
-    adamw_step(params_.param(i).view(s), params_.grad(i).view(s), slice(m), slice(v), h);
+    adamw_step(slice(p, lo, hi - lo), slice(g, lo, hi - lo), slice(m, lo - begin_, hi - lo),
+               slice(v, lo - begin_, hi - lo), h);
   }
 }
 

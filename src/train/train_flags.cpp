@@ -35,6 +35,12 @@ DEFINE_int64(eval_tokens, 65536, "Validation target tokens per evaluation.");
 DEFINE_int64(log_every, 10, "Print the training line every N steps.");
 DEFINE_string(out_dir, "", "Run directory: metrics.jsonl and config.flags go here.");
 DEFINE_double(peak_tflops, 0, "Peak TFLOP/s of one device, for MFU in the log (0 = not shown).");
+// ---- parallelism ------------------------------------------------------------------------
+DEFINE_int32(tp, 1, "Tensor-parallel size: splits heads, FFN width and vocabulary.");
+DEFINE_int32(pp, 1, "Pipeline-parallel stages (1F1B schedule). Data parallel = world / (tp * pp).");
+DEFINE_string(pp_layers, "", "Layers per pipeline stage, e.g. 3,2,2 (default: even split).");
+DEFINE_bool(zero, false, "ZeRO-1: shard AdamW state and master weights across data-parallel ranks.");
+DEFINE_double(dp_bucket_mb, 25, "Data-parallel gradient all-reduce bucket size in MiB.");
 // ---- debugging ----------------------------------------------------------------------------
 DEFINE_string(init_from, "", "Load all weights from this safetensors file (Hugging Face names).");
 DEFINE_string(dump_step_state, "",
@@ -65,11 +71,16 @@ TrainConfig train_config_from_flags() {
   c.out_dir = FLAGS_out_dir;
   c.peak_tflops = FLAGS_peak_tflops;
   c.init_from = FLAGS_init_from;
+  c.pp_layers = FLAGS_pp_layers;
+  c.zero = FLAGS_zero;
+  c.dp_bucket_mb = FLAGS_dp_bucket_mb;
   c.validate();
   return c;
 }
 
 std::string dump_step_state_flag() { return FLAGS_dump_step_state; }
+int tp_flag() { return FLAGS_tp; }
+int pp_flag() { return FLAGS_pp; }
 
 std::string resolved_flags() {
   std::vector<gflags::CommandLineFlagInfo> all;

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -11,7 +10,8 @@
 
 #include "lns/errors.h"
 #include "lns/param_io.h"
-#include "lns/step_state.h"
+#include "lns/safetensors.h"
+#include "parallel/gather.h"
 
 namespace lns {
 namespace {
@@ -64,15 +64,29 @@ void TrainConfig::validate() const {
   LNS_REQUIRE(log_every > 0, "--log_every must be positive, got ", log_every);
   LNS_REQUIRE(eval_every >= 0, "--eval_every must be >= 0 (0 = only at the end), got ", eval_every);
   LNS_REQUIRE(eval_tokens > 0, "--eval_tokens must be positive, got ", eval_tokens);
+  LNS_REQUIRE(dp_bucket_mb > 0, "--dp_bucket_mb must be positive, got ", dp_bucket_mb);
 }
 
 Trainer::~Trainer() = default;
 
-Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg)
+Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGrid* grid)
     : model_cfg_(model_cfg), cfg_(cfg) {
+  if (!grid) {
+    own_grid_ = ProcessGrid::single();
+    grid = own_grid_.get();
+  }
+  grid_ = grid;
   cfg_.validate();
   model_cfg_.validate();
+  validate_layout(model_cfg_, grid_->tp, grid_->pp);
+  stage_layers_ = stage_layer_ranges(model_cfg_.num_layers, grid_->pp, cfg_.pp_layers);
+  const int dp = grid_->dp;
+  LNS_REQUIRE(cfg_.global_batch % (cfg_.micro_batch * dp) == 0, "--global_batch_size=",
+              cfg_.global_batch, " must be a multiple of --micro_batch_size=", cfg_.micro_batch,
+              " x data-parallel size ", dp);
+  num_micro_ = static_cast<int>(cfg_.global_batch / (cfg_.micro_batch * dp));
   schedule_ = {cfg_.lr, cfg_.min_lr_ratio, cfg_.warmup_steps, std::max<int64_t>(cfg_.steps, 1)};
+
   // Data first: a missing file should fail before gigabytes are allocated.
   if (cfg_.data == "random") {
     train_data_ = TokenCorpus::random(model_cfg_.vocab_size,
@@ -88,50 +102,58 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg)
     val_data_ = TokenCorpus::open(cfg_.val_data);
     BatchSampler check(*val_data_, cfg_.data_mode, cfg_.seq_len, 0, false, model_cfg_.vocab_size);
   }
-  model_ = std::make_unique<LlamaStage>(model_cfg_, StageSpec::whole(model_cfg_), cfg_.micro_batch,
-                                        cfg_.seq_len);
+
+  const auto [first, last] = stage_layers_[grid_->pp_rank];
+  const StageSpec spec{first, last, grid_->first_stage(), grid_->last_stage()};
+  model_ = std::make_unique<LlamaStage>(
+      model_cfg_, spec, cfg_.micro_batch, cfg_.seq_len,
+      PipelineSchedule1F1B::slots_for(num_micro_, grid_->pp_rank, grid_->pp), grid_->tensor_parallel());
   if (cfg_.init_from.empty()) {
     model_->init_weights(cfg_.seed);
   } else {
     load_params(model_->params(), SafetensorsReader(cfg_.init_from));
-    LOG(INFO) << "loaded weights from " << cfg_.init_from;
+    if (is_root()) LOG(INFO) << "loaded weights from " << cfg_.init_from;
   }
-  optim_ = std::make_unique<AdamW>(model_->params(), cfg_.adam);
-  inputs_ = OwnedTensor(DType::I32, {cfg_.global_batch, cfg_.seq_len});
-  targets_ = OwnedTensor(DType::I32, {cfg_.global_batch, cfg_.seq_len});
+  pipeline_ = std::make_unique<PipelineSchedule1F1B>(*grid_, *model_, num_micro_);
+  sync_ = std::make_unique<GradientSync>(*grid_, model_->params(), model_cfg_.tie_embeddings,
+                                         cfg_.zero, cfg_.dp_bucket_mb);
+  // ZeRO: the optimizer owns this dp rank's shard; otherwise every rank updates all.
+  optim_ = sync_->zero() ? std::make_unique<AdamW>(model_->params(), cfg_.adam,
+                                                   sync_->shard_begin(), sync_->shard_end())
+                         : std::make_unique<AdamW>(model_->params(), cfg_.adam);
+  inputs_ = OwnedTensor(DType::I32, {num_micro_ * cfg_.micro_batch, cfg_.seq_len});
+  targets_ = OwnedTensor(DType::I32, {num_micro_ * cfg_.micro_batch, cfg_.seq_len});
 }
 
 int64_t Trainer::flops_per_token() const {
   // 6 FLOPs per parameter per token (forward 2, backward 4) for every matrix the
   // tokens pass through, plus attention scores and values: 12 * L * C * T (as in
   // PaLM's accounting, causal masking not subtracted). The embedding lookup is free.
-  int64_t matmul_params = 0;
-  const ParamSet& ps = model_->params();
-  for (const ParamInfo& p : ps.infos())
-    if (p.decays() && p.kind != ParamKind::Embedding) matmul_params += p.shape.numel();
-  if (model_cfg_.tie_embeddings)
-    matmul_params += int64_t{model_cfg_.vocab_size} * model_cfg_.hidden_size;
-  return 6 * matmul_params +
-         12 * int64_t{model_cfg_.num_layers} * model_cfg_.hidden_size * cfg_.seq_len;
+  // Counted on the logical model, so every layout reports the same figure.
+  const int64_t C = model_cfg_.hidden_size, F = model_cfg_.intermediate_size,
+                QD = int64_t{model_cfg_.num_heads} * model_cfg_.head_dim(), KD = model_cfg_.kv_dim();
+  const int64_t per_layer = 2 * C * QD + 2 * C * KD + 3 * C * F;
+  const int64_t matmul_params = model_cfg_.num_layers * per_layer + int64_t{model_cfg_.vocab_size} * C;
+  return 6 * matmul_params + 12 * int64_t{model_cfg_.num_layers} * C * cfg_.seq_len;
 }
 
 double Trainer::compute_gradients(int64_t* tokens_out) {
-  const int64_t B = cfg_.micro_batch, T = cfg_.seq_len, accum = cfg_.accum_steps();
-  train_sampler_->next_batch(cfg_.global_batch, /*dp_rank=*/0, /*dp_size=*/1, inputs_, targets_);
+  const int64_t B = cfg_.micro_batch, T = cfg_.seq_len;
+  train_sampler_->next_batch(cfg_.global_batch, grid_->dp_rank, grid_->dp, inputs_, targets_);
   // One normaliser for the whole global batch: the loss is the mean over every
-  // unmasked target, however the batch is cut into micro-batches.
-  const int64_t valid = count_valid(targets_.i32(), cfg_.global_batch * T);
-  const float grad_scale = valid > 0 ? 1.0f / static_cast<float>(valid) : 0.0f;
+  // unmasked target, however the batch is cut into micro-batches and dp ranks.
+  const double valid = grid_->dp_comm().all_reduce_sum(
+      static_cast<double>(count_valid(targets_.i32(), num_micro_ * B * T)));
+  const float grad_scale = valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f;
   model_->params().zero_grads();
-  double loss_sum = 0.0;
-  for (int64_t k = 0; k < accum; ++k) {
-    const Tensor in = inputs_.t.rows(k * B, (k + 1) * B), tg = targets_.t.rows(k * B, (k + 1) * B);
-    model_->forward(in);
-    loss_sum += model_->loss(tg.view({B * T}));
-    model_->backward({}, grad_scale);
-  }
-  if (tokens_out) *tokens_out = valid;
-  return valid > 0 ? loss_sum / valid : 0.0;
+  const double loss_sum = pipeline_->train(
+      [&](int m) { return inputs_.t.rows(m * B, (m + 1) * B); },
+      [&](int m) { return targets_.t.rows(m * B, (m + 1) * B).view({B * T}); }, grad_scale);
+  // Every rank learns the global loss: the last stage's tp-rank-0 sums count once.
+  const bool reports = grid_->last_stage() && grid_->tp_rank == 0;
+  const double total = grid_->world().all_reduce_sum(reports ? loss_sum : 0.0);
+  if (tokens_out) *tokens_out = static_cast<int64_t>(valid);
+  return valid > 0 ? total / valid : 0.0;
 }
 
 StepStats Trainer::train_step() {
@@ -139,12 +161,15 @@ StepStats Trainer::train_step() {
   StepStats s;
   s.lr = schedule_.at(optim_->steps_taken());
   s.loss = compute_gradients(&s.tokens);
-  s.grad_norm = grad_norm(model_->params());
+  sync_->reduce();
+  s.grad_norm = sync_->global_norm();
   if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm))
     fail("training diverged at step ", optim_->steps_taken() + 1, ": loss ", s.loss,
          ", gradient norm ", s.grad_norm, " (lower --lr or set --grad_clip)");
-  clip_grads(model_->params(), s.grad_norm, cfg_.grad_clip);
+  if (cfg_.grad_clip > 0 && s.grad_norm > cfg_.grad_clip)
+    sync_->scale(static_cast<float>(cfg_.grad_clip / (s.grad_norm + 1e-6)));
   optim_->step(static_cast<float>(s.lr));
+  sync_->gather_params();
   s.step = optim_->steps_taken();
   s.seconds = now_seconds() - t0;
   return s;
@@ -156,49 +181,103 @@ EvalStats Trainer::evaluate() {
   const int64_t B = cfg_.micro_batch, T = cfg_.seq_len;
   BatchSampler val(*val_data_, cfg_.data_mode, T, 0, /*shuffle=*/false, model_cfg_.vocab_size);
   const int64_t num_seq = (cfg_.eval_tokens + T - 1) / T;
+  const int64_t batches = (num_seq + B - 1) / B;
+  // Micro-batch k goes to dp rank k % dp; every stage of that rank walks the same k.
+  const int64_t mine = (batches - grid_->dp_rank + grid_->dp - 1) / grid_->dp;
   OwnedTensor in(DType::I32, {B, T}), tg(DType::I32, {B, T});
-  double sum = 0.0;
-  for (int64_t s0 = 0; s0 < num_seq; s0 += B) {
+  auto fill = [&](int j) {
+    const int64_t k = grid_->dp_rank + int64_t{j} * grid_->dp;
     for (int64_t b = 0; b < B; ++b) {
+      const int64_t seq = k * B + b;
       int32_t* tgt = tg.i32() + b * T;
-      val.fill(static_cast<uint64_t>(s0 + b) % val.samples_per_epoch(), in.i32() + b * T, tgt);
+      val.fill(static_cast<uint64_t>(seq) % val.samples_per_epoch(), in.i32() + b * T, tgt);
       // Exactly eval_tokens target positions count: mask the rest of the last batch.
       for (int64_t t = 0; t < T; ++t)
-        if ((s0 + b) * T + t >= cfg_.eval_tokens) tgt[t] = kIgnoreIndex;
+        if (seq * T + t >= cfg_.eval_tokens) tgt[t] = kIgnoreIndex;
     }
-    model_->forward(in);
-    sum += model_->loss(tg.t.view({B * T}));
-    e.tokens += count_valid(tg.i32(), B * T);
-  }
-  e.loss = e.tokens > 0 ? sum / e.tokens : 0.0;
+  };
+  int64_t local_tokens = 0;
+  const double sum = pipeline_->forward_only(
+      static_cast<int>(mine),
+      [&](int j) {
+        fill(j);
+        return Tensor(in);
+      },
+      [&](int j) {
+        fill(j);
+        local_tokens += count_valid(tg.i32(), B * T);
+        return tg.t.view({B * T});
+      });
+  const bool reports = grid_->last_stage() && grid_->tp_rank == 0;
+  double totals[2] = {reports ? sum : 0.0, reports ? double(local_tokens) : 0.0};
+  grid_->world().all_reduce(totals, 2, ReduceOp::Sum);
+  e.tokens = static_cast<int64_t>(totals[1]);
+  e.loss = e.tokens > 0 ? totals[0] / e.tokens : 0.0;
   e.ppl = std::exp(e.loss);
   return e;
 }
 
 void Trainer::dump_step_state(const std::string& path) {
-  const int64_t B = cfg_.micro_batch, T = cfg_.seq_len;
-  OwnedTensor in(DType::I32, {B, T}), tg(DType::I32, {B, T});
-  train_sampler_->next_batch(B, 0, 1, in, tg);
-  const int64_t valid = count_valid(tg.i32(), B * T);
+  const int64_t B = cfg_.micro_batch, T = cfg_.seq_len, V = model_cfg_.vocab_size;
+  const ShardRange vs = model_->vocab_shard();
+  OwnedTensor logits;
+  if (grid_->last_stage()) logits = OwnedTensor(DType::F32, {num_micro_ * B, T, vs.size});
+  train_sampler_->next_batch(cfg_.global_batch, grid_->dp_rank, grid_->dp, inputs_, targets_);
+  const double valid = grid_->dp_comm().all_reduce_sum(
+      static_cast<double>(count_valid(targets_.i32(), num_micro_ * B * T)));
   model_->params().zero_grads();
-  const Tensor logits = model_->forward(in);
-  const float loss = static_cast<float>(model_->loss(tg.t.view({B * T})) / std::max<int64_t>(valid, 1));
-  OwnedTensor logits_copy(DType::F32, logits.shape);  // backward overwrites the logits
-  std::memcpy(logits_copy.t.data, logits.data, logits.nbytes());
-  model_->backward({}, valid > 0 ? 1.0f / valid : 0.0f);
-  write_step_state(path, model_cfg_, model_->params(), {in, tg, logits_copy, loss});
+  const double loss_sum = pipeline_->train(
+      [&](int m) { return inputs_.t.rows(m * B, (m + 1) * B); },
+      [&](int m) { return targets_.t.rows(m * B, (m + 1) * B).view({B * T}); },
+      valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f,
+      [&](int m, Tensor l) {  // keep the logits before backward overwrites them
+        std::memcpy(logits.f32() + m * B * T * vs.size, l.data, l.nbytes());
+      });
+  const bool reports = grid_->last_stage() && grid_->tp_rank == 0;
+  const float loss =
+      static_cast<float>(grid_->world().all_reduce_sum(reports ? loss_sum : 0.0) / std::max(valid, 1.0));
+  sync_->reduce(/*full=*/true);
+
+  // Gather the logical tensors on rank 0: gradients from dp rank 0, the batch and
+  // the logits from every dp rank's share.
+  std::vector<TensorPiece> pieces;
+  const int64_t rows = num_micro_ * B, row0 = grid_->dp_rank * rows, G = cfg_.global_batch;
+  if (grid_->dp_rank == 0)
+    for (int i = 0; i < model_->params().size(); ++i) {
+      TensorPiece p;
+      if (!param_piece(model_->params(), i, /*grads=*/true, grid_->tp_rank, &p)) continue;
+      p.name = "grad." + p.name;
+      pieces.push_back(p);
+    }
+  if (grid_->first_stage() && grid_->tp_rank == 0) {
+    pieces.push_back({"inputs", {G, T}, {row0, 0}, {rows, T}, inputs_});
+    pieces.push_back({"targets", {G, T}, {row0, 0}, {rows, T}, targets_});
+  }
+  if (grid_->last_stage()) pieces.push_back({"logits", {G, T, V}, {row0, 0, vs.begin}, {rows, T, vs.valid}, logits});
+  const auto all = gather_to_root(grid_->world(), pieces);
+  if (!is_root()) return;
+  SafetensorsWriter w;
+  for (const auto& [name, t] : all) w.add(name, t.t);
+  w.add_f32("loss", {}, &loss);
+  w.set_metadata("format", "lns-step-state-v1");
+  w.set_metadata("config", model_cfg_.to_json().dump());
+  w.set_metadata("seq_len", std::to_string(T));
+  w.set_metadata("global_batch_size", std::to_string(G));
+  w.set_metadata("layout", absl::StrFormat("tp=%d pp=%d dp=%d", grid_->tp, grid_->pp, grid_->dp));
+  w.write(path);
   LOG(INFO) << "first batch: loss " << loss << "; wrote step state to " << path;
 }
 
 void Trainer::run() {
-  MetricsLog metrics(cfg_.out_dir.empty() ? "" : cfg_.out_dir + "/metrics.jsonl");
+  MetricsLog metrics(cfg_.out_dir.empty() || !is_root() ? "" : cfg_.out_dir + "/metrics.jsonl");
   const int64_t tokens_per_step = cfg_.global_batch * cfg_.seq_len;
   const double flops_per_step = double(flops_per_token()) * tokens_per_step;
-  LOG(INFO) << absl::StrFormat(
-      "training %d steps of %d sequences x %d tokens (%d micro-batches of %d), %.2fM parameters, "
-      "%.1f GFLOP per step",
-      cfg_.steps, cfg_.global_batch, cfg_.seq_len, cfg_.accum_steps(), cfg_.micro_batch,
-      model_->params().numel() / 1e6, flops_per_step / 1e9);
+  if (is_root())
+    LOG(INFO) << absl::StrFormat(
+        "training %d steps of %d sequences x %d tokens (%d micro-batches of %d per data-parallel "
+        "rank), %.1f GFLOP per step",
+        cfg_.steps, cfg_.global_batch, cfg_.seq_len, num_micro_, cfg_.micro_batch,
+        flops_per_step / 1e9);
   const double start = now_seconds();
   double window_time = 0;
   int64_t window_tokens = 0;
@@ -206,6 +285,7 @@ void Trainer::run() {
     if (!val_data_) return;
     const double t0 = now_seconds();
     const EvalStats e = evaluate();
+    if (!is_root()) return;
     LOG(INFO) << absl::StrFormat("eval  step %6d | val_loss %.4f | val_ppl %.2f | %d tokens | %.1f s",
                                  step, e.loss, e.ppl, e.tokens, now_seconds() - t0);
     metrics.write({{"step", step}, {"val_loss", e.loss}, {"val_ppl", e.ppl},
@@ -215,21 +295,26 @@ void Trainer::run() {
     const StepStats s = train_step();
     window_time += s.seconds;
     window_tokens += tokens_per_step;
-    const double tps = tokens_per_step / s.seconds;
-    nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"lr", s.lr},
-                        {"grad_norm", s.grad_norm}, {"tokens_per_s", tps},
-                        {"step_time_s", s.seconds}, {"elapsed_s", now_seconds() - start},
-                        {"tokens", s.step * tokens_per_step}};
-    if (cfg_.peak_tflops > 0) j["mfu"] = flops_per_step / s.seconds / (cfg_.peak_tflops * 1e12);
-    metrics.write(j);
+    if (is_root()) {
+      const double tps = tokens_per_step / s.seconds;
+      nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"lr", s.lr},
+                          {"grad_norm", s.grad_norm}, {"tokens_per_s", tps},
+                          {"step_time_s", s.seconds}, {"elapsed_s", now_seconds() - start},
+                          {"tokens", s.step * tokens_per_step}};
+      if (cfg_.peak_tflops > 0)
+        j["mfu"] = flops_per_step / s.seconds / (cfg_.peak_tflops * 1e12 * grid_->world_size);
+      metrics.write(j);
+    }
     if (s.step % cfg_.log_every == 0 || s.step == cfg_.steps || s.step == 1) {
       const double avg_tps = window_tokens / window_time;
       std::string mfu;
       if (cfg_.peak_tflops > 0)
-        mfu = absl::StrFormat(" | MFU %.1f%%", 100.0 * avg_tps * flops_per_token() / (cfg_.peak_tflops * 1e12));
-      LOG(INFO) << absl::StrFormat(
-          "step %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s%s | %.1f s", s.step,
-          cfg_.steps, s.loss, s.lr, s.grad_norm, avg_tps, mfu, now_seconds() - start);
+        mfu = absl::StrFormat(" | MFU %.1f%%", 100.0 * avg_tps * flops_per_token() /
+                                                   (cfg_.peak_tflops * 1e12 * grid_->world_size));
+      if (is_root())
+        LOG(INFO) << absl::StrFormat(
+            "step %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s%s | %.1f s", s.step,
+            cfg_.steps, s.loss, s.lr, s.grad_norm, avg_tps, mfu, now_seconds() - start);
       window_time = 0;
       window_tokens = 0;
     }

@@ -1,0 +1,92 @@
+#include "parallel/gradient_sync.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "lns/errors.h"
+#include "lns/ops.h"
+
+namespace lns {
+namespace {
+
+Tensor flat_slice(Tensor flat, int64_t begin, int64_t end) {
+  Tensor t = flat;
+  t.data = flat.f32() + begin;
+  t.shape = Shape{end - begin};
+  return t;
+}
+
+}  // namespace
+
+GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool zero,
+                           double bucket_mb)
+    : grid_(grid), params_(params), tied_(tied), zero_(zero && grid.dp > 1),
+      bucket_floats_(std::max<int64_t>(1024, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4))) {
+  const ShardRange s = shard_range(params.numel(), grid.dp, grid.dp_rank);
+  begin_ = s.begin;
+  end_ = s.begin + s.valid;
+  shard_size_ = s.size;
+  for (const ParamInfo& p : params.infos())
+    norm_weight_.push_back((p.replicated() && grid.tp_rank != 0) || p.tied_copy ? 0.0f : 1.0f);
+  if (zero_) {
+    padded_ = OwnedTensor(DType::F32, Shape{shard_size_ * grid.dp});
+    shard_ = OwnedTensor(DType::F32, Shape{shard_size_});
+  }
+}
+
+void GradientSync::reduce(bool full) {
+  // 1. Tied embedding copies on the first and last stage.
+  if (tied_ && grid_.pp > 1 && (grid_.first_stage() || grid_.last_stage())) {
+    const int i = params_.find("model.embed_tokens.weight");
+    LNS_CHECK(i >= 0) << "tied embeddings: the first and last stage both hold the embedding";
+    grid_.embed_comm().all_reduce(params_.grad(i), ReduceOp::Sum);
+  }
+  if (grid_.dp == 1) return;
+  const Tensor g = params_.flat_grads();
+  const int64_t n = params_.numel();
+  if (!zero_ || full) {  // 2a. all-reduce in buckets
+    for (int64_t b = 0; b < n; b += bucket_floats_)
+      grid_.dp_comm().all_reduce(flat_slice(g, b, std::min(n, b + bucket_floats_)), ReduceOp::Sum);
+    return;
+  }
+  // 2b. reduce-scatter: this rank receives the sum of its shard.
+  std::memcpy(padded_.t.data, g.data, n * sizeof(float));
+  std::memset(padded_.f32() + n, 0, (padded_.t.numel() - n) * sizeof(float));
+  grid_.dp_comm().reduce_scatter(shard_, padded_);
+  std::memcpy(g.f32() + begin_, shard_.t.data, (end_ - begin_) * sizeof(float));
+}
+
+double GradientSync::global_norm() {
+  const Tensor g = params_.flat_grads();
+  double sum = 0.0;
+  for (int i = 0; i < params_.size(); ++i) {
+    if (norm_weight_[i] == 0.0f) continue;
+    const ParamInfo& p = params_.info(i);
+    const int64_t lo = std::max<int64_t>(begin_, p.offset),
+                  hi = std::min<int64_t>(end_, p.offset + p.shape.numel());
+    if (lo < hi) sum += sum_squares(flat_slice(g, lo, hi));
+  }
+  return std::sqrt(grid_.world().all_reduce_sum(sum));
+}
+
+void GradientSync::scale(float f) {
+  if (f == 1.0f) return;
+  const Tensor g = params_.flat_grads();
+  if (zero_)
+    scale_inplace(flat_slice(g, begin_, end_), f);
+  else
+    scale_inplace(g, f);
+}
+
+void GradientSync::gather_params() {
+  if (!zero_) return;
+  const Tensor p = params_.flat_params();
+  const int64_t n = params_.numel();
+  std::memset(shard_.t.data, 0, shard_.t.nbytes());
+  std::memcpy(shard_.t.data, p.f32() + begin_, (end_ - begin_) * sizeof(float));
+  grid_.dp_comm().all_gather(padded_, shard_);
+  std::memcpy(p.data, padded_.t.data, n * sizeof(float));
+}
+
+}  // namespace lns

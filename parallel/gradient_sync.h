@@ -1,0 +1,49 @@
+// GradientSync: everything that happens to gradients between backward and the
+// optimizer, across ranks.
+//  1. Tied embeddings with pp > 1: the first stage's embedding gradient and the last
+//     stage's head copy are summed over the embed group, so both copies take the
+//     same update and stay equal.
+//  2. Data parallelism: gradients summed over the dp group (the loss is already
+//     normalised by the global token count), either all-reduced in buckets of
+//     --dp_bucket_mb, or (--zero=1) reduce-scattered so each dp rank holds the sum
+//     for its contiguous shard of the flat buffer, where the optimizer runs; updated
+//     shards are then all-gathered.
+//  3. The global gradient norm counts every parameter once: each dp rank sums its
+//     shard, tensor-parallel replicas (norms) count on tp rank 0 only, the tied copy
+//     not at all; one all-reduce over the world.
+#pragma once
+#include "lns/param_set.h"
+#include "parallel/process_grid.h"
+
+namespace lns {
+
+class GradientSync {
+ public:
+  // tied: the model ties embeddings (every rank must agree, so it is the config's
+  // flag, not whether this stage happens to hold the embedding).
+  GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool zero, double bucket_mb);
+
+  bool zero() const { return zero_; }
+  // The flat range [begin, end) of this dp rank: its optimizer shard under ZeRO and
+  // its share of the gradient norm either way.
+  int64_t shard_begin() const { return begin_; }
+  int64_t shard_end() const { return end_; }
+
+  // Steps 1 and 2. full: all-reduce even under ZeRO, so every rank holds the whole
+  // summed gradient (step dumps).
+  void reduce(bool full = false);
+  double global_norm();    // step 3 (after reduce)
+  void scale(float f);     // clipping: scales the gradients the optimizer will read
+  void gather_params();    // ZeRO: every rank gets every updated shard (no-op otherwise)
+
+ private:
+  ProcessGrid& grid_;
+  ParamSet& params_;
+  bool tied_, zero_;
+  int64_t bucket_floats_;
+  int64_t begin_ = 0, end_ = 0, shard_size_ = 0;
+  std::vector<float> norm_weight_;  // per parameter: 1 counted, 0 not
+  OwnedTensor padded_, shard_;      // ZeRO staging: [dp * shard], [shard]
+};
+
+}  // namespace lns

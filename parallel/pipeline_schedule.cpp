@@ -1,0 +1,104 @@
+#include "parallel/pipeline_schedule.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace lns {
+namespace {
+
+// Tags keep the two directions of one micro-batch apart.
+int act_tag(int m) { return 2 * (m % 16384); }  // MPI guarantees tags up to 32767
+int grad_tag(int m) { return 2 * (m % 16384) + 1; }
+
+}  // namespace
+
+std::vector<PipelineOp> schedule_1f1b(int M, int s, int P) {
+  const int warmup = std::min(P - s - 1, M);
+  std::vector<PipelineOp> ops;
+  int f = 0, b = 0;
+  for (; f < warmup; ++f) ops.push_back({true, f});
+  while (f < M) {  // steady state: one forward, one backward
+    ops.push_back({true, f++});
+    ops.push_back({false, b++});
+  }
+  while (b < M) ops.push_back({false, b++});  // cool-down
+  return ops;
+}
+
+int PipelineSchedule1F1B::slots_for(int M, int s, int P) { return std::max(1, std::min(M, P - s)); }
+
+PipelineSchedule1F1B::PipelineSchedule1F1B(ProcessGrid& grid, LlamaStage& stage, int num_micro)
+    : grid_(grid), stage_(stage), num_micro_(num_micro) {
+  const Shape act{stage.tokens(), stage.config().hidden_size};  // [B*T, C]
+  if (!grid.first_stage()) recv_act_ = OwnedTensor(DType::F32, act);
+  if (!grid.last_stage()) recv_grad_ = OwnedTensor(DType::F32, act);
+  for (int m = 0; m < num_micro; ++m) {
+    if (!grid.last_stage()) send_act_.emplace_back(DType::F32, act);
+    if (!grid.first_stage()) send_grad_.emplace_back(DType::F32, act);
+  }
+}
+
+Tensor PipelineSchedule1F1B::forward_micro(int m, int slot, const std::function<Tensor(int)>& inputs) {
+  Communicator& world = grid_.world();
+  Tensor in;
+  if (grid_.first_stage()) {
+    in = inputs(m);
+  } else {
+    world.recv(recv_act_, grid_.prev_stage_rank(), act_tag(m));
+    in = recv_act_;
+  }
+  return stage_.forward(in, slot);
+}
+
+double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
+                                   const std::function<Tensor(int)>& targets, float grad_scale,
+                                   const std::function<void(int, Tensor)>& on_logits) {
+  Communicator& world = grid_.world();
+  const int slots = slots_for(num_micro_, grid_.pp_rank, grid_.pp);
+  double loss_sum = 0.0;
+  for (const PipelineOp& op : schedule_1f1b(num_micro_, grid_.pp_rank, grid_.pp)) {
+    const int m = op.micro, slot = m % slots;
+    if (op.forward) {
+      const Tensor out = forward_micro(m, slot, inputs);
+      if (grid_.last_stage()) {
+        loss_sum += stage_.loss(targets(m), slot);
+        if (on_logits) on_logits(m, out);
+      } else {
+        std::memcpy(send_act_[m].t.data, out.data, out.nbytes());
+        world.send(send_act_[m], grid_.next_stage_rank(), act_tag(m));
+      }
+    } else {
+      Tensor dout;
+      if (!grid_.last_stage()) {
+        world.recv(recv_grad_, grid_.next_stage_rank(), grad_tag(m));
+        dout = recv_grad_;
+      }
+      const Tensor din = stage_.backward(dout, grad_scale, slot);
+      if (!grid_.first_stage()) {
+        std::memcpy(send_grad_[m].t.data, din.data, din.nbytes());
+        world.send(send_grad_[m], grid_.prev_stage_rank(), grad_tag(m));
+      }
+    }
+  }
+  world.wait_sends();
+  return loss_sum;
+}
+
+double PipelineSchedule1F1B::forward_only(int count, const std::function<Tensor(int)>& inputs,
+                                          const std::function<Tensor(int)>& targets) {
+  Communicator& world = grid_.world();
+  double loss_sum = 0.0;
+  for (int m = 0; m < count; ++m) {
+    const Tensor out = forward_micro(m, 0, inputs);
+    if (grid_.last_stage()) {
+      loss_sum += stage_.loss(targets(m), 0);
+    } else {
+      std::memcpy(send_act_[0].t.data, out.data, out.nbytes());
+      world.send(send_act_[0], grid_.next_stage_rank(), act_tag(m));
+      world.wait_sends();  // slot 0 and its send buffer are reused by the next micro-batch
+    }
+  }
+  return loss_sum;
+}
+
+}  // namespace lns
