@@ -88,7 +88,7 @@ TEST(Cli, BadDataAndBatchesAreOneClearLine) {
   std::vector<int32_t> toks(40, 3);
   toks[17] = 60;
   write_token_file(dir + "/oov.tok", toks, {0, 40}, 2, 0);
-  expect_one_line_error(small + " --data=" + dir + "/oov.tok",
+  expect_one_line_error(small + " --global_batch_size=8 --data=" + dir + "/oov.tok",  // every sample
                         "token id 60 at position 17 is outside the model's vocabulary");
   expect_one_line_error(small + " --global_batch_size=5 --micro_batch_size=2",
                         "--global_batch_size=5 must be a multiple of --micro_batch_size=2");

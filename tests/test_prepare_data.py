@@ -128,7 +128,7 @@ class PrepareData(unittest.TestCase):
         dump = os.path.join(self.dir, "dump.safetensors")
         subprocess.run([binary, "--vocab_size=257", "--hidden_size=16", "--intermediate_size=24",
                         "--num_layers=1", "--num_heads=2", "--num_kv_heads=1", "--seq_len=16",
-                        "--micro_batch_size=4", "--data=" + out + ".train.tok",
+                        "--micro_batch_size=4", "--global_batch_size=4", "--data=" + out + ".train.tok",
                         "--data_mode=document", "--dump_step_state=" + dump],
                        check=True, capture_output=True)
         t = read_safetensors(dump)

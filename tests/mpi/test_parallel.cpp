@@ -1,0 +1,174 @@
+// Parallel layouts against the single-rank model, run under mpirun by ctest:
+//   mpirun -np N lns_mpi_tests --tp=T --pp=P [--zero]
+// Rank 0 also computes the single-rank reference in-process (a local grid, no MPI),
+// so every comparison is layout vs one rank on identical data and weights.
+// Tolerance: 1e-5 relative to each tensor's largest entry (the sums of a
+// tensor-parallel or data-parallel reduction associate differently); measured worst
+// cases are recorded in docs/parallelism.md.
+#include <gflags/gflags.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cmath>
+
+#include "lns/data.h"
+#include "lns/safetensors.h"
+#include "lns/train_flags.h"
+#include "lns/trainer.h"
+#include "parallel/process_grid.h"
+
+DECLARE_bool(zero);
+
+namespace lns {
+namespace {
+
+ProcessGrid* g_grid = nullptr;
+constexpr double kTol = 1e-5;
+
+// Odd sizes on purpose: FFN 45 and vocabulary 53 pad under tp = 2; 7 layers split
+// unevenly over 2 or 3 stages; GQA with 4 query and 2 key-value heads.
+LlamaConfig model(NormScheme scheme, bool tied) {
+  LlamaConfig c;
+  c.vocab_size = 53, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 7;
+  c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = scheme, c.post_layers = 3;
+  c.tie_embeddings = tied, c.init_std = 0.1f, c.embed_init_std = 0.5f;
+  return c;
+}
+
+std::string g_corpus;
+
+// A corpus of documents of varied length, written once by rank 0 before the tests
+// (the single-rank references on rank 0 must not call collectives).
+std::string write_corpus() {
+  const std::string path = ::testing::TempDir() + "/lns_mpi_corpus_" + std::to_string(::getppid()) + ".tok";
+  if (g_grid->rank == 0) {
+    std::vector<int32_t> toks;
+    std::vector<int64_t> docs = {0};
+    for (int d = 0; d < 200; ++d) {
+      for (int i = 0; i < 3 + (d * 7) % 17; ++i) toks.push_back((d * 31 + i * 7) % 53);
+      docs.push_back(static_cast<int64_t>(toks.size()));
+    }
+    write_token_file(path, toks, docs, 2, 53);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return path;
+}
+
+TrainConfig train(SampleMode mode) {
+  TrainConfig t;
+  t.data = g_corpus;
+  t.data_mode = mode;
+  t.seq_len = 8, t.micro_batch = 2, t.global_batch = 8, t.steps = 5;
+  t.lr = 1e-2, t.warmup_steps = 1, t.grad_clip = 0.5;  // clipping active: the norm must be right
+  t.adam.weight_decay = 0.1f;
+  t.zero = FLAGS_zero;
+  return t;
+}
+
+void compare_files(const std::string& got_path, const std::string& want_path) {
+  SafetensorsReader got(got_path), want(want_path);
+  ASSERT_EQ(got.entries().size(), want.entries().size());
+  double worst = 0;
+  for (const auto& [name, e] : want.entries()) {
+    ASSERT_TRUE(got.has(name)) << name;
+    ASSERT_EQ(got.entry(name).shape, e.shape) << name;
+    if (e.dtype == "I32") {
+      EXPECT_EQ(got.read_i32(name), want.read_i32(name)) << name;
+      continue;
+    }
+    const auto a = got.read_f32(name), b = want.read_f32(name);
+    double err = 0, scale = 1e-30;
+    for (size_t i = 0; i < a.size(); ++i)
+      err = std::max(err, std::abs(double(a[i]) - b[i])), scale = std::max(scale, std::abs(double(b[i])));
+    EXPECT_LE(err / scale, kTol) << name;
+    worst = std::max(worst, err / scale);
+  }
+  std::printf("[ layout ] tp=%d pp=%d dp=%d: worst relative error %.2e over %zu tensors\n",
+              g_grid->tp, g_grid->pp, g_grid->dp, worst, want.entries().size());
+}
+
+struct Case {
+  NormScheme scheme;
+  bool tied;
+  SampleMode mode;
+};
+
+class Layout : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Layout, StepDumpEqualsSingleRank) {
+  const Case c = GetParam();
+  const std::string dir = ::testing::TempDir() + "/lns_mpi_" + std::to_string(::getppid());
+  const std::string got = dir + "_layout.safetensors", want = dir + "_single.safetensors";
+  Trainer(model(c.scheme, c.tied), train(c.mode), g_grid).dump_step_state(got);
+  if (g_grid->rank != 0) return;
+  Trainer(model(c.scheme, c.tied), train(c.mode)).dump_step_state(want);
+  compare_files(got, want);
+}
+
+TEST_P(Layout, FiveStepsOfLossesEqualSingleRank) {
+  const Case c = GetParam();
+  Trainer t(model(c.scheme, c.tied), train(c.mode), g_grid);
+  std::vector<StepStats> got;
+  for (int i = 0; i < 5; ++i) got.push_back(t.train_step());
+  if (g_grid->rank != 0) return;
+  Trainer single(model(c.scheme, c.tied), train(c.mode));
+  for (int i = 0; i < 5; ++i) {
+    const StepStats want = single.train_step();
+    EXPECT_NEAR(got[i].loss, want.loss, kTol * want.loss) << "step " << i + 1;
+    EXPECT_NEAR(got[i].grad_norm, want.grad_norm, kTol * want.grad_norm) << "step " << i + 1;
+    EXPECT_EQ(got[i].tokens, want.tokens);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schemes, Layout,
+    ::testing::Values(Case{NormScheme::LNS, false, SampleMode::Packed},
+                      Case{NormScheme::Mix, true, SampleMode::Document},
+                      Case{NormScheme::Sandwich, true, SampleMode::Packed}),
+    [](const auto& info) {
+      return std::string(norm_scheme_name(info.param.scheme)) + (info.param.tied ? "_tied" : "") +
+             (info.param.mode == SampleMode::Document ? "_document" : "");
+    });
+
+// Padding rows of the FFN and the vocabulary start at zero, have zero gradients and
+// stay exactly zero through optimizer steps (with weight decay and clipping).
+TEST(Padding, StaysExactlyZero) {
+  Trainer t(model(NormScheme::LNS, true), train(SampleMode::Packed), g_grid);
+  for (int i = 0; i < 5; ++i) t.train_step();
+  const ParamSet& ps = t.model().params();
+  int64_t padded = 0;
+  for (int i = 0; i < ps.size(); ++i) {
+    const ParamInfo& p = ps.info(i);
+    if (p.replicated()) continue;
+    const Tensor w = ps.param(i);
+    const int64_t cols = p.shape[1];
+    for (int64_t j = 0; j < w.numel(); ++j) {
+      int64_t li, lj;
+      if (p.to_logical(j / cols, j % cols, &li, &lj)) continue;
+      ++padded;
+      ASSERT_EQ(w.f32()[j], 0.0f) << p.name << " padding element " << j;
+    }
+  }
+  // tp = 2: rank 1 holds one padding row of the vocabulary (53 = 27 + 26) and of the
+  // FFN (45 = 23 + 22) in each of gate, up (rows) and down (columns).
+  if (g_grid->tp == 2 && g_grid->tp_rank == 1) EXPECT_GT(padded, 0);
+}
+
+}  // namespace
+}  // namespace lns
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  MPI_Init(&argc, &argv);
+  auto grid = lns::ProcessGrid::create_mpi(lns::tp_flag(), lns::pp_flag());
+  lns::g_grid = grid.get();
+  lns::g_corpus = lns::write_corpus();
+  const int failed = RUN_ALL_TESTS();
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  grid.reset();
+  MPI_Finalize();
+  return any;
+}
