@@ -114,7 +114,7 @@ TEST(Cli, DumpStepStateEqualsTheLibrary) {
     for (int t = 0; t + 1 < 7; ++t) EXPECT_EQ(targets[b * 7 + t], inputs[b * 7 + t + 1]);
 
   LlamaStage model(cfg, StageSpec::whole(cfg), 2, 7);
-  load_params(model.params(), SafetensorsReader(golden("rmsnorm_mix")));
+  load_params(model.params(), SafetensorsReader(golden("rmsnorm_mix")), model.config());
   const Tensor logits = model.forward(view(inputs, {2, 7}));
   EXPECT_EQ(std::vector<float>(logits.f32(), logits.f32() + logits.numel()), d.read_f32("logits"));
   const float loss = static_cast<float>(model.loss(view(targets, {14})) / 14);

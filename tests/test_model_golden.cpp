@@ -30,7 +30,7 @@ TEST_P(GoldenModel, LogitsLossAndEveryGradient) {
   const LlamaConfig cfg = LlamaConfig::from_json(meta, f.path());
   const int64_t B = meta.at("micro_batch_size"), T = meta.at("seq_len");
   LlamaStage model(cfg, StageSpec::whole(cfg), B, T);
-  load_params(model.params(), f);
+  load_params(model.params(), f, cfg);
 
   auto inputs = f.read_i32("inputs"), targets = f.read_i32("targets");
   int valid = 0;

@@ -140,7 +140,7 @@ TEST(ParamIo, LoadChecksNamesAndShapes) {
   std::vector<float> junk(3);
   const std::string ok = save("ok", [&](SafetensorsWriter& w) { w.add("logits", view(junk, {3})); });
   LlamaStage m2(c, StageSpec::whole(c), 1, 3);
-  load_params(m2.params(), SafetensorsReader(ok));
+  load_params(m2.params(), SafetensorsReader(ok), m2.config());
   EXPECT_EQ(std::memcmp(m2.params().flat_params().data, m.params().flat_params().data,
                         m.params().numel() * 4), 0);
   // A Post-LN model has no input_layernorm: such a weight is an error.
@@ -148,22 +148,22 @@ TEST(ParamIo, LoadChecksNamesAndShapes) {
   const std::string extra = save("extra", [&](SafetensorsWriter& w) {
     w.add("model.layers.0.input_layernorm.weight", view(g, {8}));
   });
-  expect_user_error([&] { load_params(m2.params(), SafetensorsReader(extra)); },
+  expect_user_error([&] { load_params(m2.params(), SafetensorsReader(extra), m2.config()); },
                     "has weight 'model.layers.0.input_layernorm.weight'");
   std::vector<float> wrong(11 * 9);
   const std::string shape = save("shape", [&](SafetensorsWriter& w) {
     w.add("model.embed_tokens.weight", view(wrong, {11, 9}));
   });
-  expect_user_error([&] { load_params(m2.params(), SafetensorsReader(shape)); },
+  expect_user_error([&] { load_params(m2.params(), SafetensorsReader(shape), m2.config()); },
                     "'model.embed_tokens.weight' has shape [11, 9], expected [11, 8]");
   const std::string missing = save("missing", [](SafetensorsWriter&) {}, "model.norm.weight");
-  expect_user_error([&] { load_params(m2.params(), SafetensorsReader(missing)); },
+  expect_user_error([&] { load_params(m2.params(), SafetensorsReader(missing), m2.config()); },
                     "missing weight 'model.norm.weight'");
   // A Pre-LN model reading a Post-LN file: the scheme mismatch is named.
   LlamaConfig cp = c;
   cp.norm_scheme = NormScheme::Pre;
   LlamaStage m3(cp, StageSpec::whole(cp), 1, 3);
-  expect_user_error([&] { load_params(m3.params(), SafetensorsReader(ok)); },
+  expect_user_error([&] { load_params(m3.params(), SafetensorsReader(ok), m3.config()); },
                     "post_feedforward_layernorm.weight' that this model");
 }
 

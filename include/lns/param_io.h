@@ -11,8 +11,10 @@ namespace lns {
 // in a file (a step dump's inputs, logits, grad.*) are not weights and are ignored.
 bool is_weight_name(const std::string& name);
 
-// Loads every parameter of `params` from `file`. A missing tensor, a weight tensor
-// the model does not have, or a wrong shape is a UserError naming the file.
-void load_params(ParamSet& params, const SafetensorsReader& file);
+// Loads every parameter of `params` (a stage, or a tensor-parallel shard, of the
+// model `cfg`) from `file`, which holds the whole model's logical tensors. A missing
+// tensor, a weight the model does not have, or a wrong shape is a UserError naming
+// the file.
+void load_params(ParamSet& params, const SafetensorsReader& file, const LlamaConfig& cfg);
 
 }  // namespace lns

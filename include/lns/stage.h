@@ -38,6 +38,10 @@ class LlamaStage {
              int num_slots = 1, TensorParallel tp = {});
   ~LlamaStage();
 
+  // Names and logical shapes of every parameter of the whole model, in order,
+  // without allocating it (the same registration code as a real stage).
+  static std::vector<ParamInfo> model_params(const LlamaConfig& cfg);
+
   const LlamaConfig& config() const { return cfg_; }
   const StageSpec& spec() const { return spec_; }
   ParamSet& params() { return params_; }
@@ -72,6 +76,9 @@ class LlamaStage {
   struct Slot;
   struct Scratch;
 
+  struct ParamsOnly {};
+  LlamaStage(const LlamaConfig& cfg, ParamsOnly);
+  void init_dims();
   void register_params();
   void norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x);
   void norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x);

@@ -2,7 +2,10 @@
 
 #include <absl/strings/match.h>
 
+#include <set>
+
 #include "lns/errors.h"
+#include "lns/stage.h"
 
 namespace lns {
 
@@ -10,9 +13,11 @@ bool is_weight_name(const std::string& name) {
   return absl::StartsWith(name, "model.") || absl::StartsWith(name, "lm_head.");
 }
 
-void load_params(ParamSet& params, const SafetensorsReader& file) {
+void load_params(ParamSet& params, const SafetensorsReader& file, const LlamaConfig& cfg) {
+  std::set<std::string> model_names;
+  for (const ParamInfo& p : LlamaStage::model_params(cfg)) model_names.insert(p.name);
   for (const auto& [name, e] : file.entries())
-    if (is_weight_name(name) && params.find(name) < 0)
+    if (is_weight_name(name) && !model_names.count(name))
       fail(file.path(), ": has weight '", name, "' that this model (its --norm_scheme, ",
            "--norm_type, --num_layers, --tie_embeddings) does not have");
   for (int i = 0; i < params.size(); ++i) {

@@ -73,11 +73,18 @@ struct LlamaStage::Scratch {
 
 LlamaStage::~LlamaStage() = default;
 
-LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
-                       int num_slots, TensorParallel tp)
-    : cfg_(cfg), spec_(spec), B_(micro_batch), T_(seq_len), tp_(tp),
-      rope_(seq_len, cfg.head_dim(), cfg.rope_theta) {
+LlamaStage::LlamaStage(const LlamaConfig& cfg, ParamsOnly)
+    : cfg_(cfg), spec_(StageSpec::whole(cfg)), B_(1), T_(1), rope_(1, cfg.head_dim(), cfg.rope_theta) {
   cfg_.validate();
+  init_dims();
+  register_params();
+}
+
+std::vector<ParamInfo> LlamaStage::model_params(const LlamaConfig& cfg) {
+  return LlamaStage(cfg, ParamsOnly{}).params().infos();
+}
+
+void LlamaStage::init_dims() {
   LNS_CHECK(cfg_.num_heads % tp_.size == 0 && cfg_.num_kv_heads % tp_.size == 0)
       << "validate_layout() must reject this layout";
   Hq_ = cfg_.num_heads / tp_.size;
@@ -86,6 +93,14 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   KD_ = Hkv_ * cfg_.head_dim();
   fshard_ = shard_range(cfg_.intermediate_size, tp_.size, tp_.rank);
   vshard_ = shard_range(cfg_.vocab_size, tp_.size, tp_.rank);
+}
+
+LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
+                       int num_slots, TensorParallel tp)
+    : cfg_(cfg), spec_(spec), B_(micro_batch), T_(seq_len), tp_(tp),
+      rope_(seq_len, cfg.head_dim(), cfg.rope_theta) {
+  cfg_.validate();
+  init_dims();
   LNS_CHECK(0 <= spec.first_layer && spec.first_layer <= spec.last_layer &&
             spec.last_layer <= cfg.num_layers);
   LNS_CHECK(num_slots >= 1 && B_ > 0 && T_ > 0);

@@ -111,7 +111,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   if (cfg_.init_from.empty()) {
     model_->init_weights(cfg_.seed);
   } else {
-    load_params(model_->params(), SafetensorsReader(cfg_.init_from));
+    load_params(model_->params(), SafetensorsReader(cfg_.init_from), model_cfg_);
     if (is_root()) LOG(INFO) << "loaded weights from " << cfg_.init_from;
   }
   pipeline_ = std::make_unique<PipelineSchedule1F1B>(*grid_, *model_, num_micro_);

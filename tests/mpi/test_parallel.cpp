@@ -131,6 +131,24 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.mode == SampleMode::Document ? "_document" : "");
     });
 
+// --init_from under a layout: every rank loads its slice of the logical tensors (the
+// golden file's FFN 45 and vocabulary 53 pad under tp = 2) and the step equals the
+// single-rank step from the same file.
+TEST(InitFrom, ShardedLoadEqualsSingleRank) {
+  const std::string golden = std::string(LNS_SOURCE_DIR) + "/tests/golden/rmsnorm_mix.safetensors";
+  LlamaConfig c;
+  c.vocab_size = 53, c.hidden_size = 36, c.intermediate_size = 45, c.num_layers = 3;
+  c.num_heads = 6, c.num_kv_heads = 2, c.norm_scheme = NormScheme::Mix, c.post_layers = 1;
+  if (c.num_kv_heads % g_grid->tp != 0 || c.num_layers < g_grid->pp) GTEST_SKIP() << "layout does not fit";
+  TrainConfig t = train(SampleMode::Packed);
+  t.init_from = golden;
+  const std::string dir = ::testing::TempDir() + "/lns_mpi_init_" + std::to_string(::getppid());
+  Trainer(c, t, g_grid).dump_step_state(dir + "_layout.safetensors");
+  if (g_grid->rank != 0) return;
+  Trainer(c, t).dump_step_state(dir + "_single.safetensors");
+  compare_files(dir + "_layout.safetensors", dir + "_single.safetensors");
+}
+
 // Padding rows of the FFN and the vocabulary start at zero, have zero gradients and
 // stay exactly zero through optimizer steps (with weight decay and clipping).
 TEST(Padding, StaysExactlyZero) {
