@@ -2,6 +2,7 @@
 // from a checkpoint or golden file's JSON, and validated once in one place.
 #pragma once
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -33,8 +34,16 @@ struct LlamaConfig {
   bool tie_embeddings = false;
   float init_std = 0.02f;
   float embed_init_std = 0.02f;
+  // The depth each block was trained at, when it differs from its position (a model
+  // with layers removed keeps its blocks' LNS scales and Mix-LN roles): layer i runs
+  // as 0-based depth layer_depths[i] of a model of trained_num_layers layers. Empty /
+  // 0: the identity and num_layers.
+  std::vector<int> layer_depths;
+  int trained_num_layers = 0;
 
   int head_dim() const { return hidden_size / num_heads; }
+  int depth_of(int layer) const { return layer_depths.empty() ? layer : layer_depths[layer]; }
+  int depth_layers() const { return trained_num_layers > 0 ? trained_num_layers : num_layers; }
   int kv_dim() const { return num_kv_heads * head_dim(); }
   // Every constraint the model relies on; UserError naming the offending flag.
   void validate() const;

@@ -33,8 +33,17 @@ struct TrainConfig {
   std::string pp_layers;     // layers per stage, e.g. "3,2,2"; empty = even split
   bool zero = false;         // ZeRO-1: optimizer state sharded across data-parallel ranks
   double dp_bucket_mb = 25;  // data-parallel all-reduce bucket size
+  // Checkpoints (docs/checkpoints.md), under out_dir/checkpoints.
+  int64_t save_every = 0;     // 0: only at the end and on SIGTERM/SIGUSR1
+  int keep_checkpoints = 0;   // 0: keep all
+  std::string resume;         // "", "auto" (newest complete in out_dir) or a checkpoint path
+  int checkpoint_test_pause_ms = 0;
   void validate() const;  // UserError naming the flag
 };
+
+// Set by the SIGTERM/SIGUSR1 handler of lns_train: save and stop after this step.
+void request_stop(int signal);
+int stop_requested();
 
 struct StepStats {
   int64_t step = 0;       // 1-based number of optimizer steps taken
@@ -70,8 +79,11 @@ class Trainer {
   StepStats train_step();
   // Mean loss over the first --eval_tokens target positions of the validation data.
   EvalStats evaluate();
-  // The whole run: steps, logs, metrics, validation.
-  void run();
+  // The whole run: steps, logs, metrics, validation, checkpoints. Returns true when
+  // it stopped early on SIGTERM/SIGUSR1 (after saving a checkpoint).
+  bool run();
+  // Collective: writes a checkpoint of the current state; returns its directory.
+  std::string save_checkpoint();
   // Forward/backward of the first global batch, reduced across ranks and written by
   // rank 0 as a step-state dump with logical (single-rank) names and shapes.
   void dump_step_state(const std::string& path);
@@ -79,6 +91,7 @@ class Trainer {
 
  private:
   bool is_root() const { return grid_->rank == 0; }
+  void resume_from(const std::string& dir);
 
   LlamaConfig model_cfg_;
   TrainConfig cfg_;

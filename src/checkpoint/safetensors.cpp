@@ -184,6 +184,7 @@ void SafetensorsWriter::write(const std::string& path) const {
   for (const auto& [name, it] : items_)
     ok = ok && std::fwrite(it.bytes.data(), 1, it.bytes.size(), f) == it.bytes.size();
   ok = (std::fflush(f) == 0) && ok;
+  ok = (::fsync(::fileno(f)) == 0) && ok;  // durable before the rename makes it visible
   ok = (std::fclose(f) == 0) && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());

@@ -26,14 +26,16 @@ std::vector<NormSlot> BlockPlan::norms() const {
 float lns_scale(int global_layer) { return 1.0f / std::sqrt(static_cast<float>(global_layer + 1)); }
 
 BlockPlan block_plan(const LlamaConfig& cfg, int global_layer) {
+  // Depth, not position: a block keeps the depth it was trained at (layer removal).
+  const int depth = cfg.depth_of(global_layer);
   NormScheme s = cfg.norm_scheme;
-  if (s == NormScheme::Mix) s = global_layer < cfg.post_layers ? NormScheme::Post : NormScheme::Pre;
+  if (s == NormScheme::Mix) s = depth < cfg.post_layers ? NormScheme::Post : NormScheme::Pre;
   BlockPlan p{s, {}, {}};
   switch (s) {
     case NormScheme::Pre:
     case NormScheme::ScaledInit:
     case NormScheme::LNS: {
-      const float scale = s == NormScheme::LNS ? lns_scale(global_layer) : 1.0f;
+      const float scale = s == NormScheme::LNS ? lns_scale(depth) : 1.0f;
       p.attn.pre_norm = NormSlot::InputLayernorm;
       p.mlp.pre_norm = NormSlot::PostAttentionLayernorm;  // Hugging Face's name for it
       p.attn.pre_scale = p.mlp.pre_scale = scale;
@@ -45,7 +47,7 @@ BlockPlan block_plan(const LlamaConfig& cfg, int global_layer) {
       p.mlp.add_norm = NormSlot::PostFeedforwardLayernorm;
       if (s == NormScheme::DeepNorm)
         p.attn.residual_alpha = p.mlp.residual_alpha =
-            static_cast<float>(std::pow(2.0 * cfg.num_layers, 0.25));
+            static_cast<float>(std::pow(2.0 * cfg.depth_layers(), 0.25));
       break;
     }
     case NormScheme::Sandwich:

@@ -1,6 +1,7 @@
 #include "lns/config.h"
 
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "lns/errors.h"
 
@@ -56,12 +57,16 @@ void LlamaConfig::validate() const {
   LNS_REQUIRE(norm_eps > 0, "--norm_eps must be positive, got ", norm_eps);
   LNS_REQUIRE(init_std > 0 && embed_init_std > 0,
               "--init_std and --embed_init_std must be positive");
-  LNS_REQUIRE(post_layers >= 0 && post_layers <= num_layers, "--post_layers=", post_layers,
-              " must be in [0, --num_layers=", num_layers, "]");
+  LNS_REQUIRE(post_layers >= 0 && post_layers <= depth_layers(), "--post_layers=", post_layers,
+              " must be in [0, --num_layers=", depth_layers(), "]");
+  LNS_REQUIRE(layer_depths.empty() || static_cast<int>(layer_depths.size()) == num_layers,
+              "layer_depths has ", layer_depths.size(), " entries for ", num_layers, " layers");
+  for (int d : layer_depths)
+    LNS_REQUIRE(d >= 0 && d < depth_layers(), "layer depth ", d, " outside [0, ", depth_layers(), ")");
 }
 
 nlohmann::json LlamaConfig::to_json() const {
-  return {{"vocab_size", vocab_size},
+  nlohmann::json j = {{"vocab_size", vocab_size},
           {"hidden_size", hidden_size},
           {"intermediate_size", intermediate_size},
           {"num_layers", num_layers},
@@ -75,6 +80,9 @@ nlohmann::json LlamaConfig::to_json() const {
           {"tie_embeddings", tie_embeddings},
           {"init_std", init_std},
           {"embed_init_std", embed_init_std}};
+  if (!layer_depths.empty()) j["layer_depths"] = layer_depths;
+  if (trained_num_layers > 0) j["trained_num_layers"] = trained_num_layers;
+  return j;
 }
 
 LlamaConfig LlamaConfig::from_json(const nlohmann::json& j, const std::string& source) {
@@ -95,6 +103,8 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& j, const std::string& s
     get("tie_embeddings", c.tie_embeddings);
     get("init_std", c.init_std);
     get("embed_init_std", c.embed_init_std);
+    get("layer_depths", c.layer_depths);
+    get("trained_num_layers", c.trained_num_layers);
     if (j.contains("norm_type"))
       c.norm_type = parse_norm_type(j.at("norm_type").get<std::string>(), source + ": norm_type");
     if (j.contains("norm_scheme"))

@@ -3,6 +3,7 @@
 #include <gflags/gflags.h>
 #include <mpi.h>
 
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -88,7 +89,11 @@ int run() {
     trainer->dump_step_state(dump_step_state_flag());
     return 0;
   }
-  trainer->run();
+  // SLURM sends SIGTERM (or the --signal of the job) before pre-emption or the time
+  // limit: finish the step, save, exit cleanly.
+  std::signal(SIGTERM, request_stop);
+  std::signal(SIGUSR1, request_stop);
+  if (trainer->run() && grid->rank == 0) LOG(WARNING) << "stopped early after a signal; resume with --resume=auto";
   if (grid->rank == 0 && !cfg.out_dir.empty()) LOG(INFO) << "metrics: " << cfg.out_dir << "/metrics.jsonl";
   return 0;
 }

@@ -41,6 +41,11 @@ DEFINE_int32(pp, 1, "Pipeline-parallel stages (1F1B schedule). Data parallel = w
 DEFINE_string(pp_layers, "", "Layers per pipeline stage, e.g. 3,2,2 (default: even split).");
 DEFINE_bool(zero, false, "ZeRO-1: shard AdamW state and master weights across data-parallel ranks.");
 DEFINE_double(dp_bucket_mb, 25, "Data-parallel gradient all-reduce bucket size in MiB.");
+// ---- checkpoints ------------------------------------------------------------------------
+DEFINE_int64(save_every, 0, "Save a checkpoint every N steps (also at the end and on SIGTERM/SIGUSR1); 0 = only those.");
+DEFINE_int32(keep_checkpoints, 0, "Keep only the newest K complete checkpoints; 0 = keep all.");
+DEFINE_string(resume, "", "'auto': continue from the newest complete checkpoint in --out_dir; or a checkpoint directory.");
+DEFINE_int32(checkpoint_test_pause_ms, 0, "Test hook: each rank sleeps this long after writing its shard, before the rename.");
 // ---- debugging ----------------------------------------------------------------------------
 DEFINE_string(init_from, "", "Load all weights from this safetensors file (Hugging Face names).");
 DEFINE_string(dump_step_state, "",
@@ -74,6 +79,10 @@ TrainConfig train_config_from_flags() {
   c.pp_layers = FLAGS_pp_layers;
   c.zero = FLAGS_zero;
   c.dp_bucket_mb = FLAGS_dp_bucket_mb;
+  c.save_every = FLAGS_save_every;
+  c.keep_checkpoints = FLAGS_keep_checkpoints;
+  c.resume = FLAGS_resume;
+  c.checkpoint_test_pause_ms = FLAGS_checkpoint_test_pause_ms;
   c.validate();
   return c;
 }

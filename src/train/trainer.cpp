@@ -8,6 +8,9 @@
 
 #include <absl/strings/str_format.h>
 
+#include <atomic>
+
+#include "lns/checkpoint.h"
 #include "lns/errors.h"
 #include "lns/param_io.h"
 #include "lns/safetensors.h"
@@ -45,7 +48,12 @@ class MetricsLog {
   std::ofstream out_;
 };
 
+std::atomic<int> g_stop_signal{0};
+
 }  // namespace
+
+void request_stop(int signal) { g_stop_signal.store(signal); }
+int stop_requested() { return g_stop_signal.load(); }
 
 void TrainConfig::validate() const {
   LNS_REQUIRE(seq_len > 0, "--seq_len must be positive, got ", seq_len);
@@ -65,6 +73,9 @@ void TrainConfig::validate() const {
   LNS_REQUIRE(eval_every >= 0, "--eval_every must be >= 0 (0 = only at the end), got ", eval_every);
   LNS_REQUIRE(eval_tokens > 0, "--eval_tokens must be positive, got ", eval_tokens);
   LNS_REQUIRE(dp_bucket_mb > 0, "--dp_bucket_mb must be positive, got ", dp_bucket_mb);
+  LNS_REQUIRE(save_every >= 0, "--save_every must be >= 0, got ", save_every);
+  LNS_REQUIRE(keep_checkpoints >= 0, "--keep_checkpoints must be >= 0, got ", keep_checkpoints);
+  LNS_REQUIRE(resume != "auto" || !out_dir.empty(), "--resume=auto needs --out_dir");
 }
 
 Trainer::~Trainer() = default;
@@ -123,6 +134,49 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
                          : std::make_unique<AdamW>(model_->params(), cfg_.adam);
   inputs_ = OwnedTensor(DType::I32, {num_micro_ * cfg_.micro_batch, cfg_.seq_len});
   targets_ = OwnedTensor(DType::I32, {num_micro_ * cfg_.micro_batch, cfg_.seq_len});
+
+  if (!cfg_.resume.empty()) {
+    const std::string dir = cfg_.resume == "auto" ? find_latest_checkpoint(cfg_.out_dir) : cfg_.resume;
+    if (dir.empty()) {
+      if (is_root()) LOG(INFO) << "--resume=auto: no complete checkpoint in " << cfg_.out_dir << "/checkpoints; starting fresh";
+    } else {
+      resume_from(dir);
+    }
+  }
+}
+
+void Trainer::resume_from(const std::string& dir) {
+  const Checkpoint ck(dir);
+  // The model must be the one the flags describe; the layout may differ.
+  const nlohmann::json have = ck.config().to_json(), want = model_cfg_.to_json();
+  for (const auto& [key, value] : want.items())
+    if (!have.contains(key) || have[key] != value)
+      fail(dir, "/manifest.json: the checkpoint's ", key, " is ",
+           have.contains(key) ? have[key].dump() : "absent", " but the flags say ", value.dump());
+  ck.load_into(model_->params(), optim_.get());
+  const RunState st = ck.run_state();
+  train_sampler_->set_consumed(st.consumed_samples);
+  if (is_root())
+    LOG(INFO) << "resumed from " << dir << " at step " << st.step << " (saved under layout tp="
+              << ck.manifest()["layout"]["tp"] << " pp=" << ck.manifest()["layout"]["pp"]
+              << " dp=" << ck.manifest()["layout"]["dp"] << ")";
+}
+
+std::string Trainer::save_checkpoint() {
+  LNS_REQUIRE(!cfg_.out_dir.empty(), "saving a checkpoint needs --out_dir");
+  CheckpointLayout layout{grid_->tp, grid_->pp, grid_->dp, sync_->zero(),
+                          grid_->tp_rank, grid_->pp_rank, grid_->dp_rank, stage_layers_};
+  RunState st;
+  st.step = optim_->steps_taken();
+  st.tokens_seen = st.step * cfg_.global_batch * cfg_.seq_len;
+  st.consumed_samples = train_sampler_->consumed();
+  st.seed = cfg_.seed;
+  const double t0 = now_seconds();
+  const std::string dir = lns::save_checkpoint(cfg_.out_dir, grid_->world(), model_->params(), *optim_,
+                                               model_cfg_, layout, st, cfg_.keep_checkpoints,
+                                               cfg_.checkpoint_test_pause_ms);
+  if (is_root()) LOG(INFO) << absl::StrFormat("saved checkpoint %s (%.1f s)", dir, now_seconds() - t0);
+  return dir;
 }
 
 int64_t Trainer::flops_per_token() const {
@@ -268,7 +322,7 @@ void Trainer::dump_step_state(const std::string& path) {
   LOG(INFO) << "first batch: loss " << loss << "; wrote step state to " << path;
 }
 
-void Trainer::run() {
+bool Trainer::run() {
   MetricsLog metrics(cfg_.out_dir.empty() || !is_root() ? "" : cfg_.out_dir + "/metrics.jsonl");
   const int64_t tokens_per_step = cfg_.global_batch * cfg_.seq_len;
   const double flops_per_step = double(flops_per_token()) * tokens_per_step;
@@ -291,7 +345,8 @@ void Trainer::run() {
     metrics.write({{"step", step}, {"val_loss", e.loss}, {"val_ppl", e.ppl},
                    {"val_tokens", e.tokens}, {"elapsed_s", now_seconds() - start}});
   };
-  for (int64_t i = 0; i < cfg_.steps; ++i) {
+  const bool saves = !cfg_.out_dir.empty();
+  while (optim_->steps_taken() < cfg_.steps) {
     const StepStats s = train_step();
     window_time += s.seconds;
     window_tokens += tokens_per_step;
@@ -319,8 +374,20 @@ void Trainer::run() {
       window_tokens = 0;
     }
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step != cfg_.steps) do_eval(s.step);
+    // A signal may reach some ranks only; all agree before anyone saves.
+    double stop = stop_requested();
+    grid_->world().all_reduce(&stop, 1, ReduceOp::Max);
+    if (stop > 0) {
+      if (is_root()) LOG(WARNING) << "received signal " << int(stop) << ": saving and stopping at step " << s.step;
+      if (saves) save_checkpoint();
+      return true;
+    }
+    if (saves && cfg_.save_every > 0 && s.step % cfg_.save_every == 0 && s.step != cfg_.steps)
+      save_checkpoint();
   }
   do_eval(optim_->steps_taken());
+  if (saves) save_checkpoint();
+  return false;
 }
 
 }  // namespace lns

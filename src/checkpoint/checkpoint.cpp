@@ -1,0 +1,341 @@
+#include "lns/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include <absl/strings/str_format.h>
+
+#include "lns/errors.h"
+#include "lns/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace lns {
+namespace {
+
+constexpr const char* kFormat = "lns-checkpoint-v1";
+
+const std::array<uint32_t, 256>& crc_table() {
+  static const std::array<uint32_t, 256> t = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  return t;
+}
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+void write_synced(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    if (!f.flush()) fail(tmp, ": write failed");
+  }
+  fsync_path(tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, ": rename failed");
+}
+
+std::string manifest_text_without_crc(nlohmann::json m) {
+  m.erase("manifest_crc32");
+  return m.dump();
+}
+
+int64_t cols_of(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape.back(); }
+
+}  // namespace
+
+uint32_t crc32(const void* data, size_t n, uint32_t crc) {
+  const auto& t = crc_table();
+  const auto* p = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) crc = t[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+uint32_t file_crc32(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(path, ": cannot read");
+  std::vector<char> buf(1 << 20);
+  uint32_t crc = 0;
+  while (f) {
+    f.read(buf.data(), buf.size());
+    crc = crc32(buf.data(), static_cast<size_t>(f.gcount()), crc);
+  }
+  return crc;
+}
+
+std::string save_checkpoint(const std::string& out_dir, Communicator& world, const ParamSet& params,
+                            const AdamW& optim, const LlamaConfig& cfg, const CheckpointLayout& layout,
+                            const RunState& state, int keep, int pause_ms) {
+  const std::string root = out_dir + "/checkpoints";
+  const std::string name = absl::StrFormat("step_%07d", state.step);
+  const std::string final_dir = root + "/" + name, tmp_dir = final_dir + ".tmp";
+  if (world.rank() == 0) {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (ec) fail(root, ": cannot create checkpoint directory: ", ec.message());
+    fs::remove_all(tmp_dir, ec);  // a save of this step that died earlier
+    fs::create_directories(tmp_dir, ec);
+    if (ec) fail(tmp_dir, ": cannot create: ", ec.message());
+  }
+  world.barrier();
+
+  // This rank's pieces: parameters from dp rank 0 (replicas are equal), moments from
+  // every rank that owns an optimizer range (all dp ranks under ZeRO).
+  SafetensorsWriter w;
+  nlohmann::json pieces = nlohmann::json::array();
+  const std::string file = absl::StrFormat("rank_%05d.safetensors", world.rank());
+  const Tensor m = optim.exp_avg(), v = optim.exp_avg_sq();
+  for (int i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params.info(i);
+    if (p.tied_copy || (p.replicated() && layout.tp_rank != 0)) continue;
+    const int64_t n = p.shape.numel();
+    auto add = [&](const std::string& kind, const float* data, int64_t eb, int64_t ee) {
+      const std::string key = absl::StrFormat("%s/%s@%d", kind, p.name, eb);
+      w.add_f32(key, {ee - eb}, data);
+      pieces.push_back({{"tensor", p.name}, {"kind", kind}, {"file", file}, {"key", key},
+                        {"logical", p.logical.to_vector()}, {"local", p.shape.to_vector()},
+                        {"split_dim", p.split_dim}, {"shard_begin", p.shard_begin},
+                        {"shard_valid", p.shard_valid}, {"elem_begin", eb}, {"elem_end", ee}});
+    };
+    if (layout.dp_rank == 0) add("param", params.param(i).f32(), 0, n);
+    if (layout.zero || layout.dp_rank == 0) {
+      const int64_t lo = std::max<int64_t>(optim.begin(), p.offset),
+                    hi = std::min<int64_t>(optim.end(), p.offset + n);
+      if (lo < hi) {
+        add("exp_avg", m.f32() + (lo - optim.begin()), lo - p.offset, hi - p.offset);
+        add("exp_avg_sq", v.f32() + (lo - optim.begin()), lo - p.offset, hi - p.offset);
+      }
+    }
+  }
+  const std::string path = tmp_dir + "/" + file;
+  w.write(path);  // fsyncs
+  const nlohmann::json mine = {{"rank", world.rank()}, {"name", file},
+                               {"bytes", static_cast<int64_t>(fs::file_size(path))},
+                               {"crc32", file_crc32(path)}, {"pieces", pieces}};
+  if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+  const std::string mine_text = mine.dump();
+  const auto all = world.gather_bytes(std::vector<char>(mine_text.begin(), mine_text.end()));
+
+  if (world.rank() == 0) {
+    nlohmann::json manifest = {
+        {"format", kFormat},
+        {"step", state.step},
+        {"tokens_seen", state.tokens_seen},
+        {"data", {{"consumed_samples", state.consumed_samples}}},
+        {"rng", {{"seed", state.seed}, {"kind", "counter-based (seed, tensor name, index)"}}},
+        {"lr_schedule", {{"next_step", state.step}}},
+        {"optimizer",
+         {{"type", "adamw"}, {"steps_taken", optim.steps_taken()}, {"beta1", optim.config().beta1},
+          {"beta2", optim.config().beta2}, {"eps", optim.config().eps},
+          {"weight_decay", optim.config().weight_decay}}},
+        {"model", cfg.to_json()},
+        {"layout",
+         {{"tp", layout.tp}, {"pp", layout.pp}, {"dp", layout.dp}, {"zero", layout.zero},
+          {"stage_layers", layout.stage_layers}}},
+        {"files", nlohmann::json::array()},
+        {"tensors", nlohmann::json::array()}};
+    // Every block keeps the depth it was trained with (remove-layers edits this).
+    nlohmann::json depths = nlohmann::json::array();
+    for (int l = 0; l < cfg.num_layers; ++l) depths.push_back(cfg.depth_of(l));
+    manifest["layer_depths"] = depths;
+    for (const auto& bytes : all) {
+      auto j = nlohmann::json::parse(std::string(bytes.begin(), bytes.end()));
+      for (auto& pc : j["pieces"]) manifest["tensors"].push_back(pc);
+      j.erase("pieces");
+      manifest["files"].push_back(j);
+    }
+    manifest["manifest_crc32"] = crc32(manifest_text_without_crc(manifest).data(),
+                                       manifest_text_without_crc(manifest).size());
+    write_synced(tmp_dir + "/manifest.json", manifest.dump(1));
+    fsync_path(tmp_dir);
+    std::error_code ec;
+    fs::remove_all(final_dir, ec);
+    fs::rename(tmp_dir, final_dir, ec);
+    if (ec) fail(final_dir, ": cannot rename the finished checkpoint: ", ec.message());
+    fsync_path(root);
+    write_synced(root + "/latest", name + "\n");
+    if (keep > 0) {  // only complete checkpoints, oldest first; never the new one
+      std::vector<std::string> done;
+      for (const auto& e : fs::directory_iterator(root)) {
+        const std::string n = e.path().filename().string();
+        if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos &&
+            fs::exists(e.path() / "manifest.json"))
+          done.push_back(n);
+      }
+      std::sort(done.begin(), done.end());
+      for (size_t k = 0; k + keep < done.size(); ++k)
+        if (done[k] != name) fs::remove_all(root + "/" + done[k], ec);
+    }
+  }
+  world.barrier();
+  return final_dir;
+}
+
+std::string find_latest_checkpoint(const std::string& out_dir) {
+  const fs::path root = fs::path(out_dir) / "checkpoints";
+  if (!fs::exists(root)) return "";
+  std::string best;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    // A .tmp directory is a save that did not finish; never resume from it.
+    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos &&
+        fs::exists(e.path() / "manifest.json") && n > best)
+      best = n;
+  }
+  return best.empty() ? "" : (root / best).string();
+}
+
+Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
+  const std::string mpath = dir + "/manifest.json";
+  std::ifstream f(mpath);
+  if (!f) fail(mpath, ": missing; ", dir, " is not a complete checkpoint");
+  try {
+    manifest_ = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    fail(mpath, ": not valid JSON (", e.what(), ")");
+  }
+  if (manifest_.value("format", "") != kFormat)
+    fail(mpath, ": format '", manifest_.value("format", ""), "', expected ", kFormat);
+  const std::string body = manifest_text_without_crc(manifest_);
+  if (!manifest_.contains("manifest_crc32") ||
+      manifest_["manifest_crc32"].get<uint32_t>() != crc32(body.data(), body.size()))
+    fail(mpath, ": checksum mismatch: the manifest was edited or is corrupt");
+  for (const auto& file : manifest_["files"]) {
+    const std::string p = dir + "/" + file["name"].get<std::string>();
+    if (!fs::exists(p)) fail(p, ": missing shard of checkpoint ", dir);
+    const auto bytes = static_cast<int64_t>(fs::file_size(p));
+    if (bytes != file["bytes"].get<int64_t>())
+      fail(p, ": has ", bytes, " bytes, the manifest says ", file["bytes"].get<int64_t>(),
+           " (truncated?)");
+    if (file_crc32(p) != file["crc32"].get<uint32_t>())
+      fail(p, ": checksum mismatch (corrupt shard)");
+  }
+  for (const auto& pc : manifest_["tensors"])
+    pieces_.emplace(pc["kind"].get<std::string>() + "/" + pc["tensor"].get<std::string>(), pc);
+}
+
+LlamaConfig Checkpoint::config() const {
+  LlamaConfig c = LlamaConfig::from_json(manifest_["model"], dir_ + "/manifest.json");
+  return c;
+}
+
+RunState Checkpoint::run_state() const {
+  RunState s;
+  s.step = manifest_["step"].get<int64_t>();
+  s.tokens_seen = manifest_["tokens_seen"].get<int64_t>();
+  s.consumed_samples = manifest_["data"]["consumed_samples"].get<uint64_t>();
+  s.seed = manifest_["rng"]["seed"].get<uint64_t>();
+  return s;
+}
+
+bool Checkpoint::has(const std::string& name, const std::string& kind) const {
+  return pieces_.count(kind + "/" + name) > 0;
+}
+
+std::vector<std::string> Checkpoint::tensor_names() const {
+  std::vector<std::string> out;
+  for (const auto& [key, pc] : pieces_)
+    if (key.rfind("param/", 0) == 0) out.push_back(pc["tensor"].get<std::string>());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<int64_t> Checkpoint::logical_shape(const std::string& name) const {
+  auto it = pieces_.find("param/" + name);
+  if (it == pieces_.end()) fail(dir_, "/manifest.json: no tensor '", name, "'");
+  return it->second["logical"].get<std::vector<int64_t>>();
+}
+
+std::vector<float> Checkpoint::logical(const std::string& name, const std::string& kind) const {
+  const auto [lo, hi] = pieces_.equal_range(kind + "/" + name);
+  if (lo == hi) fail(dir_, "/manifest.json: no ", kind, " for tensor '", name, "'");
+  const auto shape = lo->second["logical"].get<std::vector<int64_t>>();
+  int64_t total = 1;
+  for (int64_t d : shape) total *= d;
+  const int64_t lcols = cols_of(shape);
+  std::vector<float> out(total, 0.0f);
+  int64_t covered = 0;
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
+  for (auto it = lo; it != hi; ++it) {
+    const nlohmann::json& pc = it->second;
+    const std::string file = dir_ + "/" + pc["file"].get<std::string>();
+    auto& r = readers[file];
+    if (!r) r = std::make_unique<SafetensorsReader>(file);
+    const std::vector<float> data = r->read_f32(pc["key"].get<std::string>());
+    const auto local = pc["local"].get<std::vector<int64_t>>();
+    const int split = pc["split_dim"].get<int>();
+    const int64_t begin = pc["shard_begin"].get<int64_t>(), valid = pc["shard_valid"].get<int64_t>();
+    const int64_t eb = pc["elem_begin"].get<int64_t>(), cols = cols_of(local);
+    for (int64_t k = 0; k < static_cast<int64_t>(data.size()); ++k) {
+      int64_t i = (eb + k) / cols, j = (eb + k) % cols;
+      if (split == 0) {
+        if (i >= valid) continue;  // padding
+        i += begin;
+      } else if (split == 1) {
+        if (j >= valid) continue;
+        j += begin;
+      }
+      out[i * lcols + j] = data[k];
+      ++covered;
+    }
+  }
+  if (covered != total)
+    fail(dir_, "/manifest.json: ", kind, " of '", name, "' has ", covered, " of ", total,
+         " elements in its pieces (a shard is missing or the manifest was edited)");
+  return out;
+}
+
+void Checkpoint::load_into(ParamSet& params, AdamW* optim) const {
+  for (int i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params.info(i);
+    const auto shape = logical_shape(p.name);
+    if (Shape(shape) != p.logical)
+      fail(dir_, "/manifest.json: tensor '", p.name, "' has shape ", Shape(shape).str(),
+           ", the model expects ", p.logical.str());
+    const int64_t n = p.shape.numel(), cols = p.shape[p.shape.ndim - 1],
+                  lcols = p.logical[p.logical.ndim - 1];
+    // Local element k -> its logical index, or -1 for tensor-parallel padding.
+    auto logical_index = [&](int64_t k) -> int64_t {
+      int64_t li, lj;
+      return p.to_logical(k / cols, k % cols, &li, &lj) ? li * lcols + lj : -1;
+    };
+    const std::vector<float> w = logical(p.name, "param");
+    float* dst = params.param(i).f32();
+    for (int64_t k = 0; k < n; ++k) dst[k] = logical_index(k) >= 0 ? w[logical_index(k)] : 0.0f;
+    if (!optim) continue;
+    const int64_t lo = std::max<int64_t>(optim->begin(), p.offset),
+                  hi = std::min<int64_t>(optim->end(), p.offset + n);
+    if (lo >= hi) continue;
+    for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+      const std::vector<float> mom = logical(p.name, kind);
+      float* out = (std::string(kind) == "exp_avg" ? optim->exp_avg() : optim->exp_avg_sq()).f32();
+      for (int64_t k = lo - p.offset; k < hi - p.offset; ++k)
+        out[p.offset + k - optim->begin()] = logical_index(k) >= 0 ? mom[logical_index(k)] : 0.0f;
+    }
+  }
+  if (optim) optim->set_steps_taken(manifest_["optimizer"]["steps_taken"].get<int64_t>());
+}
+
+}  // namespace lns

@@ -1,0 +1,135 @@
+// Checkpoints in one process: a saved state loads back exactly; damaged checkpoints
+// (a flipped byte, a truncated or deleted shard, an edited manifest) and a config
+// that contradicts the flags are clear errors naming the file; an interrupted save
+// (.tmp) is never resumed from.
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "lns/checkpoint.h"
+#include "lns/data.h"
+#include "lns/errors.h"
+#include "lns/trainer.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace lns {
+namespace {
+
+LlamaConfig small(NormScheme s = NormScheme::LNS) {
+  LlamaConfig c;
+  c.vocab_size = 61, c.hidden_size = 16, c.intermediate_size = 30, c.num_layers = 2;
+  c.num_heads = 2, c.num_kv_heads = 1, c.norm_scheme = s;
+  return c;
+}
+
+TrainConfig run_config(const std::string& out) {
+  TrainConfig t;
+  t.data = "random", t.seq_len = 8, t.micro_batch = 2, t.global_batch = 4, t.steps = 3;
+  t.out_dir = out;
+  return t;
+}
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "/lns_ck_" + std::to_string(::getpid()) + "_" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Checkpoint, SavesAndLoadsExactly) {
+  const std::string out = fresh_dir("exact");
+  Trainer a(small(), run_config(out));
+  for (int i = 0; i < 3; ++i) a.train_step();
+  const std::string dir = a.save_checkpoint();
+  EXPECT_EQ(dir, out + "/checkpoints/step_0000003");
+  EXPECT_EQ(find_latest_checkpoint(out), dir);
+
+  TrainConfig rc = run_config(out);
+  rc.resume = "auto";
+  Trainer b(small(), rc);
+  EXPECT_EQ(b.optimizer().steps_taken(), 3);
+  EXPECT_EQ(b.sampler().consumed(), a.sampler().consumed());
+  const Tensor pa = a.model().params().flat_params(), pb = b.model().params().flat_params();
+  EXPECT_EQ(std::memcmp(pa.data, pb.data, pa.nbytes()), 0);
+  const Tensor ma = a.optimizer().exp_avg_sq(), mb = b.optimizer().exp_avg_sq();
+  EXPECT_EQ(std::memcmp(ma.data, mb.data, ma.nbytes()), 0);
+  // The next step is the same step.
+  EXPECT_EQ(a.train_step().loss, b.train_step().loss);
+}
+
+TEST(Checkpoint, DamageIsNamed) {
+  const std::string out = fresh_dir("damage");
+  Trainer a(small(), run_config(out));
+  a.train_step();
+  const std::string dir = a.save_checkpoint();
+  auto variant = [&](const std::string& name) {
+    const std::string d = out + "/" + name;
+    fs::copy(dir, d, fs::copy_options::recursive);
+    return d;
+  };
+  const std::string shard = "/rank_00000.safetensors";
+
+  const std::string flipped = variant("flipped");
+  {
+    std::fstream f(flipped + shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-100, std::ios::end);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x5a;
+    f.seekp(-100, std::ios::end);
+    f.write(&c, 1);
+  }
+  EXPECT_EQ(error_of([&] { Checkpoint c(flipped); }), flipped + shard + ": checksum mismatch (corrupt shard)");
+
+  const std::string truncated = variant("truncated");
+  fs::resize_file(truncated + shard, fs::file_size(truncated + shard) - 7);
+  EXPECT_NE(error_of([&] { Checkpoint c(truncated); }).find(truncated + shard + ": has "), std::string::npos);
+
+  const std::string deleted = variant("deleted");
+  fs::remove(deleted + shard);
+  EXPECT_EQ(error_of([&] { Checkpoint c(deleted); }),
+            deleted + shard + ": missing shard of checkpoint " + deleted);
+
+  const std::string edited = variant("edited");
+  {
+    std::ifstream in(edited + "/manifest.json");
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    const auto at = text.find("\"tp\": 1");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 7, "\"tp\": 2");
+    std::ofstream(edited + "/manifest.json") << text;
+  }
+  EXPECT_EQ(error_of([&] { Checkpoint c(edited); }),
+            edited + "/manifest.json: checksum mismatch: the manifest was edited or is corrupt");
+
+  const std::string half = variant("step_0000009.tmp");  // an interrupted save
+  fs::rename(half, out + "/checkpoints/step_0000009.tmp");
+  EXPECT_EQ(find_latest_checkpoint(out), dir);
+  EXPECT_NE(error_of([&] { Checkpoint c(out + "/nowhere"); }).find("manifest.json: missing"), std::string::npos);
+}
+
+TEST(Checkpoint, ConfigThatContradictsTheFlagsIsNamed) {
+  const std::string out = fresh_dir("config");
+  Trainer a(small(NormScheme::LNS), run_config(out));
+  a.train_step();
+  const std::string dir = a.save_checkpoint();
+  TrainConfig rc = run_config(out);
+  rc.resume = dir;
+  EXPECT_EQ(error_of([&] { Trainer b(small(NormScheme::Pre), rc); }),
+            dir + "/manifest.json: the checkpoint's norm_scheme is \"lns\" but the flags say \"pre\"");
+}
+
+}  // namespace
+}  // namespace lns
