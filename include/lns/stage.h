@@ -41,6 +41,9 @@ class LlamaStage {
   // Names and logical shapes of every parameter of the whole model, in order,
   // without allocating it (the same registration code as a real stage).
   static std::vector<ParamInfo> model_params(const LlamaConfig& cfg);
+  // The parameters of one stage / tensor-parallel shard, registered but not allocated
+  // (call finalize()): what a rank of that layout holds.
+  static ParamSet stage_params(const LlamaConfig& cfg, StageSpec spec, TensorParallel tp);
 
   const LlamaConfig& config() const { return cfg_; }
   const StageSpec& spec() const { return spec_; }
@@ -50,6 +53,10 @@ class LlamaStage {
   const TensorParallel& tensor_parallel() const { return tp_; }
   // This rank's vocabulary columns of the logits: [vocab_shard().begin, + valid).
   const ShardRange& vocab_shard() const { return vshard_; }
+
+  // Blocks (global indices) that act as the identity in forward and backward; the
+  // others keep their depth. For layer-removal studies without rewriting weights.
+  void set_skipped_layers(const std::vector<int>& global_layers);
 
   // Initialises every parameter by its scheme's rule. Each tensor draws from its own
   // named random stream, so any layout gets the single-rank model's weights.
@@ -77,7 +84,7 @@ class LlamaStage {
   struct Scratch;
 
   struct ParamsOnly {};
-  LlamaStage(const LlamaConfig& cfg, ParamsOnly);
+  LlamaStage(const LlamaConfig& cfg, StageSpec spec, TensorParallel tp, ParamsOnly);
   void init_dims();
   void register_params();
   void norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x);
@@ -99,6 +106,7 @@ class LlamaStage {
   ParamSet params_;
   RopeTable rope_;
   std::vector<Layer> layers_;
+  std::vector<bool> skipped_;  // per local layer
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Scratch> scratch_;
   int embed_ = -1, final_gain_ = -1, final_bias_ = -1, head_ = -1;

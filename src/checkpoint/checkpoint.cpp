@@ -16,6 +16,8 @@
 
 #include "lns/errors.h"
 #include "lns/safetensors.h"
+#include "lns/stage.h"
+#include "parallel/process_grid.h"
 
 namespace fs = std::filesystem;
 
@@ -85,28 +87,13 @@ uint32_t file_crc32(const std::string& path) {
   return crc;
 }
 
-std::string save_checkpoint(const std::string& out_dir, Communicator& world, const ParamSet& params,
-                            const AdamW& optim, const LlamaConfig& cfg, const CheckpointLayout& layout,
-                            const RunState& state, int keep, int pause_ms) {
-  const std::string root = out_dir + "/checkpoints";
-  const std::string name = absl::StrFormat("step_%07d", state.step);
-  const std::string final_dir = root + "/" + name, tmp_dir = final_dir + ".tmp";
-  if (world.rank() == 0) {
-    std::error_code ec;
-    fs::create_directories(root, ec);
-    if (ec) fail(root, ": cannot create checkpoint directory: ", ec.message());
-    fs::remove_all(tmp_dir, ec);  // a save of this step that died earlier
-    fs::create_directories(tmp_dir, ec);
-    if (ec) fail(tmp_dir, ": cannot create: ", ec.message());
-  }
-  world.barrier();
-
+nlohmann::json write_rank_shard(const std::string& dir, int rank, const ParamSet& params,
+                                const AdamW* optim, const CheckpointLayout& layout) {
   // This rank's pieces: parameters from dp rank 0 (replicas are equal), moments from
   // every rank that owns an optimizer range (all dp ranks under ZeRO).
   SafetensorsWriter w;
   nlohmann::json pieces = nlohmann::json::array();
-  const std::string file = absl::StrFormat("rank_%05d.safetensors", world.rank());
-  const Tensor m = optim.exp_avg(), v = optim.exp_avg_sq();
+  const std::string file = absl::StrFormat("rank_%05d.safetensors", rank);
   for (int i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params.info(i);
     if (p.tied_copy || (p.replicated() && layout.tp_rank != 0)) continue;
@@ -120,74 +107,102 @@ std::string save_checkpoint(const std::string& out_dir, Communicator& world, con
                         {"shard_valid", p.shard_valid}, {"elem_begin", eb}, {"elem_end", ee}});
     };
     if (layout.dp_rank == 0) add("param", params.param(i).f32(), 0, n);
-    if (layout.zero || layout.dp_rank == 0) {
-      const int64_t lo = std::max<int64_t>(optim.begin(), p.offset),
-                    hi = std::min<int64_t>(optim.end(), p.offset + n);
+    if (optim && (layout.zero || layout.dp_rank == 0)) {
+      const int64_t lo = std::max<int64_t>(optim->begin(), p.offset),
+                    hi = std::min<int64_t>(optim->end(), p.offset + n);
       if (lo < hi) {
-        add("exp_avg", m.f32() + (lo - optim.begin()), lo - p.offset, hi - p.offset);
-        add("exp_avg_sq", v.f32() + (lo - optim.begin()), lo - p.offset, hi - p.offset);
+        add("exp_avg", optim->exp_avg().f32() + (lo - optim->begin()), lo - p.offset, hi - p.offset);
+        add("exp_avg_sq", optim->exp_avg_sq().f32() + (lo - optim->begin()), lo - p.offset, hi - p.offset);
       }
     }
   }
-  const std::string path = tmp_dir + "/" + file;
+  const std::string path = dir + "/" + file;
   w.write(path);  // fsyncs
-  const nlohmann::json mine = {{"rank", world.rank()}, {"name", file},
-                               {"bytes", static_cast<int64_t>(fs::file_size(path))},
-                               {"crc32", file_crc32(path)}, {"pieces", pieces}};
-  if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
-  const std::string mine_text = mine.dump();
-  const auto all = world.gather_bytes(std::vector<char>(mine_text.begin(), mine_text.end()));
+  return {{"rank", rank}, {"name", file}, {"bytes", static_cast<int64_t>(fs::file_size(path))},
+          {"crc32", file_crc32(path)}, {"pieces", pieces}};
+}
 
+void commit_checkpoint(const std::string& tmp_dir, const std::string& final_dir,
+                       const std::vector<nlohmann::json>& shards, const LlamaConfig& cfg,
+                       const CheckpointLayout& layout, const RunState& state, const AdamW* optim,
+                       int keep, bool update_latest) {
+  nlohmann::json manifest = {
+      {"format", kFormat},
+      {"step", state.step},
+      {"tokens_seen", state.tokens_seen},
+      {"data", {{"consumed_samples", state.consumed_samples}}},
+      {"rng", {{"seed", state.seed}, {"kind", "counter-based (seed, tensor name, index)"}}},
+      {"lr_schedule", {{"next_step", state.step}}},
+      {"model", cfg.to_json()},
+      {"layout",
+       {{"tp", layout.tp}, {"pp", layout.pp}, {"dp", layout.dp}, {"zero", layout.zero},
+        {"stage_layers", layout.stage_layers}}},
+      {"files", nlohmann::json::array()},
+      {"tensors", nlohmann::json::array()}};
+  if (optim)
+    manifest["optimizer"] = {{"type", "adamw"}, {"steps_taken", optim->steps_taken()},
+                             {"beta1", optim->config().beta1}, {"beta2", optim->config().beta2},
+                             {"eps", optim->config().eps},
+                             {"weight_decay", optim->config().weight_decay}};
+  // The depth each block was trained at (remove-layers keeps the original depths).
+  nlohmann::json depths = nlohmann::json::array();
+  for (int l = 0; l < cfg.num_layers; ++l) depths.push_back(cfg.depth_of(l));
+  manifest["layer_depths"] = depths;
+  for (nlohmann::json j : shards) {
+    for (auto& pc : j["pieces"]) manifest["tensors"].push_back(pc);
+    j.erase("pieces");
+    manifest["files"].push_back(j);
+  }
+  const std::string body = manifest_text_without_crc(manifest);
+  manifest["manifest_crc32"] = crc32(body.data(), body.size());
+  write_synced(tmp_dir + "/manifest.json", manifest.dump(1));
+  fsync_path(tmp_dir);
+  std::error_code ec;
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp_dir, final_dir, ec);
+  if (ec) fail(final_dir, ": cannot rename the finished checkpoint: ", ec.message());
+  const fs::path root = fs::path(final_dir).parent_path();
+  const std::string name = fs::path(final_dir).filename().string();
+  fsync_path(root.string());
+  if (!update_latest) return;
+  write_synced((root / "latest").string(), name + "\n");
+  if (keep > 0) {  // only complete checkpoints, oldest first; never the new one
+    std::vector<std::string> done;
+    for (const auto& e : fs::directory_iterator(root)) {
+      const std::string n = e.path().filename().string();
+      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos &&
+          fs::exists(e.path() / "manifest.json"))
+        done.push_back(n);
+    }
+    std::sort(done.begin(), done.end());
+    for (size_t k = 0; k + keep < done.size(); ++k)
+      if (done[k] != name) fs::remove_all(root / done[k], ec);
+  }
+}
+
+std::string save_checkpoint(const std::string& out_dir, Communicator& world, const ParamSet& params,
+                            const AdamW& optim, const LlamaConfig& cfg, const CheckpointLayout& layout,
+                            const RunState& state, int keep, int pause_ms) {
+  const std::string root = out_dir + "/checkpoints";
+  const std::string final_dir = root + "/" + absl::StrFormat("step_%07d", state.step);
+  const std::string tmp_dir = final_dir + ".tmp";
   if (world.rank() == 0) {
-    nlohmann::json manifest = {
-        {"format", kFormat},
-        {"step", state.step},
-        {"tokens_seen", state.tokens_seen},
-        {"data", {{"consumed_samples", state.consumed_samples}}},
-        {"rng", {{"seed", state.seed}, {"kind", "counter-based (seed, tensor name, index)"}}},
-        {"lr_schedule", {{"next_step", state.step}}},
-        {"optimizer",
-         {{"type", "adamw"}, {"steps_taken", optim.steps_taken()}, {"beta1", optim.config().beta1},
-          {"beta2", optim.config().beta2}, {"eps", optim.config().eps},
-          {"weight_decay", optim.config().weight_decay}}},
-        {"model", cfg.to_json()},
-        {"layout",
-         {{"tp", layout.tp}, {"pp", layout.pp}, {"dp", layout.dp}, {"zero", layout.zero},
-          {"stage_layers", layout.stage_layers}}},
-        {"files", nlohmann::json::array()},
-        {"tensors", nlohmann::json::array()}};
-    // Every block keeps the depth it was trained with (remove-layers edits this).
-    nlohmann::json depths = nlohmann::json::array();
-    for (int l = 0; l < cfg.num_layers; ++l) depths.push_back(cfg.depth_of(l));
-    manifest["layer_depths"] = depths;
-    for (const auto& bytes : all) {
-      auto j = nlohmann::json::parse(std::string(bytes.begin(), bytes.end()));
-      for (auto& pc : j["pieces"]) manifest["tensors"].push_back(pc);
-      j.erase("pieces");
-      manifest["files"].push_back(j);
-    }
-    manifest["manifest_crc32"] = crc32(manifest_text_without_crc(manifest).data(),
-                                       manifest_text_without_crc(manifest).size());
-    write_synced(tmp_dir + "/manifest.json", manifest.dump(1));
-    fsync_path(tmp_dir);
     std::error_code ec;
-    fs::remove_all(final_dir, ec);
-    fs::rename(tmp_dir, final_dir, ec);
-    if (ec) fail(final_dir, ": cannot rename the finished checkpoint: ", ec.message());
-    fsync_path(root);
-    write_synced(root + "/latest", name + "\n");
-    if (keep > 0) {  // only complete checkpoints, oldest first; never the new one
-      std::vector<std::string> done;
-      for (const auto& e : fs::directory_iterator(root)) {
-        const std::string n = e.path().filename().string();
-        if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos &&
-            fs::exists(e.path() / "manifest.json"))
-          done.push_back(n);
-      }
-      std::sort(done.begin(), done.end());
-      for (size_t k = 0; k + keep < done.size(); ++k)
-        if (done[k] != name) fs::remove_all(root + "/" + done[k], ec);
-    }
+    fs::create_directories(root, ec);
+    if (ec) fail(root, ": cannot create checkpoint directory: ", ec.message());
+    fs::remove_all(tmp_dir, ec);  // a save of this step that died earlier
+    fs::create_directories(tmp_dir, ec);
+    if (ec) fail(tmp_dir, ": cannot create: ", ec.message());
+  }
+  world.barrier();
+  const nlohmann::json mine = write_rank_shard(tmp_dir, world.rank(), params, &optim, layout);
+  if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+  const std::string text = mine.dump();
+  const auto all = world.gather_bytes(std::vector<char>(text.begin(), text.end()));
+  if (world.rank() == 0) {
+    std::vector<nlohmann::json> shards;
+    for (const auto& b : all) shards.push_back(nlohmann::json::parse(std::string(b.begin(), b.end())));
+    commit_checkpoint(tmp_dir, final_dir, shards, cfg, layout, state, &optim, keep);
   }
   world.barrier();
   return final_dir;
@@ -307,12 +322,29 @@ std::vector<float> Checkpoint::logical(const std::string& name, const std::strin
   return out;
 }
 
+bool Checkpoint::has_optimizer_state() const { return manifest_.contains("optimizer"); }
+
 void Checkpoint::load_into(ParamSet& params, AdamW* optim) const {
+  if (optim && !has_optimizer_state()) optim = nullptr;  // imported weights: fresh optimizer
+  load_from_source(*this, params, optim);
+  if (optim) optim->set_steps_taken(manifest_["optimizer"]["steps_taken"].get<int64_t>());
+}
+
+CheckpointLayout Checkpoint::layout() const {
+  CheckpointLayout l;
+  const auto& j = manifest_["layout"];
+  l.tp = j["tp"], l.pp = j["pp"], l.dp = j["dp"], l.zero = j["zero"];
+  l.stage_layers = j["stage_layers"].get<std::vector<std::pair<int, int>>>();
+  return l;
+}
+
+void load_from_source(const TensorSource& src, ParamSet& params, AdamW* optim) {
   for (int i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params.info(i);
-    const auto shape = logical_shape(p.name);
+    if (!src.has(p.name, "param")) fail(src.where(), ": missing weight '", p.name, "'");
+    const auto shape = src.logical_shape(p.name);
     if (Shape(shape) != p.logical)
-      fail(dir_, "/manifest.json: tensor '", p.name, "' has shape ", Shape(shape).str(),
+      fail(src.where(), ": tensor '", p.name, "' has shape ", Shape(shape).str(),
            ", the model expects ", p.logical.str());
     const int64_t n = p.shape.numel(), cols = p.shape[p.shape.ndim - 1],
                   lcols = p.logical[p.logical.ndim - 1];
@@ -321,21 +353,68 @@ void Checkpoint::load_into(ParamSet& params, AdamW* optim) const {
       int64_t li, lj;
       return p.to_logical(k / cols, k % cols, &li, &lj) ? li * lcols + lj : -1;
     };
-    const std::vector<float> w = logical(p.name, "param");
+    const std::vector<float> w = src.logical(p.name, "param");
     float* dst = params.param(i).f32();
     for (int64_t k = 0; k < n; ++k) dst[k] = logical_index(k) >= 0 ? w[logical_index(k)] : 0.0f;
-    if (!optim) continue;
+    if (!optim || !src.has(p.name, "exp_avg")) continue;
     const int64_t lo = std::max<int64_t>(optim->begin(), p.offset),
                   hi = std::min<int64_t>(optim->end(), p.offset + n);
     if (lo >= hi) continue;
     for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
-      const std::vector<float> mom = logical(p.name, kind);
+      const std::vector<float> mom = src.logical(p.name, kind);
       float* out = (std::string(kind) == "exp_avg" ? optim->exp_avg() : optim->exp_avg_sq()).f32();
       for (int64_t k = lo - p.offset; k < hi - p.offset; ++k)
         out[p.offset + k - optim->begin()] = logical_index(k) >= 0 ? mom[logical_index(k)] : 0.0f;
     }
   }
-  if (optim) optim->set_steps_taken(manifest_["optimizer"]["steps_taken"].get<int64_t>());
 }
 
+std::vector<std::string> write_checkpoint_from_source(const TensorSource& src, const LlamaConfig& cfg,
+                                                      const CheckpointLayout& target,
+                                                      const std::string& pp_layers,
+                                                      const RunState& state,
+                                                      const AdamWConfig& adam, int64_t optim_steps,
+                                                      const std::string& out_dir) {
+  validate_layout(cfg, target.tp, target.pp);
+  CheckpointLayout layout = target;
+  layout.stage_layers = stage_layer_ranges(cfg.num_layers, target.pp, pp_layers);
+  const std::string tmp = out_dir + ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) fail(tmp, ": cannot create: ", ec.message());
+  const bool with_optim = src.has(LlamaStage::model_params(cfg).front().name, "exp_avg");
+  std::vector<nlohmann::json> shards;
+  std::vector<std::string> summary;
+  for (int pr = 0; pr < layout.pp; ++pr)
+    for (int dr = 0; dr < layout.dp; ++dr)
+      for (int tr = 0; tr < layout.tp; ++tr) {
+        layout.tp_rank = tr, layout.dp_rank = dr, layout.pp_rank = pr;
+        const int rank = tr + dr * layout.tp + pr * layout.tp * layout.dp;
+        const auto [first, last] = layout.stage_layers[pr];
+        ParamSet ps = LlamaStage::stage_params(cfg, {first, last, pr == 0, pr == layout.pp - 1},
+                                               {tr, layout.tp, nullptr});
+        ps.finalize();
+        std::unique_ptr<AdamW> optim;
+        if (with_optim) {
+          const ShardRange s = shard_range(ps.numel(), layout.dp, dr);
+          optim = layout.zero ? std::make_unique<AdamW>(ps, adam, s.begin, s.begin + s.valid)
+                              : std::make_unique<AdamW>(ps, adam);
+          optim->set_steps_taken(optim_steps);
+        }
+        load_from_source(src, ps, optim.get());
+        shards.push_back(write_rank_shard(tmp, rank, ps, optim.get(), layout));
+        summary.push_back(absl::StrFormat("rank %d (tp %d, dp %d, pp %d: layers %d..%d): %s, %d bytes",
+                                          rank, tr, dr, pr, first, last - 1,
+                                          shards.back()["name"].get<std::string>(),
+                                          shards.back()["bytes"].get<int64_t>()));
+      }
+  ParamSet empty;
+  empty.finalize();
+  AdamW steps_only(empty, adam);
+  steps_only.set_steps_taken(optim_steps);
+  commit_checkpoint(tmp, out_dir, shards, cfg, layout, state, with_optim ? &steps_only : nullptr,
+                    0, /*update_latest=*/false);
+  return summary;
+}
 }  // namespace lns

@@ -73,15 +73,20 @@ struct LlamaStage::Scratch {
 
 LlamaStage::~LlamaStage() = default;
 
-LlamaStage::LlamaStage(const LlamaConfig& cfg, ParamsOnly)
-    : cfg_(cfg), spec_(StageSpec::whole(cfg)), B_(1), T_(1), rope_(1, cfg.head_dim(), cfg.rope_theta) {
+LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, TensorParallel tp, ParamsOnly)
+    : cfg_(cfg), spec_(spec), B_(1), T_(1), tp_(tp), rope_(1, cfg.head_dim(), cfg.rope_theta) {
   cfg_.validate();
   init_dims();
   register_params();
 }
 
 std::vector<ParamInfo> LlamaStage::model_params(const LlamaConfig& cfg) {
-  return LlamaStage(cfg, ParamsOnly{}).params().infos();
+  return LlamaStage(cfg, StageSpec::whole(cfg), {}, ParamsOnly{}).params().infos();
+}
+
+ParamSet LlamaStage::stage_params(const LlamaConfig& cfg, StageSpec spec, TensorParallel tp) {
+  LlamaStage s(cfg, spec, tp, ParamsOnly{});
+  return std::move(s.params_);
 }
 
 void LlamaStage::init_dims() {
@@ -230,6 +235,12 @@ void LlamaStage::register_params() {
       p.mutable_info(head_).tied_copy = true;
     }
   }
+}
+
+void LlamaStage::set_skipped_layers(const std::vector<int>& global_layers) {
+  skipped_.assign(layers_.size(), false);
+  for (int g : global_layers)
+    if (g >= spec_.first_layer && g < spec_.last_layer) skipped_[g - spec_.first_layer] = true;
 }
 
 void LlamaStage::init_weights(uint64_t seed) {
@@ -398,6 +409,7 @@ Tensor LlamaStage::forward(Tensor input, int slot) {
   }
   Tensor x = s.h0;
   for (Layer& l : layers_) {
+    if (!skipped_.empty() && skipped_[&l - layers_.data()]) continue;
     x = sublayer_forward(l, 0, s, x);
     x = sublayer_forward(l, 1, s, x);
   }
@@ -451,6 +463,7 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
     copy(dy, dout);
   }
   for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
+    if (!skipped_.empty() && skipped_[&*it - layers_.data()]) continue;
     sublayer_backward(*it, 1, s, dy, dx);
     std::swap(dy, dx);
     sublayer_backward(*it, 0, s, dy, dx);

@@ -19,6 +19,7 @@ import time
 import unittest
 
 TRAIN = os.environ.get("LNS_TRAIN_BIN")
+CONVERT = os.path.join(os.path.dirname(TRAIN or "."), "lns_convert")
 MPIRUN = os.environ.get("MPIRUN", "mpirun")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
@@ -124,6 +125,19 @@ class Resume(unittest.TestCase):
             for step in range(1, 13):
                 self.assertAlmostEqual(got[step], self.ref[step], delta=1e-5 * self.ref[step],
                                        msg="%s step %d" % (name, step))
+        # lns_convert merge, then resume from the merged checkpoint on one process.
+        merged = os.path.join(self.dir, "merged_run")
+        os.makedirs(os.path.join(merged, "checkpoints"))
+        shutil.copy(os.path.join(saved, "metrics.jsonl"), merged)
+        r = subprocess.run([CONVERT, "merge", "--in=" + os.path.join(saved, "checkpoints", "step_0000004"),
+                            "--out=" + os.path.join(merged, "checkpoints", "step_0000004")],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("(tp=1 pp=1 dp=1, step 4)", r.stdout)
+        self.run_train(merged, "--steps=12", "--resume=auto")
+        got = losses(merged)
+        for step in range(5, 13):
+            self.assertAlmostEqual(got[step], self.ref[step], delta=1e-5 * self.ref[step], msg="merged step %d" % step)
 
 
 if __name__ == "__main__":

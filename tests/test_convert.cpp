@@ -1,0 +1,166 @@
+// lns_convert's operations, through the library functions the tool calls: round
+// trips are exact where they must be, layer removal equals skipping blocks, and what
+// cannot be converted is refused with the reason.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "lns/block_plan.h"
+#include "lns/checkpoint.h"
+#include "lns/errors.h"
+#include "lns/hf_llama.h"
+#include "lns/layer_removal.h"
+#include "lns/trainer.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace lns {
+namespace {
+
+using namespace lns::test;
+
+LlamaConfig cfg_of(NormScheme s) {
+  LlamaConfig c;
+  c.vocab_size = 53, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 5;
+  c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = s, c.post_layers = 2, c.init_std = 0.1f;
+  return c;
+}
+
+std::string dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "/lns_cv_" + std::to_string(::getpid()) + "_" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+// A trained checkpoint: 2 steps, so the moments are not zero.
+std::string trained(NormScheme s, const std::string& name) {
+  TrainConfig t;
+  t.data = "random", t.seq_len = 8, t.micro_batch = 2, t.global_batch = 4, t.steps = 2;
+  t.out_dir = dir(name);
+  Trainer tr(cfg_of(s), t);
+  tr.train_step();
+  tr.train_step();
+  return tr.save_checkpoint();
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Convert, ReshardThenMergeEqualsMerge) {
+  const Checkpoint ck(trained(NormScheme::LNS, "rs"));
+  const std::string merged = dir("merged"), resharded = dir("resharded"), remerged = dir("remerged");
+  CheckpointLayout many;
+  many.tp = 2, many.pp = 2, many.dp = 2, many.zero = true;
+  write_checkpoint_from_source(ck, ck.config(), CheckpointLayout{}, "", ck.run_state(), AdamWConfig{}, 2, merged);
+  write_checkpoint_from_source(ck, ck.config(), many, "3,2", ck.run_state(), AdamWConfig{}, 2, resharded);
+  const Checkpoint r(resharded);
+  EXPECT_EQ(r.layout().tp, 2);
+  EXPECT_EQ(r.manifest()["files"].size(), 8u);
+  write_checkpoint_from_source(r, r.config(), CheckpointLayout{}, "", r.run_state(), AdamWConfig{}, 2, remerged);
+  const Checkpoint a(merged), b(remerged);
+  for (const std::string& name : a.tensor_names())
+    for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
+      EXPECT_EQ(a.logical(name, kind), b.logical(name, kind)) << kind << " " << name;
+      EXPECT_EQ(a.logical(name, kind), ck.logical(name, kind)) << kind << " " << name;
+    }
+  EXPECT_EQ(b.run_state().consumed_samples, ck.run_state().consumed_samples);
+}
+
+TEST(Convert, ExportImportRoundTrip) {
+  for (NormScheme s : {NormScheme::Pre, NormScheme::LNS}) {
+    const Checkpoint ck(trained(s, std::string("ex_") + norm_scheme_name(s)));
+    const std::string hf = dir(std::string("hf_") + norm_scheme_name(s));
+    export_hf(ck, ck.config(), hf, "", 256);
+    const HfDirectory back(hf);
+    EXPECT_EQ(back.config().num_layers, 5);
+    EXPECT_EQ(back.config().num_kv_heads, 2);
+    for (const ParamInfo& p : LlamaStage::model_params(ck.config())) {
+      const auto want = ck.logical(p.name, "param"), got = back.logical(p.name, "param");
+      if (s == NormScheme::LNS && p.layer >= 0 && p.kind == ParamKind::NormGain) {
+        // Folded: gain * 1/sqrt(l), exact up to f32 rounding of one product.
+        const double sc = 1.0 / std::sqrt(double(p.layer + 1));
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_NEAR(got[i], want[i] * sc, 1e-7 * std::abs(want[i] * sc)) << p.name;
+      } else {
+        EXPECT_EQ(got, want) << p.name;  // bit for bit
+      }
+    }
+  }
+}
+
+TEST(Convert, FoldedLnsExportComputesTheSameFunction) {
+  const Checkpoint ck(trained(NormScheme::LNS, "fold"));
+  const std::string hf = dir("fold_hf");
+  export_hf(ck, ck.config(), hf, "", 256);
+  const HfDirectory back(hf);
+  LlamaStage lns(ck.config(), StageSpec::whole(ck.config()), 2, 8), pre(back.config(), StageSpec::whole(back.config()), 2, 8);
+  ck.load_into(lns.params(), nullptr);
+  load_from_source(back, pre.params(), nullptr);
+  std::vector<int32_t> ids(16);
+  for (int i = 0; i < 16; ++i) ids[i] = (i * 11) % 53;
+  const Tensor a = lns.forward(view(ids, {2, 8}));
+  const std::vector<float> la(a.f32(), a.f32() + a.numel());
+  const Tensor b = pre.forward(view(ids, {2, 8}));
+  EXPECT_LE(rel_max_err(b.f32(), la.data(), b.numel()), 1e-5);
+}
+
+TEST(Convert, RemoveLayersEqualsSkippingBlocks) {
+  for (NormScheme s : {NormScheme::LNS, NormScheme::Mix}) {
+    const Checkpoint ck(trained(s, std::string("rm_") + norm_scheme_name(s)));
+    const LlamaConfig old = ck.config();
+    const LayerRemoval plan = plan_layer_removal(old, parse_layer_list("1,3", old.num_layers, "--layers"));
+    EXPECT_EQ(plan.kept, (std::vector<int>{0, 2, 4}));
+    const RemovedLayers kept(ck, plan.kept);
+    const LlamaConfig& cut = plan.config;
+    const std::string out = dir(std::string("rm_out_") + norm_scheme_name(s));
+    write_checkpoint_from_source(kept, cut, CheckpointLayout{}, "", ck.run_state(), AdamWConfig{}, 2, out);
+    const Checkpoint removed(out);
+    EXPECT_EQ(removed.config().layer_depths, (std::vector<int>{0, 2, 4}));
+
+    LlamaStage full(old, StageSpec::whole(old), 2, 8), small(removed.config(), StageSpec::whole(removed.config()), 2, 8);
+    ck.load_into(full.params(), nullptr);
+    removed.load_into(small.params(), nullptr);
+    full.set_skipped_layers({1, 3});
+    std::vector<int32_t> ids(16);
+    for (int i = 0; i < 16; ++i) ids[i] = (i * 7 + 3) % 53;
+    const Tensor a = full.forward(view(ids, {2, 8}));
+    const std::vector<float> la(a.f32(), a.f32() + a.numel());
+    const Tensor b = small.forward(view(ids, {2, 8}));
+    EXPECT_EQ(std::vector<float>(b.f32(), b.f32() + b.numel()), la) << norm_scheme_name(s);
+    // Depth, not position: kept layer 1 sits at position 1 < post_layers = 2 but was
+    // trained at depth 2, so Mix-LN keeps it Pre-LN, and LNS keeps its 1/sqrt(3).
+    EXPECT_EQ(block_plan(removed.config(), 1).effective, s == NormScheme::Mix ? NormScheme::Pre : NormScheme::LNS);
+    if (s == NormScheme::LNS) EXPECT_FLOAT_EQ(block_plan(removed.config(), 1).attn.pre_scale, 1.0f / std::sqrt(3.0f));
+  }
+}
+
+TEST(Convert, RefusesWhatAPlainLlamaCannotExpress) {
+  LlamaConfig c = cfg_of(NormScheme::Post);
+  EXPECT_NE(error_of([&] { check_hf_exportable(c); }).find("--norm_scheme=post normalizes after the residual add"),
+            std::string::npos);
+  c.norm_scheme = NormScheme::Sandwich;
+  EXPECT_NE(error_of([&] { check_hf_exportable(c); }).find("sandwich"), std::string::npos);
+  c.norm_scheme = NormScheme::LNS, c.norm_type = NormType::LayerNorm;
+  EXPECT_NE(error_of([&] { check_hf_exportable(c); }).find("RMSNorm only"), std::string::npos);
+  const std::string hf = dir("badhf");
+  fs::create_directories(hf);
+  std::ofstream(hf + "/config.json") << R"({"model_type": "mistral"})";
+  EXPECT_NE(error_of([&] { HfDirectory d(hf); }).find("model_type 'mistral' is not 'llama'"), std::string::npos);
+  EXPECT_NE(error_of([&] { parse_layer_list("2,9", 5, "--layers"); }).find("--layers=2,9: layer '9' is not in [0, 5)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { plan_layer_removal(cfg_of(NormScheme::LNS), {0, 1, 2, 3, 4}); }).find("every layer"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace lns

@@ -1,0 +1,135 @@
+// lns_convert: checkpoints between layouts and formats.
+//
+//   lns_convert reshard       --in=CKPT --out=DIR --tp=T --pp=P [--pp_layers=a,b] [--dp=D --zero]
+//   lns_convert merge         --in=CKPT --out=DIR
+//   lns_convert export-hf     --in=CKPT --out=HFDIR [--tokenizer=FILE|DIR] [--max_position_embeddings=N]
+//   lns_convert import-hf     --in=HFDIR --out=DIR [--tp=T --pp=P]
+//   lns_convert remove-layers --in=CKPT --out=DIR --layers=3,7 [--tp=T --pp=P]
+//
+// Every subcommand reads any layout and prints what it wrote. Checkpoint outputs are
+// complete checkpoints (manifest, CRC32s) that lns_train --resume=DIR and lns_eval read.
+#include <gflags/gflags.h>
+
+#include <cstdio>
+#include <set>
+
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+#include <absl/strings/str_split.h>
+
+#include "lns/checkpoint.h"
+#include "lns/errors.h"
+#include "lns/hf_llama.h"
+#include "lns/layer_removal.h"
+#include "lns/train_flags.h"
+
+DEFINE_string(in, "", "Input checkpoint directory (or Hugging Face directory for import-hf).");
+DEFINE_string(out, "", "Output directory.");
+DEFINE_int32(dp, 1, "reshard: data-parallel size of the target layout (matters with --zero).");
+DEFINE_string(layers, "", "remove-layers: 0-based layer indices to remove, e.g. 3,7.");
+DEFINE_string(tokenizer, "", "export-hf: tokenizer file or directory to copy next to the weights.");
+DEFINE_int32(max_position_embeddings, 2048, "export-hf: max_position_embeddings in config.json.");
+DECLARE_string(pp_layers);
+DECLARE_bool(zero);
+
+namespace lns {
+namespace {
+
+CheckpointLayout target_layout() {
+  CheckpointLayout l;
+  l.tp = tp_flag(), l.pp = pp_flag(), l.dp = FLAGS_dp, l.zero = FLAGS_zero;
+  LNS_REQUIRE(l.tp >= 1 && l.pp >= 1 && l.dp >= 1, "--tp, --pp and --dp must be >= 1");
+  return l;
+}
+
+AdamWConfig adam_of(const Checkpoint& ck) {
+  AdamWConfig a;
+  if (!ck.has_optimizer_state()) return a;
+  const auto& o = ck.manifest()["optimizer"];
+  a.beta1 = o["beta1"], a.beta2 = o["beta2"], a.eps = o["eps"], a.weight_decay = o["weight_decay"];
+  return a;
+}
+
+int64_t optim_steps(const Checkpoint& ck) {
+  return ck.has_optimizer_state() ? ck.manifest()["optimizer"]["steps_taken"].get<int64_t>() : 0;
+}
+
+void print(const std::string& what, const std::vector<std::string>& lines) {
+  std::printf("lns_convert: %s\n", what.c_str());
+  for (const std::string& l : lines) std::printf("  %s\n", l.c_str());
+}
+
+int run(const std::string& cmd) {
+  LNS_REQUIRE(!FLAGS_in.empty() && !FLAGS_out.empty(), cmd, ": --in and --out are required");
+  if (cmd == "reshard" || cmd == "merge") {
+    const Checkpoint ck(FLAGS_in);
+    CheckpointLayout l = cmd == "merge" ? CheckpointLayout{} : target_layout();
+    const auto lines = write_checkpoint_from_source(ck, ck.config(), l, cmd == "merge" ? "" : FLAGS_pp_layers,
+                                                    ck.run_state(), adam_of(ck), optim_steps(ck), FLAGS_out);
+    print(absl::StrFormat("wrote %s (tp=%d pp=%d dp=%d%s, step %d) from %s", FLAGS_out, l.tp, l.pp, l.dp,
+                          l.zero ? " zero" : "", ck.run_state().step, FLAGS_in),
+          lines);
+    return 0;
+  }
+  if (cmd == "export-hf") {
+    const Checkpoint ck(FLAGS_in);
+    const auto lines = export_hf(ck, ck.config(), FLAGS_out, FLAGS_tokenizer, FLAGS_max_position_embeddings);
+    print(absl::StrFormat("exported %s (%s, %d layers%s) as a Hugging Face LlamaForCausalLM to %s",
+                          FLAGS_in, norm_scheme_name(ck.config().norm_scheme), ck.config().num_layers,
+                          ck.config().norm_scheme == NormScheme::LNS ? ", LNS scales folded into the norm gains" : "",
+                          FLAGS_out),
+          lines);
+    return 0;
+  }
+  if (cmd == "import-hf") {
+    const HfDirectory hf(FLAGS_in);
+    const auto lines = write_checkpoint_from_source(hf, hf.config(), target_layout(), FLAGS_pp_layers,
+                                                    RunState{}, AdamWConfig{}, 0, FLAGS_out);
+    print(absl::StrFormat("imported %s (%d layers, hidden %d) to %s; resume or evaluate it with "
+                          "--norm_scheme=pre and its shape flags",
+                          FLAGS_in, hf.config().num_layers, hf.config().hidden_size, FLAGS_out),
+          lines);
+    return 0;
+  }
+  if (cmd == "remove-layers") {
+    const Checkpoint ck(FLAGS_in);
+    const LlamaConfig old = ck.config();
+    // The remaining blocks keep the depth they were trained at (LNS scale, Mix-LN role).
+    const LayerRemoval plan =
+        plan_layer_removal(old, parse_layer_list(FLAGS_layers, old.num_layers, "--layers"));
+    const LlamaConfig& cfg = plan.config;
+    const RemovedLayers src(ck, plan.kept);
+    const auto lines = write_checkpoint_from_source(src, cfg, target_layout(), FLAGS_pp_layers,
+                                                    ck.run_state(), adam_of(ck), optim_steps(ck), FLAGS_out);
+    print(absl::StrFormat("wrote %s: %d of %d layers (removed %s), each keeping its trained depth "
+                          "(layer_depths %s)",
+                          FLAGS_out, cfg.num_layers, old.num_layers, FLAGS_layers,
+                          absl::StrJoin(cfg.layer_depths, ",")),
+          lines);
+    return 0;
+  }
+  fail("unknown subcommand '", cmd, "'; expected reshard, merge, export-hf, import-hf or remove-layers");
+}
+
+}  // namespace
+}  // namespace lns
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "lns_convert reshard|merge|export-hf|import-hf|remove-layers --in=... --out=... [flags]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  if (argc != 2) {
+    std::fprintf(stderr, "lns_convert: error: expected one subcommand (reshard, merge, export-hf, "
+                         "import-hf, remove-layers); see --help\n");
+    return 1;
+  }
+  try {
+    return lns::run(argv[1]);
+  } catch (const lns::UserError& e) {
+    std::fprintf(stderr, "lns_convert: error: %s\n", e.what());
+    return 1;
+  }
+}
