@@ -39,12 +39,17 @@ PipelineSchedule1F1B::PipelineSchedule1F1B(ProcessGrid& grid, LlamaStage& stage,
 }
 
 Tensor PipelineSchedule1F1B::forward_micro(int m, int slot, const std::function<Tensor(int)>& inputs) {
+  return forward_micro_as(m, m, slot, inputs);
+}
+
+Tensor PipelineSchedule1F1B::forward_micro_as(int m, int tag, int slot,
+                                              const std::function<Tensor(int)>& inputs) {
   Communicator& world = grid_.world();
   Tensor in;
   if (grid_.first_stage()) {
     in = inputs(m);
   } else {
-    world.recv(recv_act_, grid_.prev_stage_rank(), act_tag(m));
+    world.recv(recv_act_, grid_.prev_stage_rank(), act_tag(tag));
     in = recv_act_;
   }
   return stage_.forward(in, slot);
@@ -85,13 +90,14 @@ double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
 }
 
 double PipelineSchedule1F1B::forward_only(int count, const std::function<Tensor(int)>& inputs,
-                                          const std::function<Tensor(int)>& targets) {
+                                          const std::function<Tensor(int)>& targets, int tag_base) {
   Communicator& world = grid_.world();
   double loss_sum = 0.0;
-  for (int m = 0; m < count; ++m) {
-    const Tensor out = forward_micro(m, 0, inputs);
+  for (int i = 0; i < count; ++i) {
+    const int m = tag_base + i;  // the tag; the callbacks see i
+    const Tensor out = forward_micro_as(i, m, 0, inputs);
     if (grid_.last_stage()) {
-      loss_sum += stage_.loss(targets(m), 0);
+      loss_sum += stage_.loss(targets(i), 0);
     } else {
       std::memcpy(send_act_[0].t.data, out.data, out.nbytes());
       world.send(send_act_[0], grid_.next_stage_rank(), act_tag(m));

@@ -34,11 +34,13 @@ class PipelineSchedule1F1B {
   double train(const std::function<Tensor(int)>& inputs, const std::function<Tensor(int)>& targets,
                float grad_scale, const std::function<void(int, Tensor)>& on_logits = {});
   // Forward only, micro-batches one after another (evaluation). Returns the loss sum.
+  // tag_base offsets the message tags (callers making several calls in a row).
   double forward_only(int count, const std::function<Tensor(int)>& inputs,
-                      const std::function<Tensor(int)>& targets);
+                      const std::function<Tensor(int)>& targets, int tag_base = 0);
 
  private:
   Tensor forward_micro(int m, int slot, const std::function<Tensor(int)>& inputs);
+  Tensor forward_micro_as(int m, int tag, int slot, const std::function<Tensor(int)>& inputs);
 
   ProcessGrid& grid_;
   LlamaStage& stage_;

@@ -58,6 +58,27 @@ class LlamaStage {
   // others keep their depth. For layer-removal studies without rewriting weights.
   void set_skipped_layers(const std::vector<int>& global_layers);
 
+  // Layer-removal sweep without recomputing the unchanged prefix: after forward() of
+  // the intact stage (one stage holding every layer), forward_skipping(k) returns the
+  // logits with block k skipped, starting from the intact pass's input to block k.
+  // Call it for k in decreasing order: each call overwrites the activations of the
+  // blocks after k only, and the next (smaller) k reads a block before them.
+  Tensor forward_skipping(int global_layer, int slot = 0);
+
+  // Per-block statistics of the last forward() of `slot`, for this stage's layers
+  // (curse-of-depth diagnostics). Sums over tokens, so batches and ranks add up.
+  struct LayerStats {
+    int layer = 0;             // global index
+    double tokens = 0;         // tokens summed
+    double sum = 0, sum_sq = 0;  // of the output's elements (variance = E[x^2] - E[x]^2)
+    double elements = 0;
+    double norm = 0;           // sum over tokens of ||output||
+    double angle = 0;          // sum over tokens of arccos(cos(input, output)) / pi
+    double angle_last = 0;     // the same at each sequence's last token
+    double sequences = 0;
+  };
+  std::vector<LayerStats> layer_stats(int slot = 0) const;
+
   // Initialises every parameter by its scheme's rule. Each tensor draws from its own
   // named random stream, so any layout gets the single-rank model's weights.
   void init_weights(uint64_t seed);
@@ -90,6 +111,8 @@ class LlamaStage {
   void norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x);
   void norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x);
   Tensor sublayer_forward(Layer& layer, int which, Slot& s, Tensor x);
+  Tensor head_forward(Slot& s, Tensor x);
+  Tensor layer_output(int local, const Slot& s) const;
   void sublayer_backward(Layer& layer, int which, Slot& s, Tensor dy, Tensor dx);
   void attention_fwd(Layer& layer, Slot& s, Tensor u, Tensor f);
   void attention_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);

@@ -7,6 +7,7 @@
 #include "lns/config.h"
 #include "lns/data.h"
 #include "lns/optim.h"
+#include "lns/evaluator.h"
 #include "lns/stage.h"
 #include "parallel/gradient_sync.h"
 #include "parallel/pipeline_schedule.h"
@@ -38,6 +39,10 @@ struct TrainConfig {
   int keep_checkpoints = 0;   // 0: keep all
   std::string resume;         // "", "auto" (newest complete in out_dir) or a checkpoint path
   int checkpoint_test_pause_ms = 0;
+  // Curse-of-depth diagnostics every N steps (0 = off): per block, the residual
+  // stream's variance and norm, the input/output angular distance (on the first
+  // validation micro-batch, or the first training one) and the block's gradient norm.
+  int64_t diag_every = 0;
   void validate() const;  // UserError naming the flag
 };
 
@@ -54,10 +59,6 @@ struct StepStats {
   double seconds = 0;
 };
 
-struct EvalStats {
-  double loss = 0, ppl = 0;
-  int64_t tokens = 0;
-};
 
 class Trainer {
  public:
@@ -67,6 +68,7 @@ class Trainer {
 
   LlamaStage& model() { return *model_; }
   ProcessGrid& grid() { return *grid_; }
+  Evaluator* evaluator() { return evaluator_.get(); }  // null without --val_data
   int micro_batches() const { return num_micro_; }  // per data-parallel rank and step
   AdamW& optimizer() { return *optim_; }
   BatchSampler& sampler() { return *train_sampler_; }
@@ -79,6 +81,9 @@ class Trainer {
   StepStats train_step();
   // Mean loss over the first --eval_tokens target positions of the validation data.
   EvalStats evaluate();
+  // The diagnostics of the current weights, with block gradient norms when the last
+  // step's gradients are given (grads = true: after reduce, before clipping).
+  std::vector<LayerDiagnostics> diagnostics(bool grads);
   // The whole run: steps, logs, metrics, validation, checkpoints. Returns true when
   // it stopped early on SIGTERM/SIGUSR1 (after saving a checkpoint).
   bool run();
@@ -106,6 +111,8 @@ class Trainer {
   std::unique_ptr<AdamW> optim_;
   std::unique_ptr<TokenCorpus> train_data_, val_data_;
   std::unique_ptr<BatchSampler> train_sampler_;
+  std::unique_ptr<Evaluator> evaluator_, diag_;
+  std::vector<double> last_block_grad_norms_;
   OwnedTensor inputs_, targets_;  // [M * B, T]: this dp rank's share of the global batch
 };
 

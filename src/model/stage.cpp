@@ -1,5 +1,7 @@
 #include "lns/stage.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "lns/errors.h"
@@ -237,6 +239,55 @@ void LlamaStage::register_params() {
   }
 }
 
+Tensor LlamaStage::layer_output(int local, const Slot& s) const {
+  const Layer& l = layers_[local];
+  const Slot::SubActs& a = s.layers[local].sub[1];
+  return l.sub[1].add.active() ? a.y.t : a.r.t;
+}
+
+Tensor LlamaStage::forward_skipping(int global_layer, int slot) {
+  LNS_CHECK(spec_.has_embedding && spec_.has_head) << "the sweep's reuse needs one stage";
+  Slot& s = *slots_.at(slot);
+  const int k = global_layer - spec_.first_layer;
+  // The input to block k of the intact pass: block k-1's output, or the embedding.
+  Tensor x = k == 0 ? Tensor(s.h0) : layer_output(k - 1, s);
+  for (size_t j = k + 1; j < layers_.size(); ++j) {
+    x = sublayer_forward(layers_[j], 0, s, x);
+    x = sublayer_forward(layers_[j], 1, s, x);
+  }
+  return head_forward(s, x);
+}
+
+std::vector<LlamaStage::LayerStats> LlamaStage::layer_stats(int slot) const {
+  const Slot& s = *slots_.at(slot);
+  const int64_t N = B_ * T_, C = cfg_.hidden_size;
+  std::vector<LayerStats> out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    LayerStats st;
+    st.layer = layers_[i].global;
+    const float* in = s.layers[i].sub[0].x.f32();
+    const float* o = layer_output(static_cast<int>(i), s).f32();
+    for (int64_t n = 0; n < N; ++n) {
+      double dot = 0, nin = 0, nout = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const double a = in[n * C + c], b = o[n * C + c];
+        dot += a * b, nin += a * a, nout += b * b;
+        st.sum += b;
+      }
+      st.sum_sq += nout;
+      st.norm += std::sqrt(nout);
+      const double cosv = nin > 0 && nout > 0 ? std::clamp(dot / std::sqrt(nin * nout), -1.0, 1.0) : 1.0;
+      const double ang = std::acos(cosv) / M_PI;
+      st.angle += ang;
+      if (n % T_ == T_ - 1) st.angle_last += ang, st.sequences += 1;
+    }
+    st.tokens = N;
+    st.elements = double(N) * C;
+    out.push_back(st);
+  }
+  return out;
+}
+
 void LlamaStage::set_skipped_layers(const std::vector<int>& global_layers) {
   skipped_.assign(layers_.size(), false);
   for (int g : global_layers)
@@ -417,6 +468,11 @@ Tensor LlamaStage::forward(Tensor input, int slot) {
     s.out = x.view({B_, T_, C});
     return s.out;
   }
+  return head_forward(s, x);
+}
+
+Tensor LlamaStage::head_forward(Slot& s, Tensor x) {
+  const int64_t N = B_ * T_;
   NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1};
   norm_fwd(fin, s, s.hf, x);
   linear_forward(s.logits.t.view({N, vshard_.size}), s.hf, params_.param(head_));

@@ -41,6 +41,9 @@ DEFINE_int32(pp, 1, "Pipeline-parallel stages (1F1B schedule). Data parallel = w
 DEFINE_string(pp_layers, "", "Layers per pipeline stage, e.g. 3,2,2 (default: even split).");
 DEFINE_bool(zero, false, "ZeRO-1: shard AdamW state and master weights across data-parallel ranks.");
 DEFINE_double(dp_bucket_mb, 25, "Data-parallel gradient all-reduce bucket size in MiB.");
+DEFINE_int64(diag_every, 0,
+             "Write per-block depth diagnostics (variance, norm, angular distance, gradient "
+             "norm) to metrics.jsonl every N steps; 0 = off.");
 // ---- checkpoints ------------------------------------------------------------------------
 DEFINE_int64(save_every, 0, "Save a checkpoint every N steps (also at the end and on SIGTERM/SIGUSR1); 0 = only those.");
 DEFINE_int32(keep_checkpoints, 0, "Keep only the newest K complete checkpoints; 0 = keep all.");
@@ -80,6 +83,7 @@ TrainConfig train_config_from_flags() {
   c.zero = FLAGS_zero;
   c.dp_bucket_mb = FLAGS_dp_bucket_mb;
   c.save_every = FLAGS_save_every;
+  c.diag_every = FLAGS_diag_every;
   c.keep_checkpoints = FLAGS_keep_checkpoints;
   c.resume = FLAGS_resume;
   c.checkpoint_test_pause_ms = FLAGS_checkpoint_test_pause_ms;

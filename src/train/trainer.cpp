@@ -126,6 +126,12 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
     if (is_root()) LOG(INFO) << "loaded weights from " << cfg_.init_from;
   }
   pipeline_ = std::make_unique<PipelineSchedule1F1B>(*grid_, *model_, num_micro_);
+  const EvalOptions eval{cfg_.seq_len, cfg_.micro_batch, cfg_.eval_tokens, cfg_.data_mode};
+  if (val_data_) evaluator_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, *val_data_, eval);
+  // Diagnostics read one fixed micro-batch, so steps compare like with like.
+  EvalOptions one = eval;
+  one.eval_tokens = cfg_.micro_batch * cfg_.seq_len;
+  diag_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, val_data_ ? *val_data_ : *train_data_, one);
   sync_ = std::make_unique<GradientSync>(*grid_, model_->params(), model_cfg_.tie_embeddings,
                                          cfg_.zero, cfg_.dp_bucket_mb);
   // ZeRO: the optimizer owns this dp rank's shard; otherwise every rank updates all.
@@ -217,6 +223,8 @@ StepStats Trainer::train_step() {
   s.loss = compute_gradients(&s.tokens);
   sync_->reduce();
   s.grad_norm = sync_->global_norm();
+  if (cfg_.diag_every > 0 && (optim_->steps_taken() + 1) % cfg_.diag_every == 0)
+    last_block_grad_norms_ = block_grad_norms(*grid_, model_->params(), *sync_, model_cfg_.num_layers);
   if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm))
     fail("training diverged at step ", optim_->steps_taken() + 1, ": loss ", s.loss,
          ", gradient norm ", s.grad_norm, " (lower --lr or set --grad_clip)");
@@ -229,46 +237,14 @@ StepStats Trainer::train_step() {
   return s;
 }
 
-EvalStats Trainer::evaluate() {
-  EvalStats e;
-  if (!val_data_) return e;
-  const int64_t B = cfg_.micro_batch, T = cfg_.seq_len;
-  BatchSampler val(*val_data_, cfg_.data_mode, T, 0, /*shuffle=*/false, model_cfg_.vocab_size);
-  const int64_t num_seq = (cfg_.eval_tokens + T - 1) / T;
-  const int64_t batches = (num_seq + B - 1) / B;
-  // Micro-batch k goes to dp rank k % dp; every stage of that rank walks the same k.
-  const int64_t mine = (batches - grid_->dp_rank + grid_->dp - 1) / grid_->dp;
-  OwnedTensor in(DType::I32, {B, T}), tg(DType::I32, {B, T});
-  auto fill = [&](int j) {
-    const int64_t k = grid_->dp_rank + int64_t{j} * grid_->dp;
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t seq = k * B + b;
-      int32_t* tgt = tg.i32() + b * T;
-      val.fill(static_cast<uint64_t>(seq) % val.samples_per_epoch(), in.i32() + b * T, tgt);
-      // Exactly eval_tokens target positions count: mask the rest of the last batch.
-      for (int64_t t = 0; t < T; ++t)
-        if (seq * T + t >= cfg_.eval_tokens) tgt[t] = kIgnoreIndex;
-    }
-  };
-  int64_t local_tokens = 0;
-  const double sum = pipeline_->forward_only(
-      static_cast<int>(mine),
-      [&](int j) {
-        fill(j);
-        return Tensor(in);
-      },
-      [&](int j) {
-        fill(j);
-        local_tokens += count_valid(tg.i32(), B * T);
-        return tg.t.view({B * T});
-      });
-  const bool reports = grid_->last_stage() && grid_->tp_rank == 0;
-  double totals[2] = {reports ? sum : 0.0, reports ? double(local_tokens) : 0.0};
-  grid_->world().all_reduce(totals, 2, ReduceOp::Sum);
-  e.tokens = static_cast<int64_t>(totals[1]);
-  e.loss = e.tokens > 0 ? totals[0] / e.tokens : 0.0;
-  e.ppl = std::exp(e.loss);
-  return e;
+EvalStats Trainer::evaluate() { return evaluator_ ? evaluator_->evaluate() : EvalStats{}; }
+
+std::vector<LayerDiagnostics> Trainer::diagnostics(bool grads) {
+  std::vector<LayerDiagnostics> d = diag_->diagnostics(1);
+  if (grads)
+    for (size_t l = 0; l < d.size() && l < last_block_grad_norms_.size(); ++l)
+      d[l].grad_norm = last_block_grad_norms_[l];
+  return d;
 }
 
 void Trainer::dump_step_state(const std::string& path) {
@@ -374,6 +350,17 @@ bool Trainer::run() {
       window_tokens = 0;
     }
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step != cfg_.steps) do_eval(s.step);
+    if (cfg_.diag_every > 0 && s.step % cfg_.diag_every == 0) {
+      const auto d = diagnostics(/*grads=*/true);
+      if (is_root()) {
+        nlohmann::json rows = nlohmann::json::array();
+        for (const LayerDiagnostics& l : d)
+          rows.push_back({{"layer", l.layer}, {"variance", l.variance}, {"mean_norm", l.mean_norm},
+                          {"angular_distance", l.angular}, {"angular_distance_last", l.angular_last},
+                          {"grad_norm", l.grad_norm}});
+        metrics.write({{"step", s.step}, {"diag", rows}});
+      }
+    }
     // A signal may reach some ranks only; all agree before anyone saves.
     double stop = stop_requested();
     grid_->world().all_reduce(&stop, 1, ReduceOp::Max);

@@ -131,6 +131,34 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.mode == SampleMode::Document ? "_document" : "");
     });
 
+// Evaluation under a layout: perplexity, every entry of the layer-removal sweep and
+// the depth diagnostics equal the single-rank values.
+TEST(Eval, SweepAndDiagnosticsEqualSingleRank) {
+  TrainConfig t = train(SampleMode::Packed);
+  t.val_data = g_corpus;
+  t.eval_tokens = 90;  // uneven over dp ranks and micro-batches
+  std::vector<int> all = {0, 1, 2, 3, 4, 5, 6};
+  Trainer par(model(NormScheme::Mix, false), t, g_grid);
+  par.train_step();
+  const auto got = par.evaluator()->sweep(all);
+  const auto got_diag = par.evaluator()->diagnostics(0);
+  if (g_grid->rank != 0) return;
+  Trainer one(model(NormScheme::Mix, false), t);
+  one.train_step();
+  const auto want = one.evaluator()->sweep(all);
+  const auto want_diag = one.evaluator()->diagnostics(0);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, 90);
+    EXPECT_NEAR(got[i].loss, want[i].loss, kTol * want[i].loss) << "sweep entry " << i;
+  }
+  for (size_t l = 0; l < want_diag.size(); ++l) {
+    EXPECT_NEAR(got_diag[l].variance, want_diag[l].variance, kTol * want_diag[l].variance) << l;
+    EXPECT_NEAR(got_diag[l].angular, want_diag[l].angular, kTol) << l;
+    EXPECT_NEAR(got_diag[l].angular_last, want_diag[l].angular_last, kTol) << l;
+  }
+}
+
 // --init_from under a layout: every rank loads its slice of the logical tensors (the
 // golden file's FFN 45 and vocabulary 53 pad under tp = 2) and the step equals the
 // single-rank step from the same file.

@@ -1,0 +1,70 @@
+// Evaluation: perplexity over exactly --eval_tokens target positions, the
+// layer-removal sweep, and the curse-of-depth diagnostics, under any layout.
+#pragma once
+#include <vector>
+
+#include "lns/data.h"
+#include "lns/stage.h"
+#include "parallel/gradient_sync.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/process_grid.h"
+
+namespace lns {
+
+struct EvalStats {
+  double loss = 0, ppl = 0;
+  int64_t tokens = 0;
+};
+
+struct EvalOptions {
+  int64_t seq_len = 256, micro_batch = 8, eval_tokens = 65536;
+  SampleMode mode = SampleMode::Packed;
+};
+
+// One block's diagnostics (docs/evaluation.md).
+struct LayerDiagnostics {
+  int layer = 0;
+  double variance = 0;          // of the residual stream after the block (all elements)
+  double mean_norm = 0;         // mean over tokens of ||x||
+  double angular = 0;           // mean over tokens of arccos(cos(in, out)) / pi
+  double angular_last = 0;      // the same at each sequence's last token
+  double grad_norm = -1;        // of the block's parameters; -1 when not computed
+};
+
+class Evaluator {
+ public:
+  Evaluator(ProcessGrid& grid, LlamaStage& stage, PipelineSchedule1F1B& pipeline,
+            const TokenCorpus& data, EvalOptions opt);
+
+  // Every rank gets the result.
+  EvalStats evaluate();
+  // results[0]: intact; results[i + 1]: layers[i] skipped (the block is the identity,
+  // the others keep their depth). With one pipeline stage the intact pass's
+  // activations are reused (blocks before the skipped one are not recomputed).
+  std::vector<EvalStats> sweep(const std::vector<int>& layers);
+  // Per-block statistics of the residual stream over the first `max_batches`
+  // evaluation micro-batches (all of them when 0), for every layer of the model.
+  std::vector<LayerDiagnostics> diagnostics(int max_batches = 0);
+
+  int num_batches() const { return static_cast<int>(batches_); }
+
+ private:
+  int64_t my_batches() const;
+  void fill(int j);  // this dp rank's j-th micro-batch into in_/tg_
+  EvalStats reduce(double loss_sum, int64_t tokens) const;
+
+  ProcessGrid& grid_;
+  LlamaStage& stage_;
+  PipelineSchedule1F1B& pipeline_;
+  BatchSampler sampler_;
+  EvalOptions opt_;
+  int64_t batches_;
+  OwnedTensor in_, tg_;
+};
+
+// Gradient norm of each block's parameters (after GradientSync::reduce), every
+// parameter counted once across tp/pp/dp; size num_layers.
+std::vector<double> block_grad_norms(ProcessGrid& grid, const ParamSet& params,
+                                     const GradientSync& sync, int num_layers);
+
+}  // namespace lns

@@ -1,0 +1,161 @@
+#include "lns/evaluator.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "lns/errors.h"
+#include "lns/ops.h"
+
+namespace lns {
+namespace {
+
+int64_t count_valid(const int32_t* targets, int64_t n) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i) c += targets[i] != kIgnoreIndex;
+  return c;
+}
+
+}  // namespace
+
+Evaluator::Evaluator(ProcessGrid& grid, LlamaStage& stage, PipelineSchedule1F1B& pipeline,
+                     const TokenCorpus& data, EvalOptions opt)
+    : grid_(grid), stage_(stage), pipeline_(pipeline),
+      sampler_(data, opt.mode, opt.seq_len, 0, /*shuffle=*/false, stage.config().vocab_size),
+      opt_(opt), in_(DType::I32, {opt.micro_batch, opt.seq_len}),
+      tg_(DType::I32, {opt.micro_batch, opt.seq_len}) {
+  LNS_REQUIRE(opt.eval_tokens > 0, "--eval_tokens must be positive, got ", opt.eval_tokens);
+  const int64_t num_seq = (opt.eval_tokens + opt.seq_len - 1) / opt.seq_len;
+  batches_ = (num_seq + opt.micro_batch - 1) / opt.micro_batch;
+}
+
+// Micro-batch k goes to dp rank k % dp; every stage of that rank walks the same k.
+int64_t Evaluator::my_batches() const { return (batches_ - grid_.dp_rank + grid_.dp - 1) / grid_.dp; }
+
+void Evaluator::fill(int j) {
+  const int64_t B = opt_.micro_batch, T = opt_.seq_len;
+  const int64_t k = grid_.dp_rank + int64_t{j} * grid_.dp;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t seq = k * B + b;
+    int32_t* tgt = tg_.i32() + b * T;
+    sampler_.fill(static_cast<uint64_t>(seq) % sampler_.samples_per_epoch(), in_.i32() + b * T, tgt);
+    // Exactly eval_tokens target positions count: mask the rest of the last batch.
+    for (int64_t t = 0; t < T; ++t)
+      if (seq * T + t >= opt_.eval_tokens) tgt[t] = kIgnoreIndex;
+  }
+}
+
+EvalStats Evaluator::reduce(double loss_sum, int64_t tokens) const {
+  const bool reports = grid_.last_stage() && grid_.tp_rank == 0;
+  double totals[2] = {reports ? loss_sum : 0.0, reports ? double(tokens) : 0.0};
+  grid_.world().all_reduce(totals, 2, ReduceOp::Sum);
+  EvalStats e;
+  e.tokens = static_cast<int64_t>(totals[1]);
+  e.loss = e.tokens > 0 ? totals[0] / e.tokens : 0.0;
+  e.ppl = std::exp(e.loss);
+  return e;
+}
+
+EvalStats Evaluator::evaluate() {
+  const int64_t B = opt_.micro_batch, T = opt_.seq_len;
+  int64_t tokens = 0;
+  const double sum = pipeline_.forward_only(
+      static_cast<int>(my_batches()),
+      [&](int j) {
+        fill(j);
+        return Tensor(in_);
+      },
+      [&](int j) {
+        fill(j);
+        tokens += count_valid(tg_.i32(), B * T);
+        return tg_.t.view({B * T});
+      });
+  return reduce(sum, tokens);
+}
+
+std::vector<EvalStats> Evaluator::sweep(const std::vector<int>& layers) {
+  const int64_t B = opt_.micro_batch, T = opt_.seq_len;
+  std::vector<EvalStats> out;
+  if (grid_.pp > 1) {  // each configuration is a full pipelined evaluation
+    out.push_back(evaluate());
+    for (int k : layers) {
+      stage_.set_skipped_layers({k});
+      out.push_back(evaluate());
+    }
+    stage_.set_skipped_layers({});
+    return out;
+  }
+  // One stage: per batch, the intact pass, then block k skipped for k in decreasing
+  // order, each starting from the intact pass's input to block k.
+  std::vector<int> order(layers);
+  std::sort(order.rbegin(), order.rend());
+  std::vector<double> sums(layers.size() + 1, 0.0);
+  int64_t tokens = 0;
+  for (int64_t j = 0; j < my_batches(); ++j) {
+    fill(static_cast<int>(j));
+    tokens += count_valid(tg_.i32(), B * T);
+    const Tensor targets = tg_.t.view({B * T});
+    stage_.forward(in_);
+    sums[0] += stage_.loss(targets);
+    for (int k : order) {
+      stage_.forward_skipping(k);
+      const size_t idx = std::find(layers.begin(), layers.end(), k) - layers.begin();
+      sums[idx + 1] += stage_.loss(targets);
+    }
+  }
+  for (double s : sums) out.push_back(reduce(s, tokens));
+  return out;
+}
+
+std::vector<LayerDiagnostics> Evaluator::diagnostics(int max_batches) {
+  const int L = stage_.config().num_layers;
+  constexpr int kFields = 8;  // tokens, sum, sum_sq, elements, norm, angle, angle_last, sequences
+  std::vector<double> acc(static_cast<size_t>(L) * kFields, 0.0);
+  const int64_t count = max_batches > 0 ? std::min<int64_t>(max_batches, my_batches()) : my_batches();
+  // Forward-only micro-batches; each stage collects its own blocks after each one.
+  for (int64_t j = 0; j < count; ++j) {
+    pipeline_.forward_only(
+        1, [&](int) { fill(static_cast<int>(j)); return Tensor(in_); },
+        [&](int) { fill(static_cast<int>(j)); return tg_.t.view({opt_.micro_batch * opt_.seq_len}); },
+        static_cast<int>(j));
+    if (grid_.tp_rank != 0) continue;  // the residual stream is replicated over tp
+    for (const auto& st : stage_.layer_stats()) {
+      double* a = &acc[static_cast<size_t>(st.layer) * kFields];
+      a[0] += st.tokens, a[1] += st.sum, a[2] += st.sum_sq, a[3] += st.elements;
+      a[4] += st.norm, a[5] += st.angle, a[6] += st.angle_last, a[7] += st.sequences;
+    }
+  }
+  grid_.world().all_reduce(acc.data(), static_cast<int>(acc.size()), ReduceOp::Sum);
+  std::vector<LayerDiagnostics> out(L);
+  for (int l = 0; l < L; ++l) {
+    const double* a = &acc[static_cast<size_t>(l) * kFields];
+    LayerDiagnostics& d = out[l];
+    d.layer = l;
+    const double mean = a[1] / std::max(a[3], 1.0);
+    d.variance = a[2] / std::max(a[3], 1.0) - mean * mean;
+    d.mean_norm = a[4] / std::max(a[0], 1.0);
+    d.angular = a[5] / std::max(a[0], 1.0);
+    d.angular_last = a[6] / std::max(a[7], 1.0);
+  }
+  return out;
+}
+
+std::vector<double> block_grad_norms(ProcessGrid& grid, const ParamSet& params,
+                                     const GradientSync& sync, int num_layers) {
+  std::vector<double> sq(num_layers, 0.0);
+  const Tensor g = params.flat_grads();
+  for (const ParamInfo& p : params.infos()) {
+    if (p.layer < 0 || (p.replicated() && grid.tp_rank != 0)) continue;
+    const int64_t lo = std::max<int64_t>(sync.shard_begin(), p.offset),
+                  hi = std::min<int64_t>(sync.shard_end(), p.offset + p.shape.numel());
+    if (lo >= hi) continue;
+    Tensor t = g;
+    t.data = g.f32() + lo;
+    t.shape = Shape{hi - lo};
+    sq[p.layer] += sum_squares(t);
+  }
+  grid.world().all_reduce(sq.data(), num_layers, ReduceOp::Sum);
+  for (double& v : sq) v = std::sqrt(v);
+  return sq;
+}
+
+}  // namespace lns

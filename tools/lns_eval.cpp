@@ -1,0 +1,200 @@
+// lns_eval: held-out perplexity, the layer-removal sweep and depth diagnostics of a
+// checkpoint (any layout, any scheme) or a Hugging Face LLaMA directory.
+//
+//   lns_eval --checkpoint=runs/x/checkpoints/step_0000300 --data=data/fortunes.val.tok
+//   lns_eval --checkpoint=... --data=... --drop_layers=sweep --out=runs/x/eval
+//   lns_eval --hf_dir=/path/to/llama --data=... --diag
+//   mpirun -np 4 lns_eval --checkpoint=... --data=... --tp=2 --pp=2
+#include <gflags/gflags.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include <absl/strings/str_format.h>
+#include <nlohmann/json.hpp>
+
+#include "lns/checkpoint.h"
+#include "lns/errors.h"
+#include "lns/evaluator.h"
+#include "lns/hf_llama.h"
+#include "lns/layer_removal.h"
+#include "lns/train_flags.h"
+
+DEFINE_string(checkpoint, "", "Checkpoint directory to evaluate (any layout).");
+DEFINE_string(hf_dir, "", "Or: a Hugging Face LLaMA directory (read through the import path).");
+DEFINE_string(drop_layers, "",
+              "'sweep': evaluate intact and with each block skipped in turn; or a list of blocks "
+              "to skip together, e.g. 3,7. Skipped blocks are the identity; the others keep "
+              "their trained depth.");
+DEFINE_bool(diag, false, "Per-block depth diagnostics over the evaluation tokens.");
+DEFINE_string(out, "", "Output prefix: OUT.json (always), OUT.csv and OUT.png for a sweep.");
+DEFINE_bool(plot, true, "Draw the sweep's PNG with tools/plot_layer_drop.py (needs matplotlib).");
+DECLARE_string(data);
+DECLARE_string(data_mode);
+DECLARE_int32(seq_len);
+DECLARE_int32(micro_batch_size);
+DECLARE_int64(eval_tokens);
+
+namespace lns {
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Result {
+  nlohmann::json json;
+  std::string csv;
+  std::vector<std::string> lines;
+};
+
+Result evaluate_all(ProcessGrid& grid) {
+  std::unique_ptr<Checkpoint> ck;
+  std::unique_ptr<HfDirectory> hf;
+  LNS_REQUIRE(FLAGS_checkpoint.empty() != FLAGS_hf_dir.empty(), "give exactly one of --checkpoint and --hf_dir");
+  if (!FLAGS_checkpoint.empty()) ck = std::make_unique<Checkpoint>(FLAGS_checkpoint);
+  else hf = std::make_unique<HfDirectory>(FLAGS_hf_dir);
+  const TensorSource& src = ck ? static_cast<const TensorSource&>(*ck) : *hf;
+  const LlamaConfig cfg = ck ? ck->config() : hf->config();
+  LNS_REQUIRE(FLAGS_data != "random" && !FLAGS_data.empty(), "--data: give the evaluation token file");
+  validate_layout(cfg, grid.tp, grid.pp);
+  const auto layers = stage_layer_ranges(cfg.num_layers, grid.pp, "");
+  const auto corpus = TokenCorpus::open(FLAGS_data);
+  std::vector<int> sweep;
+  std::set<int> skip_set;
+  if (FLAGS_drop_layers == "sweep") {
+    for (int l = 0; l < cfg.num_layers; ++l) sweep.push_back(l);
+  } else if (!FLAGS_drop_layers.empty()) {
+    skip_set = parse_layer_list(FLAGS_drop_layers, cfg.num_layers, "--drop_layers");
+  }
+  const EvalOptions opt{FLAGS_seq_len, FLAGS_micro_batch_size, FLAGS_eval_tokens,
+                        parse_sample_mode(FLAGS_data_mode)};
+  const auto [first, last] = layers[grid.pp_rank];
+  LlamaStage stage(cfg, {first, last, grid.first_stage(), grid.last_stage()}, opt.micro_batch,
+                   opt.seq_len, 1, grid.tensor_parallel());
+  load_from_source(src, stage.params(), nullptr);
+  PipelineSchedule1F1B pipeline(grid, stage, 1);
+  Evaluator ev(grid, stage, pipeline, *corpus, opt);
+
+  Result r;
+  const std::string model = ck ? FLAGS_checkpoint : FLAGS_hf_dir;
+  r.json = {{"model", model}, {"data", FLAGS_data}, {"norm_scheme", norm_scheme_name(cfg.norm_scheme)},
+            {"num_layers", cfg.num_layers}, {"seq_len", opt.seq_len},
+            {"layout", absl::StrFormat("tp=%d pp=%d dp=%d", grid.tp, grid.pp, grid.dp)}};
+  double t0 = now();
+  const EvalStats intact = ev.evaluate();
+  r.json["tokens"] = intact.tokens;
+  r.json["loss"] = intact.loss;
+  r.json["ppl"] = intact.ppl;
+  r.lines.push_back(absl::StrFormat("perplexity %.4f (loss %.6f) over %d tokens of %s (%.1f s)", intact.ppl,
+                                    intact.loss, intact.tokens, FLAGS_data, now() - t0));
+  if (!skip_set.empty()) {
+    stage.set_skipped_layers({skip_set.begin(), skip_set.end()});
+    const EvalStats e = ev.evaluate();
+    stage.set_skipped_layers({});
+    r.json["skipped"] = {{"layers", std::vector<int>(skip_set.begin(), skip_set.end())}, {"loss", e.loss},
+                         {"ppl", e.ppl}, {"loss_delta", e.loss - intact.loss},
+                         {"relative_drop", (e.ppl - intact.ppl) / intact.ppl}};
+    r.lines.push_back(absl::StrFormat("without blocks %s: perplexity %.4f (loss %+.6f, %+.2f%%)",
+                                      FLAGS_drop_layers, e.ppl, e.loss - intact.loss,
+                                      100 * (e.ppl - intact.ppl) / intact.ppl));
+  }
+  if (!sweep.empty()) {
+    t0 = now();
+    const auto res = ev.sweep(sweep);
+    const double secs = now() - t0;
+    nlohmann::json rows = nlohmann::json::array();
+    r.csv = "layer,ppl,loss,loss_delta,relative_drop\n";
+    r.csv += absl::StrFormat("intact,%.6f,%.8f,0,0\n", res[0].ppl, res[0].loss);
+    for (size_t i = 0; i < sweep.size(); ++i) {
+      const EvalStats& e = res[i + 1];
+      const double delta = e.loss - res[0].loss, rel = (e.ppl - res[0].ppl) / res[0].ppl;
+      rows.push_back({{"layer", sweep[i]}, {"ppl", e.ppl}, {"loss", e.loss}, {"loss_delta", delta},
+                      {"relative_drop", rel}});
+      r.csv += absl::StrFormat("%d,%.6f,%.8f,%.8f,%.8f\n", sweep[i], e.ppl, e.loss, delta, rel);
+      r.lines.push_back(absl::StrFormat("  skip block %2d: perplexity %10.4f  loss %+9.5f  %+8.2f%%", sweep[i],
+                                        e.ppl, delta, 100 * rel));
+    }
+    r.json["sweep"] = {{"intact", {{"ppl", res[0].ppl}, {"loss", res[0].loss}}}, {"layers", rows},
+                       {"seconds", secs},
+                       {"reused_intact_activations", grid.pp == 1}};
+    r.lines.push_back(absl::StrFormat("sweep of %d blocks: %.1f s%s", sweep.size(), secs,
+                                      grid.pp == 1 ? " (blocks before each skipped one reused from the intact pass)"
+                                                   : " (pipeline: every configuration evaluated in full)"));
+  }
+  if (FLAGS_diag) {
+    const auto d = ev.diagnostics(0);
+    nlohmann::json rows = nlohmann::json::array();
+    r.lines.push_back("  block  variance      mean_norm   angular_dist  angular_last");
+    for (const LayerDiagnostics& l : d) {
+      rows.push_back({{"layer", l.layer}, {"variance", l.variance}, {"mean_norm", l.mean_norm},
+                      {"angular_distance", l.angular}, {"angular_distance_last", l.angular_last}});
+      r.lines.push_back(absl::StrFormat("  %5d  %-12.6g  %-10.5g  %-12.5f  %.5f", l.layer, l.variance,
+                                        l.mean_norm, l.angular, l.angular_last));
+    }
+    r.json["diag"] = rows;
+  }
+  return r;
+}
+
+int run() {
+  std::unique_ptr<ProcessGrid> grid;
+  Result r;
+  std::string error;
+  try {
+    grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
+    r = evaluate_all(*grid);
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  // Any rank's error ends every rank; rank 0 reports it.
+  int failed = error.empty() ? 0 : 1, any = 0, rank = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (any) {
+    if (failed) std::fprintf(stderr, "lns_eval: error: %s\n", error.c_str());
+    return 1;
+  }
+  if (rank != 0) return 0;
+  for (const std::string& l : r.lines) std::printf("%s\n", l.c_str());
+  if (!FLAGS_out.empty()) {
+    std::filesystem::create_directories(std::filesystem::path(FLAGS_out).parent_path().empty()
+                                            ? "."
+                                            : std::filesystem::path(FLAGS_out).parent_path());
+    std::ofstream(FLAGS_out + ".json") << r.json.dump(2) << "\n";
+    std::printf("wrote %s.json\n", FLAGS_out.c_str());
+    if (!r.csv.empty()) {
+      std::ofstream(FLAGS_out + ".csv") << r.csv;
+      std::printf("wrote %s.csv\n", FLAGS_out.c_str());
+      if (FLAGS_plot) {
+        const std::string cmd = "python3 " + std::string(LNS_SOURCE_DIR) + "/tools/plot_layer_drop.py " +
+                                FLAGS_out + ".json --out " + FLAGS_out + ".png >/dev/null 2>&1";
+        if (std::system(cmd.c_str()) == 0)
+          std::printf("wrote %s.png\n", FLAGS_out.c_str());
+        else
+          std::fprintf(stderr, "lns_eval: warning: could not draw %s.png (python3 with matplotlib?)\n",
+                       FLAGS_out.c_str());
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace lns
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("lns_eval --checkpoint=DIR|--hf_dir=DIR --data=FILE [--drop_layers=sweep|3,7] [--diag]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = 1;
+  google::InitGoogleLogging(argv[0]);
+  MPI_Init(&argc, &argv);
+  const int code = lns::run();
+  MPI_Finalize();
+  return code;
+}
