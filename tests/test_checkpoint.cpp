@@ -19,6 +19,8 @@ namespace fs = std::filesystem;
 namespace lns {
 namespace {
 
+using namespace lns::test;
+
 LlamaConfig small(NormScheme s = NormScheme::LNS) {
   LlamaConfig c;
   c.vocab_size = 61, c.hidden_size = 16, c.intermediate_size = 30, c.num_layers = 2;
@@ -37,15 +39,6 @@ std::string fresh_dir(const std::string& name) {
   const std::string d = ::testing::TempDir() + "/lns_ck_" + std::to_string(::getpid()) + "_" + name;
   fs::remove_all(d);
   return d;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(Checkpoint, SavesAndLoadsExactly) {

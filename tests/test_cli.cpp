@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lns/data.h"
+#include "lns/trainer.h"
 #include "lns/param_io.h"
 #include "lns/stage.h"
 #include "test_util.h"
@@ -23,17 +24,19 @@ struct Result {
   std::string err;
 };
 
-Result run_train(const std::string& args) {
+Result run_binary(const std::string& binary, const std::string& args) {
   static int calls = 0;  // unique per process and call: ctest runs tests in parallel
   const std::string err_path = ::testing::TempDir() + "/lns_cli_stderr_" +
                                std::to_string(::getpid()) + "_" + std::to_string(calls++) + ".txt";
-  const std::string cmd = std::string(LNS_TRAIN_BIN) + " " + args + " >/dev/null 2>" + err_path;
+  const std::string cmd = binary + " " + args + " >/dev/null 2>" + err_path;
   const int status = std::system(cmd.c_str());
   std::ifstream f(err_path);
   std::stringstream ss;
   ss << f.rdbuf();
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ss.str()};
 }
+
+Result run_train(const std::string& args) { return run_binary(LNS_TRAIN_BIN, args); }
 
 std::string golden(const std::string& name) {
   return std::string(LNS_SOURCE_DIR) + "/tests/golden/" + name + ".safetensors";
@@ -44,8 +47,9 @@ const std::string kGoldenFlags =
     "--vocab_size=53 --hidden_size=36 --intermediate_size=45 --num_layers=3 --num_heads=6 "
     "--num_kv_heads=2 --post_layers=1 --seq_len=7 --micro_batch_size=2 --global_batch_size=2";
 
-void expect_one_line_error(const std::string& args, const std::string& needle) {
-  const Result r = run_train(args);
+void expect_one_line_error(const std::string& args, const std::string& needle,
+                           const std::string& binary = LNS_TRAIN_BIN) {
+  const Result r = run_binary(binary, args);
   EXPECT_NE(r.code, 0) << args;
   EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
   // The error is one line, the last one; log lines before it are fine.
@@ -93,6 +97,39 @@ TEST(Cli, BadDataAndBatchesAreOneClearLine) {
   expect_one_line_error(small + " --global_batch_size=5 --micro_batch_size=2",
                         "--global_batch_size=5 must be a multiple of --micro_batch_size=2");
   expect_one_line_error(small + " --data_mode=sliding", "--data_mode=sliding is not a sampling mode");
+}
+
+TEST(Cli, EvalBadInputIsOneClearLine) {
+  // A 3-layer checkpoint (vocabulary 53) and token files that do not fit it.
+  const std::string dir = ::testing::TempDir() + "/lns_cli_eval_" + std::to_string(::getpid());
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  LlamaConfig c;
+  c.vocab_size = 53, c.hidden_size = 16, c.intermediate_size = 24, c.num_layers = 3;
+  c.num_heads = 2, c.num_kv_heads = 1;
+  TrainConfig t;
+  t.seq_len = 4, t.micro_batch = 2, t.global_batch = 2, t.steps = 1, t.out_dir = dir + "/run";
+  Trainer tr(c, t);
+  tr.train_step();
+  const std::string ck = tr.save_checkpoint();
+  std::vector<int32_t> ok(64, 5);
+  write_token_file(dir + "/ok.tok", ok, {0, 64}, 2, 53);
+  write_token_file(dir + "/big.tok", ok, {0, 64}, 2, 32000);
+  const std::string base = "--checkpoint=" + ck + " --seq_len=4 --micro_batch_size=2 --eval_tokens=16 ";
+  expect_one_line_error(base + "--data=" + dir + "/ok.tok --drop_layers=1,3",
+                        "--drop_layers=1,3: layer '3' is not in [0, 3)", LNS_EVAL_BIN);
+  expect_one_line_error(base + "--data=" + dir + "/big.tok",
+                        "was tokenized with a vocabulary of 32000 tokens, larger than the model's 53", LNS_EVAL_BIN);
+  expect_one_line_error(base + "--hf_dir=/x --data=" + dir + "/ok.tok",
+                        "give exactly one of --checkpoint and --hf_dir", LNS_EVAL_BIN);
+  expect_one_line_error("--checkpoint=" + dir + "/none --data=" + dir + "/ok.tok",
+                        dir + "/none/manifest.json: missing", LNS_EVAL_BIN);
+  // And the happy path: one line of perplexity over exactly the requested tokens.
+  const Result r = run_binary(LNS_EVAL_BIN, base + "--data=" + dir + "/ok.tok --out=" + dir + "/ev");
+  EXPECT_EQ(r.code, 0) << r.err;
+  std::ifstream j(dir + "/ev.json");
+  const auto json = nlohmann::json::parse(j);
+  EXPECT_EQ(json["tokens"], 16);
+  EXPECT_NEAR(json["ppl"].get<double>(), std::exp(json["loss"].get<double>()), 1e-9);
 }
 
 TEST(Cli, DumpStepStateEqualsTheLibrary) {

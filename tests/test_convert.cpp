@@ -23,13 +23,6 @@ namespace {
 
 using namespace lns::test;
 
-LlamaConfig cfg_of(NormScheme s) {
-  LlamaConfig c;
-  c.vocab_size = 53, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 5;
-  c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = s, c.post_layers = 2, c.init_std = 0.1f;
-  return c;
-}
-
 std::string dir(const std::string& name) {
   const std::string d = ::testing::TempDir() + "/lns_cv_" + std::to_string(::getpid()) + "_" + name;
   fs::remove_all(d);
@@ -41,19 +34,10 @@ std::string trained(NormScheme s, const std::string& name) {
   TrainConfig t;
   t.data = "random", t.seq_len = 8, t.micro_batch = 2, t.global_batch = 4, t.steps = 2;
   t.out_dir = dir(name);
-  Trainer tr(cfg_of(s), t);
+  Trainer tr(small_model(s), t);
   tr.train_step();
   tr.train_step();
   return tr.save_checkpoint();
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(Convert, ReshardThenMergeEqualsMerge) {
@@ -145,7 +129,7 @@ TEST(Convert, RemoveLayersEqualsSkippingBlocks) {
 }
 
 TEST(Convert, RefusesWhatAPlainLlamaCannotExpress) {
-  LlamaConfig c = cfg_of(NormScheme::Post);
+  LlamaConfig c = small_model(NormScheme::Post);
   EXPECT_NE(error_of([&] { check_hf_exportable(c); }).find("--norm_scheme=post normalizes after the residual add"),
             std::string::npos);
   c.norm_scheme = NormScheme::Sandwich;
@@ -158,7 +142,7 @@ TEST(Convert, RefusesWhatAPlainLlamaCannotExpress) {
   EXPECT_NE(error_of([&] { HfDirectory d(hf); }).find("model_type 'mistral' is not 'llama'"), std::string::npos);
   EXPECT_NE(error_of([&] { parse_layer_list("2,9", 5, "--layers"); }).find("--layers=2,9: layer '9' is not in [0, 5)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { plan_layer_removal(cfg_of(NormScheme::LNS), {0, 1, 2, 3, 4}); }).find("every layer"),
+  EXPECT_NE(error_of([&] { plan_layer_removal(small_model(NormScheme::LNS), {0, 1, 2, 3, 4}); }).find("every layer"),
             std::string::npos);
 }
 

@@ -17,13 +17,6 @@ namespace {
 
 using namespace lns::test;
 
-LlamaConfig cfg_of(NormScheme s) {
-  LlamaConfig c;
-  c.vocab_size = 53, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 5;
-  c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = s, c.post_layers = 2, c.init_std = 0.1f;
-  return c;
-}
-
 std::string corpus_path() {
   const std::string p = ::testing::TempDir() + "/lns_eval_corpus_" + std::to_string(::getpid()) + ".tok";
   std::vector<int32_t> toks;
@@ -50,7 +43,7 @@ std::string trained_checkpoint(NormScheme s, const std::string& name) {
   t.data = corpus_path(), t.seq_len = 8, t.micro_batch = 2, t.global_batch = 4, t.steps = 3;
   t.out_dir = ::testing::TempDir() + "/lns_eval_" + std::to_string(::getpid()) + "_" + name;
   std::filesystem::remove_all(t.out_dir);
-  Trainer tr(cfg_of(s), t);
+  Trainer tr(small_model(s), t);
   for (int i = 0; i < 3; ++i) tr.train_step();
   return tr.save_checkpoint();
 }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "lns/config.h"
+#include "lns/errors.h"
 #include "lns/rng.h"
 #include "lns/tensor.h"
 
@@ -73,6 +75,24 @@ inline std::vector<double> fd_grad(const std::function<double(const std::vector<
     g[i] = (fp - fm) / (2 * h);
   }
   return g;
+}
+
+// The message of the UserError f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// A small GQA model with odd FFN and vocabulary sizes and 5 layers (Mix-LN: 2 post).
+inline LlamaConfig small_model(NormScheme s) {
+  LlamaConfig c;
+  c.vocab_size = 53, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 5;
+  c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = s, c.post_layers = 2, c.init_std = 0.1f;
+  return c;
 }
 
 inline double dot(const std::vector<double>& a, const std::vector<double>& b) {

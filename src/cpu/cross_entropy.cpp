@@ -75,35 +75,35 @@ void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, 
 
 namespace {
 
-void check_targets(Tensor targets, int64_t V) {
-  for (int64_t n = 0; n < targets.numel(); ++n) {
-    const int32_t t = targets.i32()[n];
-    LNS_CHECK(t == kIgnoreIndex || (t >= 0 && t < V)) << "target " << t << " outside [0, " << V << ")";
+// Row max, sum of exponentials and target logit of full (single-device) logits.
+struct FullVocabStats {
+  std::vector<float> mx, se, tl;
+  Tensor max, sumexp, target;
+  FullVocabStats(Tensor logits, Tensor targets) {
+    const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
+    for (int64_t n = 0; n < targets.numel(); ++n) {
+      const int32_t t = targets.i32()[n];
+      LNS_CHECK(t == kIgnoreIndex || (t >= 0 && t < V)) << "target " << t << " outside [0, " << V << ")";
+    }
+    mx.resize(N), se.resize(N), tl.resize(N);
+    max = {mx.data(), DType::F32, Device::CPU, Shape{N}};
+    sumexp = {se.data(), DType::F32, Device::CPU, Shape{N}};
+    target = {tl.data(), DType::F32, Device::CPU, Shape{N}};
+    vocab_row_max(max, logits, V);
+    vocab_sumexp_target(sumexp, target, logits, max, targets, 0, V);
   }
-}
+};
 
 }  // namespace
 
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
-  const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
-  check_targets(targets, V);
-  std::vector<float> mx(N), se(N), tl(N);
-  const Tensor m{mx.data(), DType::F32, Device::CPU, Shape{N}},
-      s{se.data(), DType::F32, Device::CPU, Shape{N}}, t{tl.data(), DType::F32, Device::CPU, Shape{N}};
-  vocab_row_max(m, logits, V);
-  vocab_sumexp_target(s, t, logits, m, targets, 0, V);
-  cross_entropy_combine(losses, m, s, t, targets);
+  const FullVocabStats st(logits, targets);
+  cross_entropy_combine(losses, st.max, st.sumexp, st.target, targets);
 }
 
 void cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor targets, float grad_scale) {
-  const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
-  check_targets(targets, V);
-  std::vector<float> mx(N), se(N), tl(N);
-  const Tensor m{mx.data(), DType::F32, Device::CPU, Shape{N}},
-      s{se.data(), DType::F32, Device::CPU, Shape{N}}, t{tl.data(), DType::F32, Device::CPU, Shape{N}};
-  vocab_row_max(m, logits, V);
-  vocab_sumexp_target(s, t, logits, m, targets, 0, V);
-  vocab_cross_entropy_backward(dlogits, logits, m, s, targets, 0, V, grad_scale);
+  const FullVocabStats st(logits, targets);
+  vocab_cross_entropy_backward(dlogits, logits, st.max, st.sumexp, targets, 0, cpu::cols_of(logits), grad_scale);
 }
 
 }  // namespace lns

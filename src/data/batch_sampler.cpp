@@ -19,7 +19,7 @@ BatchSampler::BatchSampler(const TokenCorpus& corpus, SampleMode mode, int64_t s
       vocab_size_(vocab_size) {
   if (corpus.vocab_size() > vocab_size)
     fail(corpus.path(), ": was tokenized with a vocabulary of ", corpus.vocab_size(),
-         " tokens, larger than --vocab_size=", vocab_size);
+         " tokens, larger than the model's ", vocab_size, " (--vocab_size)");
   if (mode == SampleMode::Packed) {
     num_samples_ = std::max<int64_t>(0, (corpus.num_tokens() - 1) / T_);
   } else {
@@ -53,7 +53,7 @@ void BatchSampler::check_tokens(const int32_t* t, int64_t n, int64_t at) const {
   for (int64_t i = 0; i < n; ++i)
     if (t[i] < 0 || t[i] >= vocab_size_)
       fail(corpus_.path(), ": token id ", t[i], " at position ", at + i,
-           " is outside the model's vocabulary [0, --vocab_size=", vocab_size_, ")");
+           " is outside the model's vocabulary [0, ", vocab_size_, ") (--vocab_size)");
 }
 
 int64_t BatchSampler::fill(uint64_t index, int32_t* inputs, int32_t* targets) {
