@@ -87,6 +87,52 @@ TEST(TokenFile, DamageIsAClearError) {
             std::string::npos);
 }
 
+TEST(TokenFile, ShardsReadAsOneCorpus) {
+  // Three shards by list, by glob and by index.json read exactly as one file would.
+  std::vector<int32_t> all;
+  std::vector<int64_t> all_docs = {0};
+  const std::string dir = tmp("shards_dir");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  std::string list, index = R"({"shards": [)";
+  for (int s = 0; s < 3; ++s) {
+    std::vector<int32_t> toks;
+    std::vector<int64_t> docs = {0};
+    for (int d = 0; d < 4 + s; ++d) {
+      for (int i = 0; i < 3 + d; ++i) toks.push_back((s * 100 + d * 10 + i) % 500);
+      docs.push_back(static_cast<int64_t>(toks.size()));
+    }
+    const std::string name = "shard_" + std::to_string(s) + ".tok";
+    write_token_file(dir + "/" + name, toks, docs, 2, 500);
+    for (size_t d = 1; d < docs.size(); ++d) all_docs.push_back(static_cast<int64_t>(all.size()) + docs[d]);
+    all.insert(all.end(), toks.begin(), toks.end());
+    list += (s ? "," : "") + dir + "/" + name;
+    index += std::string(s ? "," : "") + R"({"file": ")" + name + "\"}";
+  }
+  std::ofstream(dir + "/index.json") << index << "]}";
+  write_token_file(tmp("joined"), all, all_docs, 2, 500);
+  auto one = TokenCorpus::open(tmp("joined"));
+  for (const std::string& spec : {list, dir + "/shard_*.tok", dir + "/index.json"}) {
+    auto many = TokenCorpus::open(spec);
+    ASSERT_EQ(many->num_tokens(), one->num_tokens()) << spec;
+    ASSERT_EQ(many->num_docs(), one->num_docs()) << spec;
+    for (int64_t d = 0; d <= one->num_docs(); ++d) ASSERT_EQ(many->doc_begin(std::min(d, one->num_docs() - 1)), one->doc_begin(std::min(d, one->num_docs() - 1)));
+    std::vector<int32_t> a(one->num_tokens()), b(one->num_tokens());
+    one->read(0, one->num_tokens(), a.data());
+    many->read(0, many->num_tokens(), b.data());  // crosses every shard boundary
+    EXPECT_EQ(a, b) << spec;
+    BatchSampler sa(*one, SampleMode::Document, 6, 9, true, 500), sb(*many, SampleMode::Document, 6, 9, true, 500);
+    std::vector<int32_t> ia(6), ta(6), ib(6), tb(6);
+    for (uint64_t i = 0; i < 20; ++i) {
+      sa.fill(i, ia.data(), ta.data());
+      sb.fill(i, ib.data(), tb.data());
+      ASSERT_EQ(ia, ib);
+      ASSERT_EQ(ta, tb);
+    }
+  }
+  EXPECT_NE(user_error([&] { TokenCorpus::open(dir + "/nothing_*.tok"); }).find("no data file matches"),
+            std::string::npos);
+}
+
 // Megatron's .idx written byte by byte from its documented layout.
 void write_megatron(const std::string& prefix, const std::vector<std::vector<uint16_t>>& seqs,
                     const std::vector<int64_t>& doc_idx) {

@@ -21,8 +21,12 @@ namespace lns {
 
 class TokenCorpus {
  public:
-  // PATH is a token file, or a Megatron prefix (PATH.bin and PATH.idx exist).
+  // PATH is a token file, a Megatron prefix (PATH.bin and PATH.idx exist), a
+  // comma-separated list of those, a glob (data/c4/shard_*.tok), or the index.json
+  // that prepare_data.py writes next to sharded output. Several files read as one
+  // corpus, in the order given (globs sorted).
   static std::unique_ptr<TokenCorpus> open(const std::string& path);
+  static std::unique_ptr<TokenCorpus> open_one(const std::string& path);
   // In-memory uniform random tokens (--data=random): a synthetic corpus for
   // debugging and benchmarks, one document.
   static std::unique_ptr<TokenCorpus> random(int64_t vocab_size, int64_t num_tokens, uint64_t seed);
@@ -36,7 +40,7 @@ class TokenCorpus {
   // Vocabulary size recorded by the writer; 0 when the format does not record it.
   int64_t vocab_size() const { return vocab_size_; }
   // tokens [begin, begin + n) into out.
-  void read(int64_t begin, int64_t n, int32_t* out) const;
+  virtual void read(int64_t begin, int64_t n, int32_t* out) const;
 
  protected:
   std::string path_;

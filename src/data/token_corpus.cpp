@@ -1,11 +1,17 @@
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
+#include <fstream>
+
+#include <absl/strings/str_split.h>
+#include <nlohmann/json.hpp>
 
 #include "lns/data.h"
 #include "lns/errors.h"
@@ -178,7 +184,72 @@ std::unique_ptr<TokenCorpus> TokenCorpus::random(int64_t vocab_size, int64_t num
   return std::make_unique<RandomCorpus>(vocab_size, num_tokens, seed);
 }
 
-std::unique_ptr<TokenCorpus> TokenCorpus::open(const std::string& path) {
+// Several corpora read as one: tokens and documents concatenated in order.
+class ConcatCorpus : public TokenCorpus {
+ public:
+  explicit ConcatCorpus(std::vector<std::unique_ptr<TokenCorpus>> parts, const std::string& spec)
+      : parts_(std::move(parts)) {
+    path_ = spec;
+    doc_starts_ = {0};
+    for (const auto& p : parts_) {
+      starts_.push_back(num_tokens_);
+      for (int64_t d = 0; d < p->num_docs(); ++d) doc_starts_.push_back(num_tokens_ + p->doc_end(d));
+      num_tokens_ += p->num_tokens();
+      vocab_size_ = std::max(vocab_size_, p->vocab_size());
+    }
+    if (doc_starts_.back() != num_tokens_) doc_starts_.push_back(num_tokens_);
+  }
+  void read(int64_t begin, int64_t n, int32_t* out) const override {
+    size_t i = std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1;
+    while (n > 0) {
+      const int64_t local = begin - starts_[i], take = std::min(n, parts_[i]->num_tokens() - local);
+      parts_[i]->read(local, take, out);
+      out += take, begin += take, n -= take, ++i;
+    }
+  }
+
+ private:
+  std::vector<std::unique_ptr<TokenCorpus>> parts_;
+  std::vector<int64_t> starts_;
+};
+
+std::unique_ptr<TokenCorpus> TokenCorpus::open(const std::string& spec) {
+  std::vector<std::string> paths;
+  if (spec.size() > 11 && spec.substr(spec.size() - 11) == "/index.json") {
+    std::ifstream f(spec);
+    if (!f) fail(spec, ": cannot read the shard index");
+    try {
+      const auto j = nlohmann::json::parse(f);
+      const std::string dir = spec.substr(0, spec.size() - 10);
+      for (const auto& s : j.at("shards")) paths.push_back(dir + s.at("file").get<std::string>());
+    } catch (const nlohmann::json::exception& e) {
+      fail(spec, ": not a shard index (", e.what(), ")");
+    }
+  } else {
+    for (absl::string_view part : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+      const std::string p(part);
+      if (p.find_first_of("*?[") == std::string::npos) {
+        paths.push_back(p);
+        continue;
+      }
+      glob_t g{};
+      const int rc = ::glob(p.c_str(), 0, nullptr, &g);
+      if (rc != 0) {
+        globfree(&g);
+        fail(p, ": no data file matches this pattern");
+      }
+      for (size_t i = 0; i < g.gl_pathc; ++i) paths.push_back(g.gl_pathv[i]);
+      globfree(&g);
+    }
+  }
+  if (paths.empty()) fail("--data=", spec, ": no data files");
+  if (paths.size() == 1) return open_one(paths[0]);
+  std::vector<std::unique_ptr<TokenCorpus>> parts;
+  for (const std::string& p : paths) parts.push_back(open_one(p));
+  return std::make_unique<ConcatCorpus>(std::move(parts), spec);
+}
+
+std::unique_ptr<TokenCorpus> TokenCorpus::open_one(const std::string& path) {
   if (!file_exists(path) && file_exists(path + ".idx") && file_exists(path + ".bin"))
     return std::make_unique<MegatronCorpus>(path);
   if (!file_exists(path))
