@@ -88,6 +88,67 @@ class PrepareData(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("bad.jsonl:2:", r.stderr)
 
+    def read_sharded(self, out, split):
+        with open(os.path.join(out, split, "index.json")) as f:
+            index = json.load(f)
+        toks, starts = [], [0]
+        for sh in index["shards"]:
+            t, st, _ = prepare_data.read_token_file(os.path.join(out, split, sh["file"]))
+            starts += [len(toks) + x for x in st[1:]]
+            toks += t
+        return toks, starts
+
+    def make_inputs(self):
+        paths = []
+        for k in range(4):
+            p = os.path.join(self.dir, "part%d.txt" % k)
+            with open(p, "w") as f:
+                f.write("\n\n".join(DOCS[k::4]))
+            paths.append(p)
+        return paths
+
+    def test_sharded_equals_single_file_and_resumes(self):
+        paths = self.make_inputs()
+        single = os.path.join(self.dir, "single")
+        prepare_data.main(["--input", *paths, "--out", single, "--val_fraction", "0.2", "--no_progress"])
+        out = os.path.join(self.dir, "sharded")
+        prepare_data.main(["--input", *paths, "--out", out, "--val_fraction", "0.2", "--shards",
+                           "--workers", "2", "--no_progress"])
+        for split in ("train", "val"):
+            toks, starts, _ = prepare_data.read_token_file("%s.%s.tok" % (single, split))
+            self.assertEqual(self.read_sharded(out, split), (toks, starts), split)  # token for token
+        # An interrupted run: one shard lost, another's done-marker half written.
+        stamps = {n: os.stat(os.path.join(out, "train", n)).st_mtime_ns for n in ("shard_00000.tok", "shard_00003.tok")}
+        os.remove(os.path.join(out, "train", "shard_00001.tok"))
+        with open(os.path.join(out, ".done", "shard_00002.json"), "w") as f:
+            f.write("{trunc")
+        prepare_data.main(["--input", *paths, "--out", out, "--val_fraction", "0.2", "--shards",
+                           "--workers", "2", "--no_progress"])
+        for n, t in stamps.items():  # finished shards are not redone
+            self.assertEqual(os.stat(os.path.join(out, "train", n)).st_mtime_ns, t, n)
+        for split in ("train", "val"):
+            toks, starts, _ = prepare_data.read_token_file("%s.%s.tok" % (single, split))
+            self.assertEqual(self.read_sharded(out, split), (toks, starts), split)
+
+    def test_corrupt_lines_fatal_or_skipped(self):
+        import gzip
+        jl = os.path.join(self.dir, "c4-like.jsonl.gz")
+        with gzip.open(jl, "wt") as f:
+            f.write(json.dumps({"text": "one"}) + "\n" + json.dumps({"text": "two"}) + "\n")
+            f.write('{"text": "broken\n' + json.dumps({"url": "no text"}) + "\n" + json.dumps({"text": "five"}) + "\n")
+        tool = os.path.join(HERE, "..", "tools", "prepare_data.py")
+        r = subprocess.run([sys.executable, tool, "--input", jl, "--out", os.path.join(self.dir, "f")],
+                           capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("c4-like.jsonl.gz:3:", r.stderr)
+        r = subprocess.run([sys.executable, tool, "--input", jl, "--out", os.path.join(self.dir, "s"),
+                            "--on_error", "skip", "--val_fraction", "0"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("skipped 2 bad line(s)", r.stderr)
+        self.assertIn("c4-like.jsonl.gz:4:", r.stderr)
+        toks, starts, _ = prepare_data.read_token_file(os.path.join(self.dir, "s.train.tok"))
+        self.assertEqual([bytes(toks[a:b - 1]) for a, b in zip(starts, starts[1:])], [b"one", b"two", b"five"])
+
     def test_huggingface_tokenizer(self):
         try:
             from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -125,6 +186,16 @@ class PrepareData(unittest.TestCase):
             self.skipTest("LNS_TRAIN_BIN not set (ctest sets it)")
         out = self.prepare("--val_fraction", "0")
         toks, starts, _ = prepare_data.read_token_file(out + ".train.tok")
+        # The trainer also reads sharded output through its index.
+        sharded = os.path.join(self.dir, "sharded_for_train")
+        prepare_data.main(["--input", *self.make_inputs(), "--out", sharded, "--val_fraction", "0", "--shards",
+                           "--workers", "1", "--no_progress"])
+        r = subprocess.run([binary, "--vocab_size=257", "--hidden_size=16", "--intermediate_size=24",
+                            "--num_layers=1", "--num_heads=2", "--num_kv_heads=1", "--seq_len=16",
+                            "--micro_batch_size=4", "--global_batch_size=4", "--steps=2",
+                            "--data=" + os.path.join(sharded, "train", "index.json")],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
         dump = os.path.join(self.dir, "dump.safetensors")
         subprocess.run([binary, "--vocab_size=257", "--hidden_size=16", "--intermediate_size=24",
                         "--num_layers=1", "--num_heads=2", "--num_kv_heads=1", "--seq_len=16",

@@ -13,7 +13,9 @@ Each document ends with the end-of-document token, so packed sequences see the
 boundary; the document index keeps exact boundaries for --data_mode=document.
 """
 import argparse
+import gzip
 import json
+import multiprocessing
 import os
 import re
 import struct
@@ -125,38 +127,58 @@ def read_token_file(path):
     return tokens, doc_starts, vocab
 
 
-def iter_documents(paths, fmt, text_key, doc_sep, progress):
-    """Yields (text, source, line) per document, streaming line by line."""
-    for path in paths:
-        is_jsonl = fmt == "jsonl" or (fmt == "auto" and (path.endswith(".jsonl") or path.endswith(".json")))
-        with open(path, "r", encoding="utf-8", errors="replace") as f:
-            if is_jsonl:
-                for lineno, line in enumerate(f, 1):
-                    progress.advance(len(line.encode("utf-8")))
-                    if not line.strip():
-                        continue
-                    try:
-                        yield json.loads(line)[text_key], path, lineno
-                    except (json.JSONDecodeError, KeyError, TypeError) as e:
-                        sys.exit("prepare_data: %s:%d: not a JSON object with a '%s' string (%s)" % (path, lineno, text_key, e))
-                continue
-            buf, start = [], 1
+def open_text(path):
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    return open(path, "r", encoding="utf-8", errors="replace")
+
+
+def iter_file_documents(path, fmt, text_key, doc_sep, on_error, progress, bad):
+    """Yields (text, line) per document of one file, streaming line by line. A JSONL
+    line that is not an object with a `text_key` string stops the run with file:line
+    (on_error == "fatal") or is skipped and recorded in `bad`."""
+    plain = path[:-3] if path.endswith(".gz") else path
+    is_jsonl = fmt == "jsonl" or (fmt == "auto" and (plain.endswith(".jsonl") or plain.endswith(".json")))
+    with open_text(path) as f:
+        if is_jsonl:
             for lineno, line in enumerate(f, 1):
-                progress.advance(len(line.encode("utf-8")))
-                boundary = ((doc_sep == "blank" and not line.strip()) or
-                            (doc_sep == "fortune" and line.rstrip("\n") == "%") or doc_sep == "line")
-                if doc_sep == "line":
-                    if line.strip():
-                        yield line.rstrip("\n"), path, lineno
+                progress.advance(len(line))
+                if not line.strip():
                     continue
-                if boundary:
-                    if "".join(buf).strip():
-                        yield "".join(buf), path, start
-                    buf, start = [], lineno + 1
-                else:
-                    buf.append(line)
-            if "".join(buf).strip():
-                yield "".join(buf), path, start
+                try:
+                    text = json.loads(line)[text_key]
+                    if not isinstance(text, str):
+                        raise TypeError("'%s' is %s" % (text_key, type(text).__name__))
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    where = "%s:%d: not a JSON object with a '%s' string (%s)" % (path, lineno, text_key, e)
+                    if on_error == "fatal":
+                        sys.exit("prepare_data: " + where + "; --on_error=skip to skip such lines")
+                    bad.append(where)
+                    continue
+                yield text, lineno
+            return
+        if doc_sep == "file":
+            text = f.read()
+            progress.advance(len(text))
+            if text.strip():
+                yield text, 1
+            return
+        buf, start = [], 1
+        for lineno, line in enumerate(f, 1):
+            progress.advance(len(line))
+            if doc_sep == "line":
+                if line.strip():
+                    yield line.rstrip("\n"), lineno
+                continue
+            boundary = (doc_sep == "blank" and not line.strip()) or (doc_sep == "fortune" and line.rstrip("\n") == "%")
+            if boundary:
+                if "".join(buf).strip():
+                    yield "".join(buf), start
+                buf, start = [], lineno + 1
+            else:
+                buf.append(line)
+        if "".join(buf).strip():
+            yield "".join(buf), start
 
 
 class Progress:
@@ -188,10 +210,143 @@ def is_validation(doc_index, val_fraction):
     return zlib.crc32(struct.pack("<Q", doc_index)) % 1000000 < val_fraction * 1000000
 
 
+class Quiet:
+    def advance(self, n):
+        pass
+
+
+def file_documents(path, args, progress, bad):
+    return iter_file_documents(path, args.format, args.text_key, args.doc_sep, args.on_error, progress, bad)
+
+
+def count_documents(job):
+    """Pass 1 of sharded mode: documents per file (no tokenizing)."""
+    path, args = job
+    return sum(1 for _ in file_documents(path, args, Quiet(), []))
+
+
+_worker_tok = None
+
+
+def _init_worker(spec, eos):
+    global _worker_tok
+    _worker_tok = make_tokenizer(spec, eos)
+
+
+def shard_paths(out, i):
+    name = "shard_%05d.tok" % i
+    return (os.path.join(out, "train", name), os.path.join(out, "val", name),
+            os.path.join(out, ".done", "shard_%05d.json" % i))
+
+
+def input_stamp(path):
+    st = os.stat(path)
+    return {"input": os.path.abspath(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def make_shard(job):
+    """Pass 2: tokenize one input file into its train and validation shards. The
+    document index `offset` of its first document keeps the split identical to the
+    single-file run. Written under .tmp names and renamed, then marked done."""
+    i, path, offset, args = job
+    tok = _worker_tok
+    token_bytes = 2 if tok.vocab_size <= 65536 else 4
+    train_path, val_path, done = shard_paths(args.out, i)
+    train = TokenFileWriter(train_path, token_bytes, tok.vocab_size)
+    val = TokenFileWriter(val_path, token_bytes, tok.vocab_size)
+    bad = []
+    k = offset
+    for text, _ in file_documents(path, args, Quiet(), bad):
+        ids = tok.encode(text) + [tok.eos_id]
+        (val if is_validation(k, args.val_fraction) else train).add_doc(ids)
+        k += 1
+    train.close()
+    val.close()
+    rec = dict(input_stamp(path), offset=offset, documents=k - offset,
+               train={"tokens": train.n, "documents": len(train.doc_starts) - 1},
+               val={"tokens": val.n, "documents": len(val.doc_starts) - 1}, bad_lines=bad)
+    with open(done + ".tmp", "w") as f:
+        json.dump(rec, f)
+    os.replace(done + ".tmp", done)
+    return i, rec
+
+
+def is_done(i, path, offset, args):
+    train_path, val_path, done = shard_paths(args.out, i)
+    if not (os.path.exists(done) and os.path.exists(train_path) and os.path.exists(val_path)):
+        return None
+    try:
+        with open(done) as f:
+            rec = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+    stamp = input_stamp(path)
+    if any(rec.get(k) != v for k, v in stamp.items()) or rec.get("offset") != offset:
+        return None
+    return rec
+
+
+def run_sharded(paths, args, tok):
+    """One shard per input file under OUT/{train,val}/, in parallel over --workers,
+    resumable: a shard whose done-marker matches its input is not redone."""
+    for sub in ("train", "val", ".done"):
+        os.makedirs(os.path.join(args.out, sub), exist_ok=True)
+    t0 = time.time()
+    with multiprocessing.Pool(args.workers) as pool:
+        counts = pool.map(count_documents, [(p, args) for p in paths])
+    offsets = [sum(counts[:i]) for i in range(len(paths))]
+    records = {}
+    todo = []
+    for i, p in enumerate(paths):
+        rec = is_done(i, p, offsets[i], args)
+        if rec is None:
+            todo.append((i, p, offsets[i], args))
+        else:
+            records[i] = rec
+    if records:
+        print("prepare_data: resuming: %d of %d shards already done" % (len(records), len(paths)))
+    total_bytes = sum(os.path.getsize(t[1]) for t in todo)
+    done_bytes, done_tokens = 0, 0
+    with multiprocessing.Pool(args.workers, initializer=_init_worker, initargs=(args.tokenizer, args.eos_token)) as pool:
+        for i, rec in pool.imap_unordered(make_shard, todo):
+            records[i] = rec
+            done_bytes += os.path.getsize(paths[i])
+            done_tokens += rec["train"]["tokens"] + rec["val"]["tokens"]
+            dt = max(time.time() - t0, 1e-9)
+            if not args.no_progress:
+                print("prepare_data: [%d/%d] %s: %d documents, %d tokens | %.1f MB/s, %.0f tokens/s" % (
+                    len(records), len(paths), paths[i], rec["documents"], rec["train"]["tokens"] + rec["val"]["tokens"],
+                    done_bytes / dt / 1e6, done_tokens / dt), flush=True)
+    bad = [b for i in sorted(records) for b in records[i]["bad_lines"]]
+    for split in ("train", "val"):
+        shards = [{"file": "shard_%05d.tok" % i, "tokens": records[i][split]["tokens"],
+                   "documents": records[i][split]["documents"], "input": records[i]["input"]}
+                  for i in range(len(paths))]
+        with open(os.path.join(args.out, split, "index.json"), "w") as f:
+            json.dump({"shards": shards, "tokens": sum(s["tokens"] for s in shards),
+                       "documents": sum(s["documents"] for s in shards), "vocab_size": tok.vocab_size}, f, indent=1)
+    manifest = {"tokenizer": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
+                "inputs": [os.path.abspath(p) for p in paths], "shards": len(paths),
+                "train": {"index": os.path.abspath(os.path.join(args.out, "train", "index.json"))},
+                "val": {"index": os.path.abspath(os.path.join(args.out, "val", "index.json"))},
+                "skipped_lines": bad}
+    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    report_bad(bad)
+    print("prepare_data: %d shards, %d documents -> %s/{train,val}/index.json (use as --data)" % (
+        len(paths), sum(counts), args.out))
+
+
+def report_bad(bad):
+    if bad:
+        sys.stderr.write("prepare_data: skipped %d bad line(s), first: %s\n" % (len(bad), "; ".join(bad[:3])))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--input", nargs="+", required=True, help="text or JSONL files")
-    ap.add_argument("--out", required=True, help="output prefix: OUT.train.tok, OUT.val.tok, OUT.json")
+    ap.add_argument("--input", nargs="+", required=True, help="text, JSONL or .gz files")
+    ap.add_argument("--out", required=True,
+                    help="output prefix (OUT.train.tok, OUT.val.tok, OUT.json), or with --shards a directory")
     ap.add_argument("--tokenizer", default="byte", help="'byte', a HF tokenizer.json, or a SentencePiece .model")
     ap.add_argument("--eos_token", default="", help="end-of-document token (HF tokenizers)")
     ap.add_argument("--format", choices=["auto", "text", "jsonl"], default="auto")
@@ -199,6 +354,12 @@ def main(argv=None):
     ap.add_argument("--doc_sep", choices=["blank", "line", "fortune", "file"], default="blank",
                     help="plain text: documents end at a blank line, every line, a '%%' line, or the file's end")
     ap.add_argument("--val_fraction", type=float, default=0.01, help="share of documents for validation")
+    ap.add_argument("--on_error", choices=["fatal", "skip"], default="fatal",
+                    help="a JSONL line that is not an object with the text: stop (file:line) or skip it")
+    ap.add_argument("--shards", action="store_true",
+                    help="one shard per input file under OUT/{train,val}/ with an index.json; parallel and resumable")
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1)),
+                    help="processes for --shards")
     ap.add_argument("--no_progress", action="store_true")
     args = ap.parse_args(argv)
 
@@ -208,20 +369,23 @@ def main(argv=None):
             sys.exit("prepare_data: --input %s: not a file" % p)
         paths.append(p)
     tok = make_tokenizer(args.tokenizer, args.eos_token)
+    if args.shards:
+        run_sharded(paths, args, tok)
+        return
     token_bytes = 2 if tok.vocab_size <= 65536 else 4
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     train = TokenFileWriter(args.out + ".train.tok", token_bytes, tok.vocab_size)
     val = TokenFileWriter(args.out + ".val.tok", token_bytes, tok.vocab_size)
     progress = Progress(sum(os.path.getsize(p) for p in paths), not args.no_progress and sys.stderr.isatty())
-    sep = "blank" if args.doc_sep == "file" else args.doc_sep
-    docs = iter_documents(paths, args.format, args.text_key, sep, progress)
-    if args.doc_sep == "file":
-        docs = ((open(p, encoding="utf-8", errors="replace").read(), p, 1) for p in paths)
-    for i, (text, _, _) in enumerate(docs):
-        ids = tok.encode(text) + [tok.eos_id]
-        (val if is_validation(i, args.val_fraction) else train).add_doc(ids)
-        progress.docs += 1
-        progress.tokens += len(ids)
+    bad = []
+    i = 0
+    for path in paths:
+        for text, _ in file_documents(path, args, progress, bad):
+            ids = tok.encode(text) + [tok.eos_id]
+            (val if is_validation(i, args.val_fraction) else train).add_doc(ids)
+            progress.docs += 1
+            progress.tokens += len(ids)
+            i += 1
     train.close()
     val.close()
     if progress.enabled:
@@ -231,9 +395,11 @@ def main(argv=None):
         "token_bytes": token_bytes, "inputs": [os.path.abspath(p) for p in paths],
         "train": {"path": os.path.abspath(train.path), "tokens": train.n, "documents": len(train.doc_starts) - 1},
         "val": {"path": os.path.abspath(val.path), "tokens": val.n, "documents": len(val.doc_starts) - 1},
+        "skipped_lines": bad,
     }
     with open(args.out + ".json", "w") as f:
         json.dump(manifest, f, indent=2)
+    report_bad(bad)
     print("prepare_data: %d documents, %d train tokens, %d validation tokens, vocabulary %d -> %s.{train,val}.tok"
           % (progress.docs, train.n, val.n, tok.vocab_size, args.out))
 
