@@ -4,7 +4,11 @@
 #include <mpi.h>
 
 #include <csignal>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,8 +20,47 @@
 #include "lns/trainer.h"
 #include "parallel/process_grid.h"
 
+DECLARE_int32(exit_code_on_signal);
+DECLARE_string(out_dir);
+
 namespace lns {
 namespace {
+
+std::string g_command_line;
+
+// The source tree's revision at launch ("unknown" outside a git checkout).
+std::string source_revision() {
+  FILE* p = ::popen("git -C " LNS_SOURCE_DIR " describe --always --dirty --abbrev=12 2>/dev/null", "r");
+  if (!p) return "unknown";
+  char buf[128] = {};
+  const bool ok = std::fgets(buf, sizeof(buf), p) != nullptr;
+  ::pclose(p);
+  std::string s = ok ? buf : "unknown";
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s.empty() ? "unknown" : s;
+}
+
+// run.json in the run directory: what ran, from which source, where.
+void write_run_record(ProcessGrid& grid, const std::string& out_dir,
+                      const std::vector<std::pair<int, int>>& layers) {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string mine(host);
+  const auto all = grid.world().gather_bytes(std::vector<char>(mine.begin(), mine.end()));
+  if (grid.rank != 0 || out_dir.empty()) return;
+  nlohmann::json hosts = nlohmann::json::array();
+  for (const auto& h : all) hosts.push_back(std::string(h.begin(), h.end()));
+  const std::time_t now = std::time(nullptr);
+  char when[64];
+  std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  const nlohmann::json run = {{"source_revision", source_revision()},
+                              {"command", g_command_line},
+                              {"started", when},
+                              {"layout", {{"world", grid.world_size}, {"tp", grid.tp}, {"pp", grid.pp},
+                                          {"dp", grid.dp}, {"stage_layers", layers}}},
+                              {"hosts", hosts}};
+  std::ofstream(out_dir + "/run.json") << run.dump(2) << "\n";
+}
 
 int world_rank() {
   int r = 0;
@@ -80,6 +123,7 @@ int run() {
       }
     }
     trainer = std::make_unique<Trainer>(model_cfg, cfg, grid.get());
+    write_run_record(*grid, cfg.out_dir, layers);
   } catch (const UserError& e) {
     error = e.what();
   }
@@ -93,7 +137,12 @@ int run() {
   // limit: finish the step, save, exit cleanly.
   std::signal(SIGTERM, request_stop);
   std::signal(SIGUSR1, request_stop);
-  if (trainer->run() && grid->rank == 0) LOG(WARNING) << "stopped early after a signal; resume with --resume=auto";
+  if (trainer->run()) {
+    if (grid->rank == 0)
+      LOG(WARNING) << "stopped early after a signal; resume with --resume=auto (exit status "
+                   << FLAGS_exit_code_on_signal << ")";
+    return FLAGS_exit_code_on_signal;
+  }
   if (grid->rank == 0 && !cfg.out_dir.empty()) LOG(INFO) << "metrics: " << cfg.out_dir << "/metrics.jsonl";
   return 0;
 }
@@ -103,8 +152,18 @@ int run() {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("lns_train --flagfile=configs/tiny_lns.flags [--flag=value ...]");
+  for (int i = 0; i < argc; ++i) lns::g_command_line += (i ? " " : "") + std::string(argv[i]);
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
+  if (!FLAGS_out_dir.empty()) {  // every rank's log also goes to OUT_DIR/logs/
+    std::error_code ec;
+    std::filesystem::create_directories(FLAGS_out_dir + "/logs", ec);
+    if (!ec) {
+      FLAGS_log_dir = FLAGS_out_dir + "/logs";
+      FLAGS_logtostderr = false;
+      FLAGS_alsologtostderr = true;
+    }
+  }
   google::InitGoogleLogging(argv[0], &lns::log_prefix);
   MPI_Init(&argc, &argv);
   int code = 0;

@@ -48,6 +48,9 @@ DEFINE_int64(diag_every, 0,
 DEFINE_int64(save_every, 0, "Save a checkpoint every N steps (also at the end and on SIGTERM/SIGUSR1); 0 = only those.");
 DEFINE_int32(keep_checkpoints, 0, "Keep only the newest K complete checkpoints; 0 = keep all.");
 DEFINE_string(resume, "", "'auto': continue from the newest complete checkpoint in --out_dir; or a checkpoint directory.");
+DEFINE_int32(exit_code_on_signal, 0,
+             "Exit status after saving on SIGTERM/SIGUSR1 (launch/slurm/train.sbatch requeues the job "
+             "when it sees its value).");
 DEFINE_int32(checkpoint_test_pause_ms, 0, "Test hook: each rank sleeps this long after writing its shard, before the rename.");
 // ---- debugging ----------------------------------------------------------------------------
 DEFINE_string(init_from, "", "Load all weights from this safetensors file (Hugging Face names).");
