@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Train over several nodes with plain mpirun (no SLURM).
+#   HOSTFILE=hosts.txt bash launch/mpirun_multinode.sh configs/1b_lns.flags [extra flags]
+#   DRY_RUN=1 HOSTFILE=hosts.txt bash launch/mpirun_multinode.sh configs/1b_lns.flags   # print only
+# hosts.txt: one node per line ("node01 slots=8"). GPUS_PER_NODE ranks start on each
+# node, each bound to its GPU by launch/bind_rank.sh; the run resumes from the newest
+# checkpoint in OUT_DIR, which must be on a filesystem every node sees.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FLAGFILE=${1:?usage: mpirun_multinode.sh FLAGFILE [extra lns_train flags]}
+shift
+HOSTFILE=${HOSTFILE:?set HOSTFILE to a file with one node per line}
+[ -f "$HOSTFILE" ] || { echo "mpirun_multinode: error: HOSTFILE=$HOSTFILE not found" >&2; exit 1; }
+GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+mapfile -t NODES < <(grep -v '^\s*\(#\|$\)' "$HOSTFILE" | awk '{print $1}')
+WORLD=$((${#NODES[@]} * GPUS_PER_NODE))
+OUT_DIR=${OUT_DIR:-runs/$(basename "$FLAGFILE" .flags)}
+export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-0} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-^lo,docker}
+export NCCL_ASYNC_ERROR_HANDLING=${NCCL_ASYNC_ERROR_HANDLING:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+export GPUS_PER_NODE
+TRAIN=(./build/lns_train --flagfile="$FLAGFILE" --out_dir="$OUT_DIR" --resume=auto "$@")
+MPI=(mpirun -np "$WORLD" --hostfile "$HOSTFILE" --map-by "ppr:$GPUS_PER_NODE:node" --bind-to none
+     -x NCCL_IB_DISABLE -x NCCL_SOCKET_IFNAME -x NCCL_ASYNC_ERROR_HANDLING -x OMP_NUM_THREADS -x GPUS_PER_NODE
+     launch/bind_rank.sh "${TRAIN[@]}")
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  echo "nodes ${#NODES[@]} x $GPUS_PER_NODE GPUs = $WORLD ranks; out_dir $OUT_DIR"
+  echo "${MPI[*]}"
+  for ((r = 0; r < WORLD; ++r)); do
+    OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_LOCAL_RANK=$((r % GPUS_PER_NODE)) DRY_RUN=1 launch/bind_rank.sh "${TRAIN[@]}" \
+      | sed "s/host [^ ]*/host ${NODES[$((r / GPUS_PER_NODE))]}/"
+  done
+  exit 0
+fi
+exec "${MPI[@]}"
