@@ -101,13 +101,14 @@ int run() {
   std::unique_ptr<ProcessGrid> grid;
   std::unique_ptr<Trainer> trainer;
   TrainConfig cfg;
+  std::vector<std::pair<int, int>> layers;
   std::string error;
   try {
     const LlamaConfig model_cfg = config_from_flags();
     cfg = train_config_from_flags();
     grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
     validate_layout(model_cfg, grid->tp, grid->pp);
-    const auto layers = stage_layer_ranges(model_cfg.num_layers, grid->pp, cfg.pp_layers);
+    layers = stage_layer_ranges(model_cfg.num_layers, grid->pp, cfg.pp_layers);
     if (grid->rank == 0) {
       const std::string flags = resolved_flags();
       LOG(INFO) << "configuration:\n" << flags;
@@ -123,11 +124,12 @@ int run() {
       }
     }
     trainer = std::make_unique<Trainer>(model_cfg, cfg, grid.get());
-    write_run_record(*grid, cfg.out_dir, layers);
   } catch (const UserError& e) {
     error = e.what();
   }
   if (!agree_or_report(error)) return 1;
+  // Collective: only after every rank has started (a failed rank is not listening).
+  write_run_record(*grid, cfg.out_dir, layers);
 
   if (!dump_step_state_flag().empty()) {
     trainer->dump_step_state(dump_step_state_flag());
