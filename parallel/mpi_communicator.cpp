@@ -65,7 +65,8 @@ class MpiCommunicator : public Communicator {
   void reduce_scatter(Tensor out, Tensor in) override {
     LNS_CHECK(in.numel() == out.numel() * size_ && out.dtype == DType::F32);
     // Reduce to rank 0 then scatter, for the same cross-rank determinism as all_reduce.
-    std::vector<float> full(rank_ == 0 ? in.numel() : 0);
+    if (rank_ == 0) full_.resize(in.numel());  // grown once, reused every step
+    std::vector<float>& full = full_;
     check(MPI_Reduce(in.data, rank_ == 0 ? full.data() : nullptr, static_cast<int>(in.numel()),
                      MPI_FLOAT, MPI_SUM, 0, comm_),
           "reduce");
@@ -117,6 +118,7 @@ class MpiCommunicator : public Communicator {
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   std::vector<MPI_Request> pending_;
+  std::vector<float> full_;
 };
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_split.h>
 
+#include <cstdio>
+
 #include "lns/errors.h"
 #include "parallel/mpi_communicator.h"
 
@@ -81,6 +83,24 @@ std::vector<std::pair<int, int>> stage_layer_ranges(int num_layers, int pp,
   int first = 0;
   for (int c : counts) ranges.push_back({first, first + c}), first += c;
   return ranges;
+}
+
+bool all_ranks_started(const std::string& app, const std::string& error) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int failed = error.empty() ? 0 : 1, any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (!any) return true;
+  int mine = failed ? rank : world, first = world;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  char msg[1024] = {};
+  if (rank == first) std::snprintf(msg, sizeof(msg), "%s", error.c_str());
+  MPI_Bcast(msg, sizeof(msg), MPI_CHAR, first, MPI_COMM_WORLD);
+  if (rank == 0)
+    std::fprintf(stderr, "%s: error: %s%s\n", app.c_str(), msg,
+                 world > 1 && first != 0 ? (" (rank " + std::to_string(first) + ")").c_str() : "");
+  return false;
 }
 
 void validate_layout(const LlamaConfig& cfg, int tp, int pp) {

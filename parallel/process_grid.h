@@ -38,6 +38,9 @@ class ProcessGrid {
 
   int global_rank(int t, int d, int p) const { return t + d * tp + p * tp * dp; }
   bool first_stage() const { return pp_rank == 0; }
+  // The ranks whose loss sums count once: the last stage's tensor-parallel rank 0 of
+  // every data-parallel replica (tp ranks hold the same loss).
+  bool reports_loss() const { return last_stage() && tp_rank == 0; }
   bool last_stage() const { return pp_rank == pp - 1; }
   int prev_stage_rank() const { return global_rank(tp_rank, dp_rank, pp_rank - 1); }
   int next_stage_rank() const { return global_rank(tp_rank, dp_rank, pp_rank + 1); }
@@ -60,6 +63,13 @@ class ProcessGrid {
 // the counts do not add up or a stage would be empty.
 std::vector<std::pair<int, int>> stage_layer_ranges(int num_layers, int pp,
                                                     const std::string& pp_layers);
+
+// Start-up agreement, for apps: every rank calls this after its start-up with its
+// error message ("" if none). If any rank failed, rank 0 prints the lowest failing
+// rank's message as one line "<app>: error: <message> (rank r)" and every rank gets
+// false (exit 1), instead of the healthy ranks waiting in their first collective.
+// Needs MPI initialised; with one process it just prints.
+bool all_ranks_started(const std::string& app, const std::string& error);
 
 // Model constraints of a layout: heads and kv heads divisible by tp, no more stages
 // than layers. UserError naming the flags.

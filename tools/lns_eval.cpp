@@ -151,14 +151,9 @@ int run() {
   } catch (const UserError& e) {
     error = e.what();
   }
-  // Any rank's error ends every rank; rank 0 reports it.
-  int failed = error.empty() ? 0 : 1, any = 0, rank = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (!all_ranks_started("lns_eval", error)) return 1;
+  int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (any) {
-    if (failed) std::fprintf(stderr, "lns_eval: error: %s\n", error.c_str());
-    return 1;
-  }
   if (rank != 0) return 0;
   for (const std::string& l : r.lines) std::printf("%s\n", l.c_str());
   if (!FLAGS_out.empty()) {

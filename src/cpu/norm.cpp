@@ -91,11 +91,17 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
   // block order, so the result does not depend on the number of threads.
   constexpr int64_t kRowsPerBlock = 32;
   const int64_t num_blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  std::vector<float> part_g(num_blocks * C, 0.0f), part_b(dbias.empty() ? 0 : num_blocks * C, 0.0f);
+  // The calling thread's buffers, grown once and reused; the OpenMP workers write
+  // into them through these pointers (their own thread_locals would be empty).
+  thread_local std::vector<float> part_g_buf, part_b_buf;
+  part_g_buf.assign(num_blocks * C, 0.0f);
+  part_b_buf.assign(dbias.empty() ? 0 : num_blocks * C, 0.0f);
+  float* const part_g = part_g_buf.data();
+  float* const part_b = dbias.empty() ? nullptr : part_b_buf.data();
 #pragma omp parallel for schedule(static)
   for (int64_t blk = 0; blk < num_blocks; ++blk) {
-    float* pg = part_g.data() + blk * C;
-    float* pb = part_b.empty() ? nullptr : part_b.data() + blk * C;
+    float* pg = part_g + blk * C;
+    float* pb = part_b ? part_b + blk * C : nullptr;
     for (int64_t n = blk * kRowsPerBlock; n < std::min(N, (blk + 1) * kRowsPerBlock); ++n) {
       const float* xr = x.f32() + n * C;
       const float* dy = dout.f32() + n * C;

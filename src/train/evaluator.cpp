@@ -45,7 +45,7 @@ void Evaluator::fill(int j) {
 }
 
 EvalStats Evaluator::reduce(double loss_sum, int64_t tokens) const {
-  const bool reports = grid_.last_stage() && grid_.tp_rank == 0;
+  const bool reports = grid_.reports_loss();
   double totals[2] = {reports ? loss_sum : 0.0, reports ? double(tokens) : 0.0};
   grid_.world().all_reduce(totals, 2, ReduceOp::Sum);
   EvalStats e;

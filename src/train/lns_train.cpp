@@ -76,27 +76,6 @@ void log_prefix(std::ostream& s, const google::LogMessageInfo& m, void*) {
   s << buf;
 }
 
-// Start-up runs on every rank; if any rank fails (a bad flag, its data file missing),
-// all of them exit with status 1 and rank 0 prints the first failure as one line,
-// instead of the healthy ranks hanging in their first collective.
-bool agree_or_report(const std::string& error) {
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  int failed = error.empty() ? 0 : 1, any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (!any) return true;
-  // The lowest failing rank's message travels to rank 0.
-  int mine = failed ? world_rank() : world, first = world;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  char msg[1024] = {};
-  if (world_rank() == first) std::snprintf(msg, sizeof(msg), "%s", error.c_str());
-  MPI_Bcast(msg, sizeof(msg), MPI_CHAR, first, MPI_COMM_WORLD);
-  if (world_rank() == 0)
-    std::fprintf(stderr, "lns_train: error: %s%s\n", msg,
-                 world > 1 && first != 0 ? (" (rank " + std::to_string(first) + ")").c_str() : "");
-  return false;
-}
-
 int run() {
   std::unique_ptr<ProcessGrid> grid;
   std::unique_ptr<Trainer> trainer;
@@ -127,7 +106,7 @@ int run() {
   } catch (const UserError& e) {
     error = e.what();
   }
-  if (!agree_or_report(error)) return 1;
+  if (!all_ranks_started("lns_train", error)) return 1;
   // Collective: only after every rank has started (a failed rank is not listening).
   write_run_record(*grid, cfg.out_dir, layers);
 

@@ -209,8 +209,8 @@ double Trainer::compute_gradients(int64_t* tokens_out) {
   const double loss_sum = pipeline_->train(
       [&](int m) { return inputs_.t.rows(m * B, (m + 1) * B); },
       [&](int m) { return targets_.t.rows(m * B, (m + 1) * B).view({B * T}); }, grad_scale);
-  // Every rank learns the global loss: the last stage's tp-rank-0 sums count once.
-  const bool reports = grid_->last_stage() && grid_->tp_rank == 0;
+  // Every rank learns the global loss.
+  const bool reports = grid_->reports_loss();
   const double total = grid_->world().all_reduce_sum(reports ? loss_sum : 0.0);
   if (tokens_out) *tokens_out = static_cast<int64_t>(valid);
   return valid > 0 ? total / valid : 0.0;
@@ -263,7 +263,7 @@ void Trainer::dump_step_state(const std::string& path) {
       [&](int m, Tensor l) {  // keep the logits before backward overwrites them
         std::memcpy(logits.f32() + m * B * T * vs.size, l.data, l.nbytes());
       });
-  const bool reports = grid_->last_stage() && grid_->tp_rank == 0;
+  const bool reports = grid_->reports_loss();
   const float loss =
       static_cast<float>(grid_->world().all_reduce_sum(reports ? loss_sum : 0.0) / std::max(valid, 1.0));
   sync_->reduce(/*full=*/true);
