@@ -65,6 +65,12 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
 
 // ---- cross-entropy --------------------------------------------------------------------------
 constexpr int32_t kIgnoreIndex = -100;
+// Targets that carry loss (not kIgnoreIndex) among targets[0, n).
+inline int64_t count_unmasked(const int32_t* targets, int64_t n) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i) c += targets[i] != kIgnoreIndex;
+  return c;
+}
 // Vocab-parallel pieces. logits[N,Vl] hold vocabulary columns [col_begin, col_begin + Vl);
 // only the first `valid` are real (the rest is tensor-parallel padding and ignored).
 // Between the pieces, the caller all-reduces rowmax (max) and sumexp, target (sum).

@@ -1,6 +1,7 @@
 // Trainer: data -> forward/backward over micro-batches -> clip -> AdamW -> schedule,
 // with periodic validation, the rank-0 training line and a JSONL metrics file.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -96,6 +97,13 @@ class Trainer {
 
  private:
   bool is_root() const { return grid_->rank == 0; }
+  // Samples the next global batch and runs it through the pipeline: gradients
+  // accumulate (zeroed first); returns the batch's mean loss and unmasked targets.
+  struct BatchResult {
+    double loss = 0;
+    int64_t tokens = 0;
+  };
+  BatchResult run_global_batch(const std::function<void(int, Tensor)>& on_logits);
   void resume_from(const std::string& dir);
 
   LlamaConfig model_cfg_;

@@ -345,7 +345,7 @@ void load_from_source(const TensorSource& src, ParamSet& params, AdamW* optim) {
     const auto shape = src.logical_shape(p.name);
     if (Shape(shape) != p.logical)
       fail(src.where(), ": tensor '", p.name, "' has shape ", Shape(shape).str(),
-           ", the model expects ", p.logical.str());
+           ", expected ", p.logical.str());
     const int64_t n = p.shape.numel(), cols = p.shape[p.shape.ndim - 1],
                   lcols = p.logical[p.logical.ndim - 1];
     // Local element k -> its logical index, or -1 for tensor-parallel padding.

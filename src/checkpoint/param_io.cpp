@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "lns/checkpoint.h"
 #include "lns/errors.h"
 #include "lns/stage.h"
 
@@ -20,26 +21,17 @@ void load_params(ParamSet& params, const SafetensorsReader& file, const LlamaCon
     if (is_weight_name(name) && !model_names.count(name))
       fail(file.path(), ": has weight '", name, "' that this model (its --norm_scheme, ",
            "--norm_type, --num_layers, --tie_embeddings) does not have");
-  for (int i = 0; i < params.size(); ++i) {
-    const ParamInfo& info = params.info(i);
-    if (!file.has(info.name)) fail(file.path(), ": missing weight '", info.name, "'");
-    if (info.replicated()) {
-      file.read_into(info.name, params.param(i));
-      continue;
-    }
-    // A tensor-parallel shard: the logical tensor's slice, zero on padding.
-    const SafetensorEntry& e = file.entry(info.name);
-    if (Shape(e.shape) != info.logical)
-      fail(file.path(), ": tensor '", info.name, "' has shape ", Shape(e.shape).str(), ", expected ",
-           info.logical.str());
-    const std::vector<float> full = file.read_f32(info.name);
-    float* w = params.param(i).f32();
-    const int64_t cols = info.shape[1], lcols = info.logical[1];
-    for (int64_t j = 0; j < info.shape.numel(); ++j) {
-      int64_t li, lj;
-      w[j] = info.to_logical(j / cols, j % cols, &li, &lj) ? full[li * lcols + lj] : 0.0f;
-    }
-  }
+  // The file is a source of logical tensors; load_from_source slices each one for
+  // this stage / tensor-parallel shard (padding zero).
+  struct FileSource : TensorSource {
+    const SafetensorsReader& f;
+    explicit FileSource(const SafetensorsReader& file) : f(file) {}
+    bool has(const std::string& n, const std::string& k) const override { return k == "param" && f.has(n); }
+    std::vector<float> logical(const std::string& n, const std::string&) const override { return f.read_f32(n); }
+    std::vector<int64_t> logical_shape(const std::string& n) const override { return f.entry(n).shape; }
+    std::string where() const override { return f.path(); }
+  };
+  load_from_source(FileSource(file), params, nullptr);
 }
 
 }  // namespace lns

@@ -9,12 +9,6 @@
 namespace lns {
 namespace {
 
-int64_t count_valid(const int32_t* targets, int64_t n) {
-  int64_t c = 0;
-  for (int64_t i = 0; i < n; ++i) c += targets[i] != kIgnoreIndex;
-  return c;
-}
-
 }  // namespace
 
 Evaluator::Evaluator(ProcessGrid& grid, LlamaStage& stage, PipelineSchedule1F1B& pipeline,
@@ -66,7 +60,7 @@ EvalStats Evaluator::evaluate() {
       },
       [&](int j) {
         fill(j);
-        tokens += count_valid(tg_.i32(), B * T);
+        tokens += count_unmasked(tg_.i32(), B * T);
         return tg_.t.view({B * T});
       });
   return reduce(sum, tokens);
@@ -92,7 +86,7 @@ std::vector<EvalStats> Evaluator::sweep(const std::vector<int>& layers) {
   int64_t tokens = 0;
   for (int64_t j = 0; j < my_batches(); ++j) {
     fill(static_cast<int>(j));
-    tokens += count_valid(tg_.i32(), B * T);
+    tokens += count_unmasked(tg_.i32(), B * T);
     const Tensor targets = tg_.t.view({B * T});
     stage_.forward(in_);
     sums[0] += stage_.loss(targets);

@@ -24,12 +24,6 @@ double now_seconds() {
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-int64_t count_valid(const int32_t* targets, int64_t n) {
-  int64_t c = 0;
-  for (int64_t i = 0; i < n; ++i) c += targets[i] != kIgnoreIndex;
-  return c;
-}
-
 // Appends one JSON object per line; flushed so a crash loses at most the last line.
 class MetricsLog {
  public:
@@ -197,23 +191,27 @@ int64_t Trainer::flops_per_token() const {
   return 6 * matmul_params + 12 * int64_t{model_cfg_.num_layers} * C * cfg_.seq_len;
 }
 
-double Trainer::compute_gradients(int64_t* tokens_out) {
+Trainer::BatchResult Trainer::run_global_batch(const std::function<void(int, Tensor)>& on_logits) {
   const int64_t B = cfg_.micro_batch, T = cfg_.seq_len;
   train_sampler_->next_batch(cfg_.global_batch, grid_->dp_rank, grid_->dp, inputs_, targets_);
   // One normaliser for the whole global batch: the loss is the mean over every
   // unmasked target, however the batch is cut into micro-batches and dp ranks.
   const double valid = grid_->dp_comm().all_reduce_sum(
-      static_cast<double>(count_valid(targets_.i32(), num_micro_ * B * T)));
-  const float grad_scale = valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f;
+      static_cast<double>(count_unmasked(targets_.i32(), num_micro_ * B * T)));
   model_->params().zero_grads();
   const double loss_sum = pipeline_->train(
       [&](int m) { return inputs_.t.rows(m * B, (m + 1) * B); },
-      [&](int m) { return targets_.t.rows(m * B, (m + 1) * B).view({B * T}); }, grad_scale);
+      [&](int m) { return targets_.t.rows(m * B, (m + 1) * B).view({B * T}); },
+      valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f, on_logits);
   // Every rank learns the global loss.
-  const bool reports = grid_->reports_loss();
-  const double total = grid_->world().all_reduce_sum(reports ? loss_sum : 0.0);
-  if (tokens_out) *tokens_out = static_cast<int64_t>(valid);
-  return valid > 0 ? total / valid : 0.0;
+  const double total = grid_->world().all_reduce_sum(grid_->reports_loss() ? loss_sum : 0.0);
+  return {valid > 0 ? total / valid : 0.0, static_cast<int64_t>(valid)};
+}
+
+double Trainer::compute_gradients(int64_t* tokens_out) {
+  const BatchResult r = run_global_batch({});
+  if (tokens_out) *tokens_out = r.tokens;
+  return r.loss;
 }
 
 StepStats Trainer::train_step() {
@@ -252,20 +250,10 @@ void Trainer::dump_step_state(const std::string& path) {
   const ShardRange vs = model_->vocab_shard();
   OwnedTensor logits;
   if (grid_->last_stage()) logits = OwnedTensor(DType::F32, {num_micro_ * B, T, vs.size});
-  train_sampler_->next_batch(cfg_.global_batch, grid_->dp_rank, grid_->dp, inputs_, targets_);
-  const double valid = grid_->dp_comm().all_reduce_sum(
-      static_cast<double>(count_valid(targets_.i32(), num_micro_ * B * T)));
-  model_->params().zero_grads();
-  const double loss_sum = pipeline_->train(
-      [&](int m) { return inputs_.t.rows(m * B, (m + 1) * B); },
-      [&](int m) { return targets_.t.rows(m * B, (m + 1) * B).view({B * T}); },
-      valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f,
-      [&](int m, Tensor l) {  // keep the logits before backward overwrites them
-        std::memcpy(logits.f32() + m * B * T * vs.size, l.data, l.nbytes());
-      });
-  const bool reports = grid_->reports_loss();
-  const float loss =
-      static_cast<float>(grid_->world().all_reduce_sum(reports ? loss_sum : 0.0) / std::max(valid, 1.0));
+  const float loss = static_cast<float>(run_global_batch([&](int m, Tensor l) {
+                                          // keep the logits before backward overwrites them
+                                          std::memcpy(logits.f32() + m * B * T * vs.size, l.data, l.nbytes());
+                                        }).loss);
   sync_->reduce(/*full=*/true);
 
   // Gather the logical tensors on rank 0: gradients from dp rank 0, the batch and
