@@ -46,3 +46,18 @@ class Communicator {
 std::unique_ptr<Communicator> make_local_communicator();
 
 }  // namespace lns
+
+namespace lns {
+
+// Wraps a communicator that moves host memory (MPI) so that it also takes CUDA
+// tensors: each is copied to a host buffer, exchanged, and copied back. bf16 tensors
+// are reduced in f32 on the host and rounded once. Slow (two PCIe copies per
+// collective) but works where NCCL cannot, e.g. several ranks sharing one GPU.
+std::unique_ptr<Communicator> make_host_staging_communicator(std::unique_ptr<Communicator> inner);
+
+// How ranks of a CUDA run talk: NCCL between GPUs, or MPI through host memory.
+enum class CommKind { Mpi, Nccl };
+// "mpi" or "nccl"; UserError naming --comm otherwise.
+CommKind parse_comm(const std::string& value);
+
+}  // namespace lns

@@ -48,7 +48,7 @@ bool param_piece(const ParamSet& params, int i, bool grads, int tp_rank, TensorP
     out->offset[p.split_dim] = p.shard_begin;
     out->valid.dims[p.split_dim] = p.shard_valid;
   }
-  out->local = grads ? params.grad(i) : params.param(i);
+  out->local = grads ? params.host_grad(i) : params.host_param(i);  // download() first on CUDA
   return true;
 }
 

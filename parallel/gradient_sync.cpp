@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/ops.h"
 
@@ -30,8 +31,8 @@ GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool 
   for (const ParamInfo& p : params.infos())
     norm_weight_.push_back((p.replicated() && grid.tp_rank != 0) || p.tied_copy ? 0.0f : 1.0f);
   if (zero_) {
-    padded_ = OwnedTensor(DType::F32, Shape{shard_size_ * grid.dp});
-    shard_ = OwnedTensor(DType::F32, Shape{shard_size_});
+    padded_ = OwnedTensor(DType::F32, Shape{shard_size_ * grid.dp}, params.device());
+    shard_ = OwnedTensor(DType::F32, Shape{shard_size_}, params.device());
   }
 }
 
@@ -51,10 +52,10 @@ void GradientSync::reduce(bool full) {
     return;
   }
   // 2b. reduce-scatter: this rank receives the sum of its shard.
-  std::memcpy(padded_.t.data, g.data, n * sizeof(float));
-  std::memset(padded_.f32() + n, 0, (padded_.t.numel() - n) * sizeof(float));
+  copy_tensor(flat_slice(padded_, 0, n), g);
+  zero_tensor(flat_slice(padded_, n, padded_.t.numel()));
   grid_.dp_comm().reduce_scatter(shard_, padded_);
-  std::memcpy(g.f32() + begin_, shard_.t.data, (end_ - begin_) * sizeof(float));
+  copy_tensor(flat_slice(g, begin_, end_), flat_slice(shard_, 0, end_ - begin_));
 }
 
 double GradientSync::global_norm() {
@@ -83,10 +84,11 @@ void GradientSync::gather_params() {
   if (!zero_) return;
   const Tensor p = params_.flat_params();
   const int64_t n = params_.numel();
-  std::memset(shard_.t.data, 0, shard_.t.nbytes());
-  std::memcpy(shard_.t.data, p.f32() + begin_, (end_ - begin_) * sizeof(float));
+  zero_tensor(shard_);
+  copy_tensor(flat_slice(shard_, 0, end_ - begin_), flat_slice(p, begin_, end_));
   grid_.dp_comm().all_gather(padded_, shard_);
-  std::memcpy(p.data, padded_.t.data, n * sizeof(float));
+  copy_tensor(p, flat_slice(padded_, 0, n));
+  params_.refresh_compute();  // CUDA: the bf16 weights of the other ranks' shards
 }
 
 }  // namespace lns

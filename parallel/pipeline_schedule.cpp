@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "lns/device.h"
+
 namespace lns {
 namespace {
 
@@ -29,12 +31,15 @@ int PipelineSchedule1F1B::slots_for(int M, int s, int P) { return std::max(1, st
 
 PipelineSchedule1F1B::PipelineSchedule1F1B(ProcessGrid& grid, LlamaStage& stage, int num_micro)
     : grid_(grid), stage_(stage), num_micro_(num_micro) {
-  const Shape act{stage.tokens(), stage.config().hidden_size};  // [B*T, C]
-  if (!grid.first_stage()) recv_act_ = OwnedTensor(DType::F32, act);
-  if (!grid.last_stage()) recv_grad_ = OwnedTensor(DType::F32, act);
+  // [B*T, C] hidden states and their gradients, where and as the stage keeps them.
+  const Shape act{stage.tokens(), stage.config().hidden_size};
+  const DType dt = stage.activation_dtype();
+  const Device dev = stage.device();
+  if (!grid.first_stage()) recv_act_ = OwnedTensor(dt, act, dev);
+  if (!grid.last_stage()) recv_grad_ = OwnedTensor(dt, act, dev);
   for (int m = 0; m < num_micro; ++m) {
-    if (!grid.last_stage()) send_act_.emplace_back(DType::F32, act);
-    if (!grid.first_stage()) send_grad_.emplace_back(DType::F32, act);
+    if (!grid.last_stage()) send_act_.emplace_back(dt, act, dev);
+    if (!grid.first_stage()) send_grad_.emplace_back(dt, act, dev);
   }
 }
 
@@ -69,7 +74,7 @@ double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
         loss_sum += stage_.loss(targets(m), slot);
         if (on_logits) on_logits(m, out);
       } else {
-        std::memcpy(send_act_[m].t.data, out.data, out.nbytes());
+        copy_tensor(send_act_[m], out.view(send_act_[m].t.shape));
         world.send(send_act_[m], grid_.next_stage_rank(), act_tag(m));
       }
     } else {
@@ -80,7 +85,7 @@ double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
       }
       const Tensor din = stage_.backward(dout, grad_scale, slot);
       if (!grid_.first_stage()) {
-        std::memcpy(send_grad_[m].t.data, din.data, din.nbytes());
+        copy_tensor(send_grad_[m], din.view(send_grad_[m].t.shape));
         world.send(send_grad_[m], grid_.prev_stage_rank(), grad_tag(m));
       }
     }
@@ -99,7 +104,7 @@ double PipelineSchedule1F1B::forward_only(int count, const std::function<Tensor(
     if (grid_.last_stage()) {
       loss_sum += stage_.loss(targets(i), 0);
     } else {
-      std::memcpy(send_act_[0].t.data, out.data, out.nbytes());
+      copy_tensor(send_act_[0], out.view(send_act_[0].t.shape));
       world.send(send_act_[0], grid_.next_stage_rank(), act_tag(m));
       world.wait_sends();  // slot 0 and its send buffer are reused by the next micro-batch
     }

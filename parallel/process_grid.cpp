@@ -7,6 +7,7 @@
 
 #include "lns/errors.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/nccl_communicator.h"
 
 namespace lns {
 
@@ -31,19 +32,35 @@ std::unique_ptr<ProcessGrid> ProcessGrid::create_mpi(int tp, int pp) {
   g->tp_rank = rank % tp;
   g->dp_rank = (rank / tp) % g->dp;
   g->pp_rank = rank / (tp * g->dp);
-  auto split = [&](int color, int key) {
-    MPI_Comm c;
-    MPI_Comm_split(MPI_COMM_WORLD, color, key, &c);
-    return make_mpi_communicator(c);
-  };
-  g->world_ = make_mpi_communicator(MPI_COMM_WORLD);
-  g->tp_ = split(g->dp_rank + g->pp_rank * g->dp, g->tp_rank);
-  g->dp_ = split(g->tp_rank + g->pp_rank * tp, g->dp_rank);
+  g->tp_color_ = g->dp_rank + g->pp_rank * g->dp;
+  g->dp_color_ = g->tp_rank + g->pp_rank * tp;
   // The embedding group pairs the first and last stage of each (tp, dp); middle
   // stages form groups of one.
   const bool ends = g->pp_rank == 0 || g->pp_rank == pp - 1;
-  g->embed_ = split(ends ? g->tp_rank + g->dp_rank * tp : tp * g->dp + rank, g->pp_rank);
+  g->embed_color_ = ends ? g->tp_rank + g->dp_rank * tp : tp * g->dp + rank;
+  g->build_communicators(/*device=*/false, CommKind::Mpi);
   return g;
+}
+
+void ProcessGrid::use_device_communicators(CommKind comm) { build_communicators(true, comm); }
+
+void ProcessGrid::build_communicators(bool device, CommKind comm) {
+  auto wrap = [&](MPI_Comm c) -> std::unique_ptr<Communicator> {
+    if (!device) return make_mpi_communicator(c);
+    if (comm == CommKind::Nccl) return make_nccl_communicator(c);
+    return make_host_staging_communicator(make_mpi_communicator(c));
+  };
+  auto split = [&](int color, int key) {
+    MPI_Comm c;
+    MPI_Comm_split(MPI_COMM_WORLD, color, key, &c);
+    return wrap(c);
+  };
+  MPI_Comm world;
+  MPI_Comm_dup(MPI_COMM_WORLD, &world);
+  world_ = wrap(world);
+  tp_ = split(tp_color_, tp_rank);
+  dp_ = split(dp_color_, dp_rank);
+  embed_ = split(embed_color_, pp_rank);
 }
 
 std::string ProcessGrid::describe(const std::vector<std::pair<int, int>>& stage_layers) const {

@@ -27,8 +27,13 @@ namespace lns {
 
 class ProcessGrid {
  public:
-  // From MPI_COMM_WORLD; UserError when tp * pp does not divide the world size.
+  // From MPI_COMM_WORLD, with MPI communicators for host tensors; UserError when
+  // tp * pp does not divide the world size.
   static std::unique_ptr<ProcessGrid> create_mpi(int tp, int pp);
+  // CUDA runs, after every rank has bound its GPU: communicators that take device
+  // tensors, NCCL (comm = Nccl) or MPI with host staging (comm = Mpi, which also
+  // lets several ranks share one GPU). Collective over the world.
+  void use_device_communicators(CommKind comm);
   // One process, no MPI.
   static std::unique_ptr<ProcessGrid> single();
 
@@ -55,6 +60,8 @@ class ProcessGrid {
   std::string describe(const std::vector<std::pair<int, int>>& stage_layers) const;
 
  private:
+  void build_communicators(bool device, CommKind comm);
+  int tp_color_ = 0, dp_color_ = 0, embed_color_ = 0;  // MPI_Comm_split colors
   std::unique_ptr<Communicator> world_, tp_, dp_, embed_;
 };
 

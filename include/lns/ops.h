@@ -1,5 +1,8 @@
 // The op set: explicit forward/backward pairs, no autograd. Each op is dispatched on
-// the device of its tensors (CPU kernels in src/cpu/, CUDA kernels in src/cuda/).
+// the device of its tensors (CPU kernels in src/cpu/, CUDA kernels in src/cuda/;
+// src/core/dispatch.h). On the CPU every tensor is f32 (ids/targets i32). On CUDA the
+// activations ([N,C], [N,F], q/k/v, logits) and GEMM weights are bf16; norm gains and
+// biases, statistics (mean, rstd, losses, rowmax, ...) and parameter gradients are f32.
 // Shapes use N = tokens (batch * seq), C = hidden, V = vocabulary, F = intermediate,
 // B = batch, T = sequence, Hq/Hkv = query/key-value heads, D = head dim.
 // Gradients of parameters are accumulated (+=) so micro-batches add up; gradients
@@ -51,10 +54,14 @@ void rope_backward(Tensor dx, Tensor cos, Tensor sin);
 
 // ---- causal self-attention with grouped-query heads --------------------------------------
 // out[B,T,Hq,D] = softmax(q k^T / sqrt(D), causal) v ; query head h reads kv head
-// h / (Hq/Hkv). q[B,T,Hq,D], k,v[B,T,Hkv,D]; saves probs[B,Hq,T,T].
-void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v);
+// h / (Hq/Hkv). q[B,T,Hq,D], k,v[B,T,Hkv,D]. `saved` holds what backward needs, of
+// attention_saved_shape(): the probabilities [B,Hq,T,T] on the CPU, only the row
+// log-sum-exp [B,Hq,T] on CUDA (backward recomputes the scores, so memory stays
+// linear in T; docs/cuda.md).
+Shape attention_saved_shape(Device device, int64_t B, int64_t T, int64_t Hq);
+void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v);
 // dq[B,T,Hq,D], dk, dv[B,T,Hkv,D] written (=).
-void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor probs, Tensor q,
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor saved, Tensor q,
                         Tensor k, Tensor v);
 
 // ---- SwiGLU ------------------------------------------------------------------------------
@@ -96,8 +103,10 @@ void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
 void cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor targets, float grad_scale);
 
 // ---- elementwise ---------------------------------------------------------------------------
-// y[n] = a * y[n] + b * x[n]
+// y[n] = a * y[n] + b * x[n]            (f32, or bf16 on CUDA with f32 arithmetic)
 void axpby(Tensor y, float a, Tensor x, float b);
+// dst[n] = src[n] converted between f32 and bf16 (round to nearest even), same device.
+void cast(Tensor dst, Tensor src);
 
 }  // namespace lns
 
@@ -107,11 +116,14 @@ namespace lns {
 // One AdamW step (decoupled weight decay, as torch.optim.AdamW) on flat f32 buffers,
 // all [n]: p -= lr*wd*p; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
 // p -= lr * (m/bc1) / (sqrt(v/bc2) + eps), with bc1 = 1-b1^t, bc2 = 1-b2^t.
+// p_compute (optional, bf16 [n]) receives the updated p rounded to bf16: the weights
+// the CUDA backend's GEMMs read, written in the same pass.
 struct AdamWHyper {
   float lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2;
 };
-void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h);
-// sum of x[i]^2 in double (gradient norms)
+void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h,
+                Tensor p_compute = {});
+// sum of x[i]^2 in double (gradient norms); deterministic on both devices
 double sum_squares(Tensor x);
 // x[i] *= a
 void scale_inplace(Tensor x, float a);

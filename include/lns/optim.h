@@ -22,9 +22,13 @@ class AdamW {
   void step(float lr);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
-  // Moments of the range [begin(), end()), laid out as the flat parameter buffer.
-  Tensor exp_avg() const { return m_.f32(Shape{end_ - begin_}); }
-  Tensor exp_avg_sq() const { return v_.f32(Shape{end_ - begin_}); }
+  // Moments of the range [begin(), end()), laid out as the flat parameter buffer, on
+  // the host (checkpoints read and write these). On CUDA they are mirrors of the
+  // device moments: download() before reading them, upload() after writing them.
+  Tensor exp_avg() const { return (hm_.data() ? hm_ : m_).f32(Shape{end_ - begin_}); }
+  Tensor exp_avg_sq() const { return (hv_.data() ? hv_ : v_).f32(Shape{end_ - begin_}); }
+  void download();
+  void upload();
   int64_t begin() const { return begin_; }
   int64_t end() const { return end_; }
   const AdamWConfig& config() const { return cfg_; }
@@ -33,7 +37,8 @@ class AdamW {
   ParamSet& params_;
   AdamWConfig cfg_;
   int64_t begin_, end_;
-  Buffer m_, v_;
+  Buffer m_, v_;    // on the parameters' device
+  Buffer hm_, hv_;  // host mirrors (CUDA only)
   int64_t t_ = 0;
 };
 

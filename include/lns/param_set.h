@@ -1,6 +1,12 @@
 // ParamSet: every parameter of a stage (or a tensor-parallel shard of one) in one
 // flat f32 buffer, gradients in a second one of the same layout. Flat buffers make
 // all-reduce buckets, ZeRO sharding and checkpoint shards plain offset arithmetic.
+//
+// On CUDA the f32 master weights and gradients live on the GPU, with a bf16 copy of
+// the weights (same layout) that the GEMMs read, and host mirrors of weights and
+// gradients for everything that reads or writes them on the host (initialisation,
+// checkpoints, dumps): write the host mirror and upload(), or download() and read it.
+// On the CPU the mirrors and the compute copy are the f32 buffers themselves.
 #pragma once
 #include <string>
 #include <unordered_map>
@@ -41,19 +47,31 @@ class ParamSet {
   int add_shard(std::string name, Shape logical, int split_dim, int64_t begin, int64_t local,
                 int64_t valid, ParamKind kind, int layer);
   ParamInfo& mutable_info(int i) { return infos_[i]; }
-  // Allocates the zeroed flat buffers (params and grads).
+  // Allocates the zeroed flat buffers (params and grads) on `device`.
   void finalize(Device device = Device::CPU);
+  Device device() const { return params_.device(); }
 
   int size() const { return static_cast<int>(infos_.size()); }
   const ParamInfo& info(int i) const { return infos_[i]; }
   const std::vector<ParamInfo>& infos() const { return infos_; }
   int find(const std::string& name) const;  // -1 if absent
-  Tensor param(int i) const;
-  Tensor grad(int i) const;
+  Tensor param(int i) const;    // f32 master, on device()
+  Tensor grad(int i) const;     // f32, on device()
+  Tensor compute(int i) const;  // what kernels read as weights: bf16 on CUDA, else param(i)
+  Tensor host_param(int i) const;  // f32 on the host (the mirror on CUDA)
+  Tensor host_grad(int i) const;
   Tensor flat_params() const { return params_.f32(Shape{numel_}); }
   Tensor flat_grads() const { return grads_.f32(Shape{numel_}); }
+  Tensor flat_compute() const;  // bf16 [numel] on CUDA, empty on the CPU
   int64_t numel() const { return numel_; }
   void zero_grads();
+  // Host mirror -> device master weights, and the bf16 compute copy refreshed.
+  void upload();
+  // Device -> host mirrors of the weights (and of the gradients).
+  void download(bool grads = false);
+  // bf16 compute copy from the f32 master (after weights change on the device
+  // other than through AdamW, e.g. the ZeRO all-gather).
+  void refresh_compute();
 
  private:
   std::vector<ParamInfo> infos_;
@@ -61,6 +79,7 @@ class ParamSet {
   int64_t numel_ = 0;
   bool finalized_ = false;
   Buffer params_, grads_;
+  Buffer compute_, host_params_, host_grads_;  // CUDA only
 };
 
 }  // namespace lns

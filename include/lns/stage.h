@@ -34,8 +34,9 @@ struct StageSpec {
 
 class LlamaStage {
  public:
+  // device: where parameters and activations live (lns/device.h for the dtypes).
   LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
-             int num_slots = 1, TensorParallel tp = {});
+             int num_slots = 1, TensorParallel tp = {}, Device device = Device::CPU);
   ~LlamaStage();
 
   // Names and logical shapes of every parameter of the whole model, in order,
@@ -50,6 +51,9 @@ class LlamaStage {
   ParamSet& params() { return params_; }
   const ParamSet& params() const { return params_; }
   int64_t tokens() const { return B_ * T_; }
+  Device device() const { return device_; }
+  // dtype of the hidden states a stage takes and returns (and of the logits).
+  DType activation_dtype() const { return act_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
   // This rank's vocabulary columns of the logits: [vocab_shard().begin, + valid).
   const ShardRange& vocab_shard() const { return vshard_; }
@@ -83,11 +87,13 @@ class LlamaStage {
   // named random stream, so any layout gets the single-rank model's weights.
   void init_weights(uint64_t seed);
 
-  // input: token ids [B,T] i32 on the first stage, hidden states [B,T,C] f32 otherwise.
-  // Returns the hidden states leaving the stage [B,T,C], or logits [B,T,V_local] on the
-  // last (this rank's vocabulary columns, padding columns included).
+  // input: token ids [B,T] i32 on the first stage (host or device memory), hidden states
+  // [B,T,C] of activation_dtype() on device() otherwise. Returns the hidden states
+  // leaving the stage [B,T,C], or logits [B,T,V_local] on the last (this rank's
+  // vocabulary columns, padding columns included), on device().
   Tensor forward(Tensor input, int slot = 0);
-  // Last stage, after forward: per-token losses [B*T] (0 where ignored) and their sum.
+  // Last stage, after forward: per-token losses [B*T] f32 on device() (0 where
+  // ignored) and their sum. targets [B*T] i32 may be host or device memory.
   double loss(Tensor targets, int slot = 0);
   Tensor losses(int slot = 0) const;
   // Gradients of parameters are accumulated into params().grad(). On the last stage
@@ -127,7 +133,11 @@ class LlamaStage {
   int64_t Hq_, Hkv_, QD_, KD_;
   ShardRange fshard_, vshard_;
   ParamSet params_;
-  RopeTable rope_;
+  RopeTable rope_;           // host tables
+  Tensor rope_cos_, rope_sin_;  // the tables on device()
+  OwnedTensor rope_dev_[2];     // device copies (CUDA)
+  Device device_ = Device::CPU;
+  DType act_ = DType::F32;
   std::vector<Layer> layers_;
   std::vector<bool> skipped_;  // per local layer
   std::vector<std::unique_ptr<Slot>> slots_;

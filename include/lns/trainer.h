@@ -7,6 +7,7 @@
 
 #include "lns/config.h"
 #include "lns/data.h"
+#include "lns/device.h"
 #include "lns/optim.h"
 #include "lns/evaluator.h"
 #include "lns/stage.h"
@@ -30,6 +31,7 @@ struct TrainConfig {
   int64_t eval_every = 0, eval_tokens = 65536, log_every = 10;
   std::string out_dir;  // empty: no files written
   double peak_tflops = 0;  // for MFU in the log; 0 = not shown
+  Device device = Device::CPU;  // where the stage computes (lns/device.h)
   std::string init_from;
   // Parallel layout (tp and pp live in the ProcessGrid).
   std::string pp_layers;     // layers per stage, e.g. "3,2,2"; empty = even split

@@ -106,7 +106,7 @@ nlohmann::json write_rank_shard(const std::string& dir, int rank, const ParamSet
                         {"split_dim", p.split_dim}, {"shard_begin", p.shard_begin},
                         {"shard_valid", p.shard_valid}, {"elem_begin", eb}, {"elem_end", ee}});
     };
-    if (layout.dp_rank == 0) add("param", params.param(i).f32(), 0, n);
+    if (layout.dp_rank == 0) add("param", params.host_param(i).f32(), 0, n);
     if (optim && (layout.zero || layout.dp_rank == 0)) {
       const int64_t lo = std::max<int64_t>(optim->begin(), p.offset),
                     hi = std::min<int64_t>(optim->end(), p.offset + n);
@@ -354,7 +354,7 @@ void load_from_source(const TensorSource& src, ParamSet& params, AdamW* optim) {
       return p.to_logical(k / cols, k % cols, &li, &lj) ? li * lcols + lj : -1;
     };
     const std::vector<float> w = src.logical(p.name, "param");
-    float* dst = params.param(i).f32();
+    float* dst = params.host_param(i).f32();
     for (int64_t k = 0; k < n; ++k) dst[k] = logical_index(k) >= 0 ? w[logical_index(k)] : 0.0f;
     if (!optim || !src.has(p.name, "exp_avg")) continue;
     const int64_t lo = std::max<int64_t>(optim->begin(), p.offset),
@@ -367,6 +367,8 @@ void load_from_source(const TensorSource& src, ParamSet& params, AdamW* optim) {
         out[p.offset + k - optim->begin()] = logical_index(k) >= 0 ? mom[logical_index(k)] : 0.0f;
     }
   }
+  params.upload();  // CUDA: the host mirrors written above go to the device
+  if (optim) optim->upload();
 }
 
 std::vector<std::string> write_checkpoint_from_source(const TensorSource& src, const LlamaConfig& cfg,

@@ -1,10 +1,12 @@
 #include "lns/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include <absl/strings/str_join.h>
 
+#include "lns/device.h"
 #include "lns/errors.h"
 
 #ifdef LNS_WITH_CUDA
@@ -12,6 +14,12 @@
 #endif
 
 namespace lns {
+namespace {
+// Bytes held by CUDA Buffers now and at most (peak memory in benchmarks and logs).
+size_t g_cuda_bytes = 0, g_cuda_peak = 0;
+}  // namespace
+
+size_t cuda_peak_allocated_bytes() { return g_cuda_peak; }
 
 size_t dtype_size(DType t) {
   switch (t) {
@@ -91,8 +99,18 @@ Buffer::Buffer(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) 
     std::memset(data_, 0, nbytes);
   } else {
 #ifdef LNS_WITH_CUDA
-    LNS_CHECK(cudaMalloc(&data_, nbytes) == cudaSuccess) << "cudaMalloc of " << nbytes << " bytes failed";
+    if (cudaMalloc(&data_, nbytes) != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      data_ = nullptr;
+      fail("out of GPU memory: allocating ", nbytes >> 20, " MiB with ", free_b >> 20, " MiB free of ",
+           total_b >> 20, " MiB (", g_cuda_bytes >> 20,
+           " MiB held by lns); lower --micro_batch_size or use more pipeline/tensor parallelism");
+    }
     LNS_CHECK(cudaMemset(data_, 0, nbytes) == cudaSuccess);
+    g_cuda_bytes += nbytes;
+    g_cuda_peak = std::max(g_cuda_peak, g_cuda_bytes);
 #else
     LOG(FATAL) << "this build has no CUDA support (configure with -DLNS_CUDA=ON)";
 #endif
@@ -106,6 +124,7 @@ Buffer::~Buffer() {
   } else {
 #ifdef LNS_WITH_CUDA
     cudaFree(data_);
+    g_cuda_bytes -= nbytes_;
 #endif
   }
 }

@@ -2,12 +2,14 @@
 #include <cmath>
 #include <vector>
 
+#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
 namespace lns {
 
 void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid) {
+  LNS_DISPATCH(logits, vocab_row_max(rowmax, logits, valid));
   cpu::require_cpu({&rowmax, &logits});
   const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
   LNS_CHECK(rowmax.numel() == N && valid <= V);
@@ -22,6 +24,7 @@ void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid) {
 
 void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor rowmax,
                          Tensor targets, int64_t col_begin, int64_t valid) {
+  LNS_DISPATCH(logits, vocab_sumexp_target(sumexp, target, logits, rowmax, targets, col_begin, valid));
   cpu::require_cpu({&sumexp, &target, &logits, &rowmax, &targets});
   const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
   LNS_CHECK(sumexp.numel() == N && target.numel() == N && targets.numel() == N);
@@ -39,6 +42,7 @@ void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor row
 
 void cross_entropy_combine(Tensor losses, Tensor rowmax, Tensor sumexp, Tensor target,
                            Tensor targets) {
+  LNS_DISPATCH(losses, cross_entropy_combine(losses, rowmax, sumexp, target, targets));
   cpu::require_cpu({&losses, &rowmax, &sumexp, &target, &targets});
   const int64_t N = losses.numel();
   for (int64_t n = 0; n < N; ++n)
@@ -51,6 +55,7 @@ void cross_entropy_combine(Tensor losses, Tensor rowmax, Tensor sumexp, Tensor t
 void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, Tensor sumexp,
                                   Tensor targets, int64_t col_begin, int64_t valid,
                                   float grad_scale) {
+  LNS_DISPATCH(logits, vocab_cross_entropy_backward(dlogits, logits, rowmax, sumexp, targets, col_begin, valid, grad_scale));
   cpu::require_cpu({&dlogits, &logits, &rowmax, &sumexp, &targets});
   const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
   LNS_CHECK(dlogits.numel() == N * V);

@@ -1,11 +1,13 @@
 #include <cstring>
 
+#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
 namespace lns {
 
 void embedding_forward(Tensor out, Tensor ids, Tensor weight, int64_t row_begin) {
+  LNS_DISPATCH(out, embedding_forward(out, ids, weight, row_begin));
   cpu::require_cpu({&out, &ids, &weight});
   const int64_t N = ids.numel(), rows = weight.dim(0), C = weight.dim(1);
   LNS_CHECK(out.numel() == N * C);
@@ -23,6 +25,7 @@ void embedding_forward(Tensor out, Tensor ids, Tensor weight, int64_t row_begin)
 }
 
 void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_begin) {
+  LNS_DISPATCH(dweight, embedding_backward(dweight, ids, dout, row_begin));
   cpu::require_cpu({&dweight, &ids, &dout});
   const int64_t N = ids.numel(), rows = dweight.dim(0), C = dweight.dim(1);
   const int32_t* id = ids.i32();

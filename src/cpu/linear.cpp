@@ -1,10 +1,12 @@
 // Linear layers on OpenBLAS sgemm, row-major, weights [out, in] as torch.nn.Linear.
+#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
 namespace lns {
 
 void linear_forward(Tensor y, Tensor x, Tensor w) {
+  LNS_DISPATCH(y, linear_forward(y, x, w));
   cpu::require_cpu({&y, &x, &w});
   const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
   LNS_CHECK(w.dim(1) == in && y.numel() == N * out) << "linear: x " << x.shape.str() << " w "
@@ -16,6 +18,7 @@ void linear_forward(Tensor y, Tensor x, Tensor w) {
 }
 
 void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx) {
+  LNS_DISPATCH(dy, linear_backward(dx, dw, dy, x, w, accumulate_dx));
   cpu::require_cpu({&dx, &dw, &dy, &x, &w});
   const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
   LNS_CHECK(dy.numel() == N * out && dw.numel() == out * in);

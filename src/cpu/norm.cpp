@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
@@ -50,6 +51,7 @@ void check_norm_args(NormType type, const Tensor& out, const Tensor& mean, const
 
 void norm_forward(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
                   Tensor bias, float scale, float eps) {
+  LNS_DISPATCH(x, norm_forward(type, out, mean, rstd, x, gain, bias, scale, eps));
   check_norm_args(type, out, mean, rstd, x, gain, bias);
   const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
   const float* b = bias.empty() ? nullptr : bias.f32();
@@ -63,6 +65,7 @@ void norm_forward(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x,
 void residual_norm_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tensor rstd,
                            Tensor res_in, Tensor delta, float alpha, Tensor gain, Tensor bias,
                            float scale, float eps) {
+  LNS_DISPATCH(res_in, residual_norm_forward(type, res_out, out, mean, rstd, res_in, delta, alpha, gain, bias, scale, eps));
   check_norm_args(type, out, mean, rstd, res_in, gain, bias);
   LNS_CHECK(res_out.numel() == res_in.numel() && delta.numel() == res_in.numel());
   const int64_t N = cpu::rows_of(res_in), C = cpu::cols_of(res_in);
@@ -81,6 +84,7 @@ void residual_norm_forward(NormType type, Tensor res_out, Tensor out, Tensor mea
 
 void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
                    Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale) {
+  LNS_DISPATCH(dout, norm_backward(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale));
   cpu::require_cpu({&dx, &dgain, &dbias, &dres, &dout, &x, &mean, &rstd, &gain});
   const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
   LNS_CHECK(dx.numel() == N * C && dout.numel() == N * C && dgain.numel() == C);

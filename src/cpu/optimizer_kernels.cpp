@@ -1,12 +1,15 @@
 #include <cmath>
 
+#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
 namespace lns {
 
-void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h) {
+void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h, Tensor p_compute) {
+  LNS_DISPATCH(p, adamw_step(p, g, m, v, h, p_compute));
   cpu::require_cpu({&p, &g, &m, &v});
+  LNS_CHECK(p_compute.empty()) << "the CPU backend computes with the f32 weights";
   const int64_t n = p.numel();
   LNS_CHECK(g.numel() == n && m.numel() == n && v.numel() == n);
   float *pp = p.f32(), *mp = m.f32(), *vp = v.f32();
@@ -23,6 +26,7 @@ void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h) {
 }
 
 double sum_squares(Tensor x) {
+  LNS_DISPATCH(x, sum_squares(x));
   cpu::require_cpu({&x});
   const float* p = x.f32();
   double s = 0.0;
@@ -31,6 +35,7 @@ double sum_squares(Tensor x) {
 }
 
 void scale_inplace(Tensor x, float a) {
+  LNS_DISPATCH(x, scale_inplace(x, a));
   cpu::require_cpu({&x});
   float* p = x.f32();
   const int64_t n = x.numel();

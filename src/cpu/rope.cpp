@@ -1,4 +1,5 @@
 // Rotary embedding, half-split layout: pairs (j, j + D/2), as Hugging Face's rotate_half.
+#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
@@ -30,7 +31,13 @@ void rotate(Tensor x, Tensor cos, Tensor sin, float sign) {
 
 }  // namespace
 
-void rope_forward(Tensor x, Tensor cos, Tensor sin) { rotate(x, cos, sin, 1.0f); }
-void rope_backward(Tensor dx, Tensor cos, Tensor sin) { rotate(dx, cos, sin, -1.0f); }
+void rope_forward(Tensor x, Tensor cos, Tensor sin) {
+  LNS_DISPATCH(x, rope_forward(x, cos, sin));
+  rotate(x, cos, sin, 1.0f);
+}
+void rope_backward(Tensor dx, Tensor cos, Tensor sin) {
+  LNS_DISPATCH(dx, rope_backward(dx, cos, sin));
+  rotate(dx, cos, sin, -1.0f);
+}
 
 }  // namespace lns

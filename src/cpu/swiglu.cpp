@@ -1,11 +1,13 @@
 #include <cmath>
 
+#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
 namespace lns {
 
 void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
+  LNS_DISPATCH(out, swiglu_forward(out, gate, up));
   cpu::require_cpu({&out, &gate, &up});
   const int64_t n = gate.numel();
   LNS_CHECK(up.numel() == n && out.numel() == n);
@@ -16,6 +18,7 @@ void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
 }
 
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) {
+  LNS_DISPATCH(dout, swiglu_backward(dgate, dup, dout, gate, up));
   cpu::require_cpu({&dgate, &dup, &dout, &gate, &up});
   const int64_t n = gate.numel();
   const float *g = gate.f32(), *u = up.f32(), *d = dout.f32();

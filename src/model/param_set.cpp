@@ -2,7 +2,9 @@
 
 #include <cstring>
 
+#include "lns/device.h"
 #include "lns/errors.h"
+#include "lns/ops.h"
 
 namespace lns {
 
@@ -53,6 +55,11 @@ void ParamSet::finalize(Device device) {
   LNS_CHECK(!finalized_);
   params_ = Buffer(numel_ * sizeof(float), device);
   grads_ = Buffer(numel_ * sizeof(float), device);
+  if (device == Device::CUDA) {
+    compute_ = Buffer(numel_ * dtype_size(DType::BF16), device);
+    host_params_ = Buffer(numel_ * sizeof(float), Device::CPU);
+    host_grads_ = Buffer(numel_ * sizeof(float), Device::CPU);
+  }
   finalized_ = true;
 }
 
@@ -69,9 +76,43 @@ Tensor ParamSet::grad(int i) const {
   return grads_.view(DType::F32, infos_[i].shape, infos_[i].offset * sizeof(float));
 }
 
+Tensor ParamSet::compute(int i) const {
+  if (device() == Device::CPU) return param(i);
+  return compute_.view(DType::BF16, infos_[i].shape, infos_[i].offset * dtype_size(DType::BF16));
+}
+
+Tensor ParamSet::host_param(int i) const {
+  if (device() == Device::CPU) return param(i);
+  return host_params_.view(DType::F32, infos_[i].shape, infos_[i].offset * sizeof(float));
+}
+
+Tensor ParamSet::host_grad(int i) const {
+  if (device() == Device::CPU) return grad(i);
+  return host_grads_.view(DType::F32, infos_[i].shape, infos_[i].offset * sizeof(float));
+}
+
+Tensor ParamSet::flat_compute() const {
+  return device() == Device::CPU ? Tensor{} : compute_.view(DType::BF16, Shape{numel_});
+}
+
 void ParamSet::zero_grads() {
-  LNS_CHECK(grads_.device() == Device::CPU);
-  std::memset(grads_.data(), 0, grads_.nbytes());
+  zero_tensor(flat_grads());
+}
+
+void ParamSet::upload() {
+  if (device() == Device::CPU) return;
+  copy_tensor(flat_params(), host_params_.f32(Shape{numel_}));
+  refresh_compute();
+}
+
+void ParamSet::download(bool grads) {
+  if (device() == Device::CPU) return;
+  copy_tensor(host_params_.f32(Shape{numel_}), flat_params());
+  if (grads) copy_tensor(host_grads_.f32(Shape{numel_}), flat_grads());
+}
+
+void ParamSet::refresh_compute() {
+  if (device() == Device::CUDA) cast(flat_compute(), flat_params());
 }
 
 }  // namespace lns

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/ops.h"
 #include "lns/rng.h"
@@ -15,10 +16,7 @@ std::string layer_name(int layer, const std::string& suffix) {
   return absl::StrCat("model.layers.", layer, ".", suffix);
 }
 
-void copy(Tensor dst, Tensor src) {
-  LNS_CHECK(dst.nbytes() == src.nbytes());
-  if (dst.data != src.data) std::memcpy(dst.data, src.data, src.nbytes());
-}
+void copy(Tensor dst, Tensor src) { copy_tensor(dst, src); }
 
 }  // namespace
 
@@ -50,7 +48,8 @@ struct LlamaStage::Slot {
   };
   struct LayerActs {
     SubActs sub[2];
-    OwnedTensor q, k, v, probs, ctx;  // [N,Hq*D], [N,Hkv*D] x2, [B,Hq,T,T], [N,Hq*D]
+    OwnedTensor q, k, v, ctx;         // [N,Hq*D], [N,Hkv*D] x2, [N,Hq*D]
+    OwnedTensor attn_saved;           // f32 attention_saved_shape(): [B,Hq,T,T] or [B,Hq,T]
     OwnedTensor gate, up, act;        // [N,F]
   };
   OwnedTensor ids;        // [B,T] i32, first stage
@@ -61,7 +60,8 @@ struct LlamaStage::Slot {
   OwnedTensor logits;     // [N,V], overwritten by dlogits in backward
   OwnedTensor losses;     // [N]
   OwnedTensor rowmax, sumexp, target_logit;  // [N] loss statistics, reduced over tp
-  Tensor targets;         // view of the caller's [N] i32
+  OwnedTensor targets;    // [N] i32, copied from the caller's
+  bool loss_pending = false;  // loss() ran, so backward() may
   Tensor out;             // what forward returned
 };
 
@@ -103,20 +103,32 @@ void LlamaStage::init_dims() {
 }
 
 LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
-                       int num_slots, TensorParallel tp)
+                       int num_slots, TensorParallel tp, Device device)
     : cfg_(cfg), spec_(spec), B_(micro_batch), T_(seq_len), tp_(tp),
-      rope_(seq_len, cfg.head_dim(), cfg.rope_theta) {
+      rope_(seq_len, cfg.head_dim(), cfg.rope_theta), device_(device),
+      act_(lns::activation_dtype(device)) {
   cfg_.validate();
   init_dims();
   LNS_CHECK(0 <= spec.first_layer && spec.first_layer <= spec.last_layer &&
             spec.last_layer <= cfg.num_layers);
   LNS_CHECK(num_slots >= 1 && B_ > 0 && T_ > 0);
   register_params();
-  params_.finalize();
+  params_.finalize(device_);
+  rope_cos_ = rope_.cos, rope_sin_ = rope_.sin;
+  if (device_ != Device::CPU) {
+    for (int i = 0; i < 2; ++i) {
+      const Tensor host = i == 0 ? rope_.cos.t : rope_.sin.t;
+      rope_dev_[i] = OwnedTensor(DType::F32, host.shape, device_);
+      copy_tensor(rope_dev_[i], host);
+    }
+    rope_cos_ = rope_dev_[0], rope_sin_ = rope_dev_[1];
+  }
 
   const int64_t N = B_ * T_, C = cfg_.hidden_size, F = fshard_.size, QD = QD_, KD = KD_,
                 V = vshard_.size;
-  const auto f32 = [](Shape s) { return OwnedTensor(DType::F32, s); };
+  // Activations in the device's activation dtype; statistics always f32.
+  const auto act = [&](Shape s) { return OwnedTensor(act_, s, device_); };
+  const auto f32 = [&](Shape s) { return OwnedTensor(DType::F32, s, device_); };
   int num_stats = 0;
   for (auto& l : layers_)
     for (auto& s : l.sub)
@@ -124,26 +136,26 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
         if (n->active()) num_stats = std::max(num_stats, n->stat + 1);
   for (int i = 0; i < num_slots; ++i) {
     auto slot = std::make_unique<Slot>();
-    if (spec_.has_embedding) slot->ids = OwnedTensor(DType::I32, Shape{B_, T_});
-    slot->h0 = f32({N, C});
+    if (spec_.has_embedding) slot->ids = OwnedTensor(DType::I32, Shape{B_, T_}, device_);
+    slot->h0 = act({N, C});
     for (auto& l : layers_) {
       Slot::LayerActs a;
       for (int w = 0; w < 2; ++w) {
         const Sublayer& s = l.sub[w];
-        if (s.pre.active()) a.sub[w].u = f32({N, C});
-        a.sub[w].f = f32({N, C});
-        if (s.out.active()) a.sub[w].f2 = f32({N, C});
-        a.sub[w].r = f32({N, C});
-        if (s.add.active()) a.sub[w].y = f32({N, C});
+        if (s.pre.active()) a.sub[w].u = act({N, C});
+        a.sub[w].f = act({N, C});
+        if (s.out.active()) a.sub[w].f2 = act({N, C});
+        a.sub[w].r = act({N, C});
+        if (s.add.active()) a.sub[w].y = act({N, C});
       }
-      a.q = f32({N, QD});
-      a.k = f32({N, KD});
-      a.v = f32({N, KD});
-      a.probs = f32({B_, Hq_, T_, T_});
-      a.ctx = f32({N, QD});
-      a.gate = f32({N, F});
-      a.up = f32({N, F});
-      a.act = f32({N, F});
+      a.q = act({N, QD});
+      a.k = act({N, KD});
+      a.v = act({N, KD});
+      a.attn_saved = f32(lns::attention_saved_shape(device_, B_, T_, Hq_));
+      a.ctx = act({N, QD});
+      a.gate = act({N, F});
+      a.up = act({N, F});
+      a.act = act({N, F});
       slot->layers.push_back(std::move(a));
     }
     for (int k = 0; k < num_stats + 1; ++k) {  // +1: the final norm uses the last index
@@ -151,8 +163,9 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       slot->rstd.push_back(f32({N}));
     }
     if (spec_.has_head) {
-      slot->hf = f32({N, C});
-      slot->logits = f32({B_, T_, V});
+      slot->hf = act({N, C});
+      slot->logits = act({B_, T_, V});
+      slot->targets = OwnedTensor(DType::I32, Shape{N}, device_);
       slot->losses = f32({N});
       slot->rowmax = f32({N});
       slot->sumexp = f32({N});
@@ -162,10 +175,10 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   }
   scratch_ = std::make_unique<Scratch>();
   Scratch& sc = *scratch_;
-  sc.d_a = f32({N, C}), sc.d_b = f32({N, C}), sc.dr = f32({N, C}), sc.df = f32({N, C}),
-  sc.du = f32({N, C}), sc.dhf = f32({N, C});
-  sc.dq = f32({N, QD}), sc.dctx = f32({N, QD}), sc.dk = f32({N, KD}), sc.dv = f32({N, KD});  // local heads
-  sc.dgate = f32({N, F}), sc.dup = f32({N, F}), sc.dact = f32({N, F});
+  sc.d_a = act({N, C}), sc.d_b = act({N, C}), sc.dr = act({N, C}), sc.df = act({N, C}),
+  sc.du = act({N, C}), sc.dhf = act({N, C});
+  sc.dq = act({N, QD}), sc.dctx = act({N, QD}), sc.dk = act({N, KD}), sc.dv = act({N, KD});  // local heads
+  sc.dgate = act({N, F}), sc.dup = act({N, F}), sc.dact = act({N, F});
 }
 
 void LlamaStage::register_params() {
@@ -265,8 +278,9 @@ std::vector<LlamaStage::LayerStats> LlamaStage::layer_stats(int slot) const {
   for (size_t i = 0; i < layers_.size(); ++i) {
     LayerStats st;
     st.layer = layers_[i].global;
-    const float* in = s.layers[i].sub[0].x.f32();
-    const float* o = layer_output(static_cast<int>(i), s).f32();
+    const std::vector<float> in_h = to_host_f32(s.layers[i].sub[0].x),
+                             o_h = to_host_f32(layer_output(static_cast<int>(i), s));
+    const float *in = in_h.data(), *o = o_h.data();
     for (int64_t n = 0; n < N; ++n) {
       double dot = 0, nin = 0, nout = 0;
       for (int64_t c = 0; c < C; ++c) {
@@ -297,7 +311,7 @@ void LlamaStage::set_skipped_layers(const std::vector<int>& global_layers) {
 void LlamaStage::init_weights(uint64_t seed) {
   for (int i = 0; i < params_.size(); ++i) {
     const ParamInfo& info = params_.info(i);
-    float* w = params_.param(i).f32();
+    float* w = params_.host_param(i).f32();
     const int64_t n = info.shape.numel();
     if (info.kind == ParamKind::NormGain || info.kind == ParamKind::NormBias) {
       const float v = info.kind == ParamKind::NormGain ? 1.0f : 0.0f;
@@ -314,6 +328,7 @@ void LlamaStage::init_weights(uint64_t seed) {
       w[j] = info.to_logical(j / cols, j % cols, &li, &lj) ? std * normal_at(key, li * lcols + lj) : 0.0f;
     }
   }
+  params_.upload();
 }
 
 void LlamaStage::norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x) {
@@ -397,13 +412,13 @@ void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
   Slot::LayerActs& a = s.layers[&l - layers_.data()];
   const int64_t D = cfg_.head_dim();
   const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};  // this rank's heads
-  linear_forward(a.q, u, params_.param(l.wq));  // [N, Hq*D]
-  linear_forward(a.k, u, params_.param(l.wk));  // [N, Hkv*D]
-  linear_forward(a.v, u, params_.param(l.wv));  // [N, Hkv*D]
-  rope_forward(a.q.t.view(qs), rope_.cos, rope_.sin);
-  rope_forward(a.k.t.view(ks), rope_.cos, rope_.sin);
-  attention_forward(a.ctx.t.view(qs), a.probs, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks));
-  linear_forward(f, a.ctx, params_.param(l.wo));  // [N, C], partial over tp (row-parallel)
+  linear_forward(a.q, u, params_.compute(l.wq));  // [N, Hq*D]
+  linear_forward(a.k, u, params_.compute(l.wk));  // [N, Hkv*D]
+  linear_forward(a.v, u, params_.compute(l.wv));  // [N, Hkv*D]
+  rope_forward(a.q.t.view(qs), rope_cos_, rope_sin_);
+  rope_forward(a.k.t.view(ks), rope_cos_, rope_sin_);
+  attention_forward(a.ctx.t.view(qs), a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks));
+  linear_forward(f, a.ctx, params_.compute(l.wo));  // [N, C], partial over tp (row-parallel)
   tp_.all_reduce_sum(f);
 }
 
@@ -414,23 +429,23 @@ void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   Scratch& sc = *scratch_;
   const int64_t D = cfg_.head_dim();
   const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};
-  linear_backward(sc.dctx, params_.grad(l.wo), df, a.ctx, params_.param(l.wo), false);
+  linear_backward(sc.dctx, params_.grad(l.wo), df, a.ctx, params_.compute(l.wo), false);
   attention_backward(sc.dq.t.view(qs), sc.dk.t.view(ks), sc.dv.t.view(ks), sc.dctx.t.view(qs),
-                     a.probs, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks));
-  rope_backward(sc.dq.t.view(qs), rope_.cos, rope_.sin);
-  rope_backward(sc.dk.t.view(ks), rope_.cos, rope_.sin);
-  linear_backward(du, params_.grad(l.wq), sc.dq, u, params_.param(l.wq), false);
-  linear_backward(du, params_.grad(l.wk), sc.dk, u, params_.param(l.wk), true);
-  linear_backward(du, params_.grad(l.wv), sc.dv, u, params_.param(l.wv), true);
+                     a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks));
+  rope_backward(sc.dq.t.view(qs), rope_cos_, rope_sin_);
+  rope_backward(sc.dk.t.view(ks), rope_cos_, rope_sin_);
+  linear_backward(du, params_.grad(l.wq), sc.dq, u, params_.compute(l.wq), false);
+  linear_backward(du, params_.grad(l.wk), sc.dk, u, params_.compute(l.wk), true);
+  linear_backward(du, params_.grad(l.wv), sc.dv, u, params_.compute(l.wv), true);
   tp_.all_reduce_sum(du);  // column-parallel q/k/v: input gradient summed over tp
 }
 
 void LlamaStage::mlp_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
   Slot::LayerActs& a = s.layers[&l - layers_.data()];
-  linear_forward(a.gate, u, params_.param(l.wg));  // [N, F]
-  linear_forward(a.up, u, params_.param(l.wu));    // [N, F]
+  linear_forward(a.gate, u, params_.compute(l.wg));  // [N, F]
+  linear_forward(a.up, u, params_.compute(l.wu));    // [N, F]
   swiglu_forward(a.act, a.gate, a.up);             // [N, F]
-  linear_forward(f, a.act, params_.param(l.wd));   // [N, C], partial over tp (row-parallel)
+  linear_forward(f, a.act, params_.compute(l.wd));   // [N, C], partial over tp (row-parallel)
   tp_.all_reduce_sum(f);
 }
 
@@ -439,10 +454,10 @@ void LlamaStage::mlp_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   const Slot::SubActs& sa = a.sub[1];
   const Tensor u = l.sub[1].pre.active() ? sa.u.t : sa.x;
   Scratch& sc = *scratch_;
-  linear_backward(sc.dact, params_.grad(l.wd), df, a.act, params_.param(l.wd), false);
+  linear_backward(sc.dact, params_.grad(l.wd), df, a.act, params_.compute(l.wd), false);
   swiglu_backward(sc.dgate, sc.dup, sc.dact, a.gate, a.up);
-  linear_backward(du, params_.grad(l.wg), sc.dgate, u, params_.param(l.wg), false);
-  linear_backward(du, params_.grad(l.wu), sc.dup, u, params_.param(l.wu), true);
+  linear_backward(du, params_.grad(l.wg), sc.dgate, u, params_.compute(l.wg), false);
+  linear_backward(du, params_.grad(l.wu), sc.dup, u, params_.compute(l.wu), true);
   tp_.all_reduce_sum(du);  // column-parallel gate/up: input gradient summed over tp
 }
 
@@ -452,10 +467,10 @@ Tensor LlamaStage::forward(Tensor input, int slot) {
   if (spec_.has_embedding) {
     LNS_CHECK(input.dtype == DType::I32 && input.numel() == N) << "first stage takes ids [B,T]";
     copy(s.ids, input);
-    embedding_forward(s.h0, s.ids, params_.param(embed_), vshard_.begin);
+    embedding_forward(s.h0, s.ids, params_.compute(embed_), vshard_.begin);
     tp_.all_reduce_sum(s.h0);  // vocab-parallel: each row comes from one rank
   } else {
-    LNS_CHECK(input.dtype == DType::F32 && input.numel() == N * C) << "stage takes hidden [B,T,C]";
+    LNS_CHECK(input.dtype == act_ && input.numel() == N * C) << "stage takes hidden [B,T,C]";
     copy(s.h0, input);
   }
   Tensor x = s.h0;
@@ -475,7 +490,7 @@ Tensor LlamaStage::head_forward(Slot& s, Tensor x) {
   const int64_t N = B_ * T_;
   NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1};
   norm_fwd(fin, s, s.hf, x);
-  linear_forward(s.logits.t.view({N, vshard_.size}), s.hf, params_.param(head_));
+  linear_forward(s.logits.t.view({N, vshard_.size}), s.hf, params_.compute(head_));
   s.out = x;  // the input of the final norm, kept for its backward
   return s.logits;
 }
@@ -483,7 +498,9 @@ Tensor LlamaStage::head_forward(Slot& s, Tensor x) {
 double LlamaStage::loss(Tensor targets, int slot) {
   Slot& s = *slots_.at(slot);
   LNS_CHECK(spec_.has_head && targets.dtype == DType::I32 && targets.numel() == B_ * T_);
-  s.targets = targets;
+  copy(s.targets, targets.view(s.targets.t.shape));
+  targets = s.targets;
+  s.loss_pending = true;
   // Vocab-parallel cross-entropy: no rank holds the full logits.
   const Tensor logits = s.logits.t.view({B_ * T_, vshard_.size});
   vocab_row_max(s.rowmax, logits, vshard_.valid);
@@ -494,7 +511,7 @@ double LlamaStage::loss(Tensor targets, int slot) {
   tp_.all_reduce_sum(s.target_logit);
   cross_entropy_combine(s.losses, s.rowmax, s.sumexp, s.target_logit, targets);
   double sum = 0.0;
-  for (int64_t n = 0; n < B_ * T_; ++n) sum += s.losses.f32()[n];
+  for (float l : to_host_f32(s.losses)) sum += l;  // in token order: deterministic
   return sum;
 }
 
@@ -506,11 +523,11 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
   const int64_t N = B_ * T_, C = cfg_.hidden_size;
   Tensor dy = sc.d_a.t.view({N, C}), dx = sc.d_b.t.view({N, C});
   if (spec_.has_head) {
-    LNS_CHECK(!s.targets.empty()) << "loss() must run before backward() on the last stage";
+    LNS_CHECK(s.loss_pending) << "loss() must run before backward() on the last stage";
     const Tensor dlogits = s.logits.t.view({N, vshard_.size});
     vocab_cross_entropy_backward(dlogits, dlogits, s.rowmax, s.sumexp, s.targets, vshard_.begin,
                                  vshard_.valid, grad_scale);
-    linear_backward(sc.dhf, params_.grad(head_), dlogits, s.hf, params_.param(head_), false);
+    linear_backward(sc.dhf, params_.grad(head_), dlogits, s.hf, params_.compute(head_), false);
     tp_.all_reduce_sum(sc.dhf);  // column-parallel head: input gradient summed over tp
     NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1};
     norm_bwd(fin, s, dy, {}, sc.dhf, s.out);

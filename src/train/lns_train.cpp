@@ -18,6 +18,7 @@
 #include "lns/model_flags.h"
 #include "lns/train_flags.h"
 #include "lns/trainer.h"
+#include "lns/device.h"
 #include "parallel/process_grid.h"
 
 DECLARE_int32(exit_code_on_signal);
@@ -87,13 +88,21 @@ int run() {
     cfg = train_config_from_flags();
     grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
     validate_layout(model_cfg, grid->tp, grid->pp);
+    if (cfg.device == Device::CUDA) {
+      const int gpu = bind_local_gpu(local_rank_from_env());
+      (void)comm_flag();  // a bad --comm fails here, on every rank
+      VLOG(1) << "rank " << grid->rank << ": GPU " << gpu << ", " << current_gpu_description();
+      if (grid->rank == 0) LOG(INFO) << "CUDA backend: " << current_gpu_description();
+    }
     layers = stage_layer_ranges(model_cfg.num_layers, grid->pp, cfg.pp_layers);
     if (grid->rank == 0) {
       const std::string flags = resolved_flags();
       LOG(INFO) << "configuration:\n" << flags;
       LOG(INFO) << "layout: " << grid->describe(layers);
-      LOG(INFO) << "CPU backend: " << cpu_blas_info();
-      if (const std::string w = cpu_blas_warning(); !w.empty()) LOG(WARNING) << w;
+      if (cfg.device == Device::CPU) {
+        LOG(INFO) << "CPU backend: " << cpu_blas_info();
+        if (const std::string w = cpu_blas_warning(); !w.empty()) LOG(WARNING) << w;
+      }
       if (!cfg.out_dir.empty()) {
         std::error_code ec;
         std::filesystem::create_directories(cfg.out_dir, ec);
@@ -102,7 +111,16 @@ int run() {
         std::ofstream(cfg.out_dir + "/model_config.json") << model_cfg.to_json().dump(2) << "\n";
       }
     }
-    trainer = std::make_unique<Trainer>(model_cfg, cfg, grid.get());
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  if (!all_ranks_started("lns_train", error)) return 1;
+  // Device communicators (NCCL starts collectively) only once every rank has its GPU,
+  // then the model; each phase agrees before the next, so a failing rank never
+  // leaves the others waiting inside a collective.
+  try {
+    if (cfg.device == Device::CUDA) grid->use_device_communicators(comm_flag());
+    trainer = std::make_unique<Trainer>(config_from_flags(), cfg, grid.get());
   } catch (const UserError& e) {
     error = e.what();
   }

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/ops.h"
 #include "lns/optim.h"
@@ -9,18 +10,37 @@ namespace lns {
 
 AdamW::AdamW(ParamSet& params, AdamWConfig cfg, int64_t begin, int64_t end)
     : params_(params), cfg_(cfg), begin_(begin), end_(end < 0 ? params.numel() : end),
-      m_((end_ - begin_) * sizeof(float)), v_((end_ - begin_) * sizeof(float)) {}
+      m_((end_ - begin_) * sizeof(float), params.device()),
+      v_((end_ - begin_) * sizeof(float), params.device()) {
+  if (params.device() == Device::CUDA) {
+    hm_ = Buffer(m_.nbytes());
+    hv_ = Buffer(v_.nbytes());
+  }
+}
+
+void AdamW::download() {
+  if (!hm_.data()) return;
+  copy_tensor(exp_avg(), m_.f32(Shape{end_ - begin_}));
+  copy_tensor(exp_avg_sq(), v_.f32(Shape{end_ - begin_}));
+}
+
+void AdamW::upload() {
+  if (!hm_.data()) return;
+  copy_tensor(m_.f32(Shape{end_ - begin_}), exp_avg());
+  copy_tensor(v_.f32(Shape{end_ - begin_}), exp_avg_sq());
+}
 
 void AdamW::step(float lr) {
   ++t_;
   AdamWHyper h{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, 0.0f,
                static_cast<float>(1.0 - std::pow(double(cfg_.beta1), double(t_))),
                static_cast<float>(1.0 - std::pow(double(cfg_.beta2), double(t_)))};
-  const Tensor m = exp_avg(), v = exp_avg_sq();
-  const Tensor p = params_.flat_params(), g = params_.flat_grads();
+  const Tensor m = m_.f32(Shape{end_ - begin_}), v = v_.f32(Shape{end_ - begin_});
+  const Tensor p = params_.flat_params(), g = params_.flat_grads(), pc = params_.flat_compute();
   auto slice = [](Tensor flat, int64_t at, int64_t n) {
+    if (flat.empty()) return flat;
     Tensor t = flat;
-    t.data = flat.f32() + at;
+    t.data = static_cast<char*>(flat.data) + at * dtype_size(flat.dtype);
     t.shape = Shape{n};
     return t;
   };
@@ -31,7 +51,7 @@ void AdamW::step(float lr) {
     if (lo >= hi) continue;
     h.weight_decay = info.decays() ? cfg_.weight_decay : 0.0f;
     adamw_step(slice(p, lo, hi - lo), slice(g, lo, hi - lo), slice(m, lo - begin_, hi - lo),
-               slice(v, lo - begin_, hi - lo), h);
+               slice(v, lo - begin_, hi - lo), h, slice(pc, lo, hi - lo));
   }
 }
 

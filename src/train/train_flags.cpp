@@ -36,6 +36,13 @@ DEFINE_int64(log_every, 10, "Print the training line every N steps.");
 DEFINE_string(out_dir, "", "Run directory: metrics.jsonl and config.flags go here.");
 DEFINE_double(peak_tflops, 0, "Peak TFLOP/s of one device, for MFU in the log (0 = not shown).");
 // ---- parallelism ------------------------------------------------------------------------
+DEFINE_string(device, "cpu",
+              "Where to compute: cpu (f32 reference) or cuda (bf16 activations and weights for "
+              "the GEMMs, f32 master weights and optimizer state; each rank takes the GPU of its "
+              "local rank).");
+DEFINE_string(comm, "nccl",
+              "CUDA runs: how ranks exchange GPU tensors: nccl, or mpi (through host memory; "
+              "lets several ranks share one GPU). CPU runs always use MPI.");
 DEFINE_int32(tp, 1, "Tensor-parallel size: splits heads, FFN width and vocabulary.");
 DEFINE_int32(pp, 1, "Pipeline-parallel stages (1F1B schedule). Data parallel = world / (tp * pp).");
 DEFINE_string(pp_layers, "", "Layers per pipeline stage, e.g. 3,2,2 (default: even split).");
@@ -81,6 +88,7 @@ TrainConfig train_config_from_flags() {
   c.log_every = FLAGS_log_every;
   c.out_dir = FLAGS_out_dir;
   c.peak_tflops = FLAGS_peak_tflops;
+  c.device = parse_device(FLAGS_device);
   c.init_from = FLAGS_init_from;
   c.pp_layers = FLAGS_pp_layers;
   c.zero = FLAGS_zero;
@@ -97,6 +105,7 @@ TrainConfig train_config_from_flags() {
 std::string dump_step_state_flag() { return FLAGS_dump_step_state; }
 int tp_flag() { return FLAGS_tp; }
 int pp_flag() { return FLAGS_pp; }
+CommKind comm_flag() { return parse_comm(FLAGS_comm); }
 
 std::string resolved_flags() {
   std::vector<gflags::CommandLineFlagInfo> all;

@@ -11,6 +11,7 @@
 #include <atomic>
 
 #include "lns/checkpoint.h"
+#include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/param_io.h"
 #include "lns/safetensors.h"
@@ -112,7 +113,8 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   const StageSpec spec{first, last, grid_->first_stage(), grid_->last_stage()};
   model_ = std::make_unique<LlamaStage>(
       model_cfg_, spec, cfg_.micro_batch, cfg_.seq_len,
-      PipelineSchedule1F1B::slots_for(num_micro_, grid_->pp_rank, grid_->pp), grid_->tensor_parallel());
+      PipelineSchedule1F1B::slots_for(num_micro_, grid_->pp_rank, grid_->pp), grid_->tensor_parallel(),
+      cfg_.device);
   if (cfg_.init_from.empty()) {
     model_->init_weights(cfg_.seed);
   } else {
@@ -172,6 +174,8 @@ std::string Trainer::save_checkpoint() {
   st.consumed_samples = train_sampler_->consumed();
   st.seed = cfg_.seed;
   const double t0 = now_seconds();
+  model_->params().download();  // CUDA: checkpoints read the host mirrors
+  optim_->download();
   const std::string dir = lns::save_checkpoint(cfg_.out_dir, grid_->world(), model_->params(), *optim_,
                                                model_cfg_, layout, st, cfg_.keep_checkpoints,
                                                cfg_.checkpoint_test_pause_ms);
@@ -252,9 +256,11 @@ void Trainer::dump_step_state(const std::string& path) {
   if (grid_->last_stage()) logits = OwnedTensor(DType::F32, {num_micro_ * B, T, vs.size});
   const float loss = static_cast<float>(run_global_batch([&](int m, Tensor l) {
                                           // keep the logits before backward overwrites them
-                                          std::memcpy(logits.f32() + m * B * T * vs.size, l.data, l.nbytes());
+                                          const std::vector<float> h = to_host_f32(l);
+                                          std::memcpy(logits.f32() + m * B * T * vs.size, h.data(), h.size() * 4);
                                         }).loss);
   sync_->reduce(/*full=*/true);
+  model_->params().download(/*grads=*/true);
 
   // Gather the logical tensors on rank 0: gradients from dp rank 0, the batch and
   // the logits from every dp rank's share.

@@ -1,0 +1,49 @@
+// Where a run computes (--device=cpu|cuda) and moving tensors between host and GPU.
+//
+// The CPU is the reference backend (f32 everywhere). The CUDA backend keeps f32 master
+// weights, gradients and optimizer state, and runs activations and GEMM inputs in bf16
+// (activation_dtype); statistics (norm rstd/mean, losses) stay f32 on both.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "lns/tensor.h"
+
+namespace lns {
+
+// "cpu" or "cuda"; anything else is a UserError naming --device.
+Device parse_device(const std::string& value);
+const char* device_name(Device d);
+// The dtype of activations (hidden states, logits, GEMM inputs) on a device.
+inline DType activation_dtype(Device d) { return d == Device::CUDA ? DType::BF16 : DType::F32; }
+
+// True when this binary was built with -DLNS_CUDA=ON.
+bool cuda_built();
+// Visible CUDA devices; 0 without CUDA support, driver or GPU (never throws).
+int cuda_device_count();
+// Why cuda_device_count() is 0, in one line (for error messages and test skips).
+std::string cuda_unavailable_reason();
+
+// The local rank of this process on its node, from Open MPI (OMPI_COMM_WORLD_LOCAL_RANK),
+// SLURM (SLURM_LOCALID) or torchrun-style LOCAL_RANK; 0 when none is set.
+int local_rank_from_env();
+// Makes GPU (local_rank mod visible GPUs) current for this process and returns its
+// ordinal. More local ranks than GPUs share GPUs (only the MPI communicator allows
+// that; see --comm). UserError when CUDA is not built or no GPU is visible.
+int bind_local_gpu(int local_rank);
+// "NVIDIA H100 80GB HBM3, driver 580.159, 132 SMs, 79.1 GiB" for the current GPU.
+std::string current_gpu_description();
+
+// dst = src (same dtype and element count) between any two devices; returns when the
+// copy is done.
+void copy_tensor(Tensor dst, Tensor src);
+// Sets every byte of t to zero (queued on the CUDA stream for device tensors).
+void zero_tensor(Tensor t);
+// The elements of an f32 or bf16 tensor on any device, as f32 on the host.
+std::vector<float> to_host_f32(Tensor src);
+// Waits for every kernel queued on the CUDA stream (no-op on the CPU).
+void device_synchronize(Device d);
+// Peak bytes allocated by Buffers on the CUDA device since start (0 on the CPU).
+size_t cuda_peak_allocated_bytes();
+
+}  // namespace lns

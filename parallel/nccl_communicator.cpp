@@ -1,0 +1,104 @@
+#include "parallel/nccl_communicator.h"
+
+#include "lns/errors.h"
+#include "parallel/mpi_communicator.h"
+
+#ifdef LNS_WITH_CUDA
+#include <nccl.h>
+
+#include "cuda/runtime.h"
+#endif
+
+namespace lns {
+
+#ifdef LNS_WITH_CUDA
+namespace {
+
+void nccl_check(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return;
+  LOG(FATAL) << "NCCL " << what << " failed: " << ncclGetErrorString(r);
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::BF16: return ncclBfloat16;
+    case DType::I32: return ncclInt32;
+  }
+  return ncclUint8;
+}
+
+class NcclCommunicator : public Communicator {
+ public:
+  explicit NcclCommunicator(MPI_Comm comm)
+      : host_(make_host_staging_communicator(make_mpi_communicator(comm))) {
+    ncclUniqueId id;
+    if (host_->rank() == 0) nccl_check(ncclGetUniqueId(&id), "get unique id");
+    std::vector<char> bytes(reinterpret_cast<char*>(&id), reinterpret_cast<char*>(&id) + sizeof(id));
+    host_->broadcast(Tensor{bytes.data(), DType::I32, Device::CPU, Shape{int64_t(sizeof(id) / 4)}}, 0);
+    std::memcpy(&id, bytes.data(), sizeof(id));
+    const ncclResult_t r = ncclCommInitRank(&comm_, host_->size(), id, host_->rank());
+    if (r != ncclSuccess)
+      fail("--comm=nccl: NCCL could not start (", ncclGetErrorString(r),
+           "); ranks that share a GPU need --comm=mpi");
+  }
+  ~NcclCommunicator() override {
+    if (comm_) ncclCommDestroy(comm_);
+  }
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+
+  void all_reduce(Tensor t, ReduceOp op) override {
+    if (t.device == Device::CPU) return host_->all_reduce(t, op);
+    if (size() == 1) return;
+    nccl_check(ncclAllReduce(t.data, t.data, t.numel(), nccl_type(t.dtype),
+                             op == ReduceOp::Sum ? ncclSum : ncclMax, comm_, cuda::stream()),
+               "all-reduce");
+  }
+  void all_reduce(double* v, int n, ReduceOp op) override { host_->all_reduce(v, n, op); }
+  void all_gather(Tensor out, Tensor in) override {
+    if (in.device == Device::CPU) return host_->all_gather(out, in);
+    LNS_CHECK(out.numel() == in.numel() * size() && out.dtype == in.dtype);
+    nccl_check(ncclAllGather(in.data, out.data, in.numel(), nccl_type(in.dtype), comm_, cuda::stream()),
+               "all-gather");
+  }
+  void reduce_scatter(Tensor out, Tensor in) override {
+    if (in.device == Device::CPU) return host_->reduce_scatter(out, in);
+    LNS_CHECK(in.numel() == out.numel() * size() && out.dtype == in.dtype);
+    nccl_check(ncclReduceScatter(in.data, out.data, out.numel(), nccl_type(in.dtype), ncclSum, comm_,
+                                 cuda::stream()),
+               "reduce-scatter");
+  }
+  void broadcast(Tensor t, int root) override {
+    if (t.device == Device::CPU) return host_->broadcast(t, root);
+    nccl_check(ncclBroadcast(t.data, t.data, t.nbytes(), ncclUint8, root, comm_, cuda::stream()),
+               "broadcast");
+  }
+  void send(Tensor t, int peer, int tag) override { host_->send(t, peer, tag); }
+  void recv(Tensor t, int peer, int tag) override { host_->recv(t, peer, tag); }
+  void wait_sends() override { host_->wait_sends(); }
+  void barrier() override { host_->barrier(); }
+  std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine) override {
+    return host_->gather_bytes(mine);
+  }
+
+ private:
+  std::unique_ptr<Communicator> host_;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm) {
+  return std::make_unique<NcclCommunicator>(comm);
+}
+
+#else
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm) {
+  fail("--comm=nccl needs a build with CUDA (configure with -DLNS_CUDA=ON)");
+}
+
+#endif
+
+}  // namespace lns

@@ -1,0 +1,49 @@
+// The CUDA backend of include/lns/ops.h: one function per op, same arguments, same
+// meaning (see ops.h for shapes); reached through LNS_DISPATCH (src/core/dispatch.h).
+// Everything runs on the stream of cuda/runtime.h, in order.
+#pragma once
+#include "lns/ops.h"
+
+namespace lns::cuda {
+
+void embedding_forward(Tensor out, Tensor ids, Tensor weight, int64_t row_begin);
+void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_begin);
+
+void norm_forward(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
+                  Tensor bias, float scale, float eps);
+void residual_norm_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tensor rstd,
+                           Tensor res_in, Tensor delta, float alpha, Tensor gain, Tensor bias,
+                           float scale, float eps);
+void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
+                   Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale);
+
+void linear_forward(Tensor y, Tensor x, Tensor w);
+void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx);
+
+void rope_forward(Tensor x, Tensor cos, Tensor sin);
+void rope_backward(Tensor dx, Tensor cos, Tensor sin);
+
+void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v);
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor saved, Tensor q,
+                        Tensor k, Tensor v);
+
+void swiglu_forward(Tensor out, Tensor gate, Tensor up);
+void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
+
+void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid);
+void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor rowmax,
+                         Tensor targets, int64_t col_begin, int64_t valid);
+void cross_entropy_combine(Tensor losses, Tensor rowmax, Tensor sumexp, Tensor target,
+                           Tensor targets);
+void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, Tensor sumexp,
+                                  Tensor targets, int64_t col_begin, int64_t valid,
+                                  float grad_scale);
+
+void axpby(Tensor y, float a, Tensor x, float b);
+void cast(Tensor dst, Tensor src);
+
+void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h, Tensor p_compute);
+double sum_squares(Tensor x);
+void scale_inplace(Tensor x, float a);
+
+}  // namespace lns::cuda
