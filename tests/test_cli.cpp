@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "lns/data.h"
+#include "lns/device.h"
 #include "lns/trainer.h"
 #include "lns/param_io.h"
 #include "lns/stage.h"
@@ -75,6 +76,13 @@ TEST(Cli, BadInputIsOneClearLine) {
   expect_one_line_error(
       kGoldenFlags + " --norm_scheme=mix --intermediate_size=44 --init_from=" + golden("rmsnorm_mix"),
       "'model.layers.0.mlp.gate_proj.weight' has shape [45, 36], expected [44, 36]");
+}
+
+// --device=cuda without a usable GPU (this build has no CUDA, or the machine no GPU)
+// is one line naming the flag, not a crash in the first kernel.
+TEST(Cli, DeviceAndCommAreChecked) {
+  expect_one_line_error("--device=gpu", "--device must be cpu or cuda, got 'gpu'");
+  if (cuda_device_count() == 0) expect_one_line_error("--device=cuda --steps=1", "--device=cuda: ");
 }
 
 TEST(Cli, BadDataAndBatchesAreOneClearLine) {

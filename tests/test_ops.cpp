@@ -288,5 +288,29 @@ TEST(Ops, Axpby) {
   EXPECT_EQ(y, (std::vector<float>{-2, -1, 0}));
 }
 
+// f32 -> bf16 rounds to nearest even (ties and carries into the exponent), bf16 -> f32
+// is exact; the values are written out bit by bit.
+TEST(Ops, CastRoundsToNearestEven) {
+  std::vector<float> x = {1.0f, 1.00390625f /* 1 + 2^-8: tie, stays 1 */,
+                          1.01171875f /* 1 + 3*2^-8: tie, rounds up to even 1 + 2^-6 */, -3.3f,
+                          3.4e38f /* 0x7F7FC99E: above the largest bf16 after rounding */};
+  std::vector<uint16_t> b(x.size());
+  cast(Tensor{b.data(), DType::BF16, Device::CPU, Shape{int64_t(x.size())}}, view(x, {int64_t(x.size())}));
+  EXPECT_EQ(b[0], 0x3F80);
+  EXPECT_EQ(b[1], 0x3F80);
+  EXPECT_EQ(b[2], 0x3F82);
+  EXPECT_EQ(b[3], 0xC053);  // -3.3 = -0x1.a66666p+1 -> -0x1.a6p+1
+  EXPECT_EQ(b[4], 0x7F80);  // above the largest bf16 (0x7F7F): overflows to +inf
+  std::vector<float> back(x.size());
+  cast(view(back, {int64_t(x.size())}), Tensor{b.data(), DType::BF16, Device::CPU, Shape{int64_t(x.size())}});
+  EXPECT_EQ(back[2], 1.015625f);
+  EXPECT_EQ(back[3], -3.296875f);
+}
+
+TEST(Ops, AttentionSavesProbabilitiesOnCpuAndLogSumExpOnCuda) {
+  EXPECT_EQ(attention_saved_shape(Device::CPU, 2, 5, 3), (Shape{2, 3, 5, 5}));
+  EXPECT_EQ(attention_saved_shape(Device::CUDA, 2, 5, 3), (Shape{2, 3, 5}));
+}
+
 }  // namespace
 }  // namespace lns

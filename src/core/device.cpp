@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <absl/strings/str_format.h>
+
 #include "lns/bf16.h"
 #include "lns/errors.h"
 

@@ -1,0 +1,70 @@
+// Shared device helpers of the CUDA kernels: bf16 <-> f32, 16-byte vectors of 8 bf16,
+// deterministic block reductions, launch arithmetic.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/runtime.h"
+#include "lns/errors.h"
+#include "lns/tensor.h"
+
+namespace lns::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Host-side checks that a tensor is what a kernel expects.
+inline void expect(const Tensor& t, DType dt, const char* what) {
+  LNS_CHECK(t.device == Device::CUDA) << what << ": not a CUDA tensor";
+  LNS_CHECK(t.dtype == dt) << what << ": " << dtype_name(t.dtype) << ", expected " << dtype_name(dt);
+}
+template <typename T>
+T* ptr(const Tensor& t) { return static_cast<T*>(t.data); }
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// 8 bf16 in 16 bytes: the unit of the vectorized paths. A row can use it when its
+// length is a multiple of 8 and its start is 16-byte aligned.
+constexpr int kVec = 8;
+struct alignas(16) Bf16x8 {
+  bf16 v[kVec];
+};
+inline bool vec_ok(const void* p, int64_t row_len) {
+  return row_len % kVec == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+__device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16 to_bf(float x) { return __float2bfloat16_rn(x); }
+
+// Sum over the block in a fixed order (warp shuffles, then warp 0 over the warp
+// partials): the same inputs give the same bits on every run. blockDim.x must be a
+// multiple of 32; `shared` holds 32 floats. Every thread gets the total.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float block_sum(float v, float* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_sum(v);
+  __syncthreads();  // `shared` may still be read from a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : 0.0f;
+  return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+}  // namespace lns::cuda

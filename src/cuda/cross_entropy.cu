@@ -1,0 +1,113 @@
+// Vocab-parallel softmax cross-entropy over bf16 logits, statistics in f32. CPU
+// reference: src/cpu/cross_entropy.cpp. The backward recomputes softmax from the
+// logits and the row statistics and writes the gradient over the logits in place,
+// so probabilities are never stored.
+#include "cuda/common.cuh"
+#include "cuda/ops_cuda.h"
+
+namespace lns::cuda {
+namespace {
+
+constexpr int kBlock = 512;
+
+// rowmax[n] = max over the first `valid` columns of logits[n, :]        [N, V]
+__global__ void row_max_kernel(float* rowmax, const bf16* logits, int64_t V, int64_t valid) {
+  __shared__ float red[32];
+  const bf16* row = logits + blockIdx.x * V;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, to_f(row[j]));
+  m = block_max(m, red);
+  if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
+}
+
+__global__ void sumexp_target_kernel(float* sumexp, float* target, const bf16* logits,
+                                     const float* rowmax, const int32_t* targets, int64_t V,
+                                     int64_t col_begin, int64_t valid) {
+  __shared__ float red[32];
+  const bf16* row = logits + blockIdx.x * V;
+  const float mx = rowmax[blockIdx.x];
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) s += __expf(to_f(row[j]) - mx);
+  s = block_sum(s, red);
+  if (threadIdx.x == 0) {
+    sumexp[blockIdx.x] = s;
+    const int64_t t = int64_t(targets[blockIdx.x]) - col_begin;
+    target[blockIdx.x] = targets[blockIdx.x] != kIgnoreIndex && t >= 0 && t < valid ? to_f(row[t]) : 0.0f;
+  }
+}
+
+__global__ void combine_kernel(float* losses, const float* rowmax, const float* sumexp,
+                               const float* target, const int32_t* targets, int64_t N) {
+  const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (n >= N) return;
+  losses[n] = targets[n] == kIgnoreIndex ? 0.0f : logf(sumexp[n]) + rowmax[n] - target[n];
+}
+
+// dlogits = grad_scale * (softmax - onehot) on valid columns, 0 elsewhere and on
+// ignored rows. dlogits may alias logits (each element is read, then written, by
+// the same thread).
+__global__ void ce_backward_kernel(bf16* dlogits, const bf16* logits, const float* rowmax,
+                                   const float* sumexp, const int32_t* targets, int64_t V,
+                                   int64_t col_begin, int64_t valid, float grad_scale) {
+  const int64_t n = blockIdx.x;
+  const int32_t tg = targets[n];
+  const float mx = rowmax[n], inv = 1.0f / sumexp[n];
+  const int64_t t = tg == kIgnoreIndex ? -1 : int64_t(tg) - col_begin;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    float d = 0.0f;
+    if (tg != kIgnoreIndex && j < valid) {
+      d = grad_scale * __expf(to_f(logits[n * V + j]) - mx) * inv;
+      if (j == t) d -= grad_scale;
+    }
+    dlogits[n * V + j] = to_bf(d);
+  }
+}
+
+int64_t rows_of(const Tensor& t) { return t.numel() / t.dim(-1); }
+
+}  // namespace
+
+void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid) {
+  expect(logits, DType::BF16, "logits");
+  expect(rowmax, DType::F32, "rowmax");
+  const int64_t N = rows_of(logits);
+  if (N == 0) return;
+  row_max_kernel<<<N, kBlock, 0, stream()>>>(ptr<float>(rowmax), ptr<bf16>(logits), logits.dim(-1), valid);
+  LNS_CUDA_LAUNCHED();
+}
+
+void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor rowmax, Tensor targets,
+                         int64_t col_begin, int64_t valid) {
+  expect(logits, DType::BF16, "logits");
+  expect(targets, DType::I32, "targets");
+  const int64_t N = rows_of(logits);
+  if (N == 0) return;
+  sumexp_target_kernel<<<N, kBlock, 0, stream()>>>(ptr<float>(sumexp), ptr<float>(target), ptr<bf16>(logits),
+                                                   ptr<float>(rowmax), ptr<int32_t>(targets), logits.dim(-1),
+                                                   col_begin, valid);
+  LNS_CUDA_LAUNCHED();
+}
+
+void cross_entropy_combine(Tensor losses, Tensor rowmax, Tensor sumexp, Tensor target, Tensor targets) {
+  expect(losses, DType::F32, "losses");
+  expect(targets, DType::I32, "targets");
+  const int64_t N = losses.numel();
+  if (N == 0) return;
+  combine_kernel<<<ceil_div(N, 256), 256, 0, stream()>>>(ptr<float>(losses), ptr<float>(rowmax), ptr<float>(sumexp),
+                                                         ptr<float>(target), ptr<int32_t>(targets), N);
+  LNS_CUDA_LAUNCHED();
+}
+
+void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, Tensor sumexp, Tensor targets,
+                                  int64_t col_begin, int64_t valid, float grad_scale) {
+  expect(logits, DType::BF16, "logits");
+  expect(dlogits, DType::BF16, "dlogits");
+  const int64_t N = rows_of(logits);
+  if (N == 0) return;
+  ce_backward_kernel<<<N, kBlock, 0, stream()>>>(ptr<bf16>(dlogits), ptr<bf16>(logits), ptr<float>(rowmax),
+                                                 ptr<float>(sumexp), ptr<int32_t>(targets), logits.dim(-1),
+                                                 col_begin, valid, grad_scale);
+  LNS_CUDA_LAUNCHED();
+}
+
+}  // namespace lns::cuda

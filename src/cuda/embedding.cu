@@ -1,0 +1,94 @@
+// Token embedding forward and a deterministic backward. CPU reference:
+// src/cpu/embedding.cpp.
+//
+// Backward without float atomics: the ids (already on the host side of every step,
+// a few KB) are sorted by row with a stable counting sort on the host, so each
+// vocabulary row's tokens form one segment in token order; one thread per (row,
+// column) sums its segment in that order and adds it to the f32 gradient.
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "lns/device.h"
+#include "cuda/ops_cuda.h"
+
+namespace lns::cuda {
+namespace {
+
+// out[n, :] = weight[ids[n] - row_begin, :], or 0 for another rank's row.   [N, C]
+__global__ void embedding_forward_kernel(bf16* out, const int32_t* ids, const bf16* weight,
+                                         int64_t row_begin, int64_t rows, int C) {
+  const int64_t n = blockIdx.x;
+  const int64_t r = int64_t(ids[n]) - row_begin;
+  const bool mine = r >= 0 && r < rows;
+  for (int c = threadIdx.x; c < C; c += blockDim.x)
+    out[n * C + c] = mine ? weight[r * C + c] : to_bf(0.0f);
+}
+
+// segment s covers order[start[s] .. start[s+1]) and belongs to weight row row_of[s].
+__global__ void embedding_backward_kernel(float* dweight, const bf16* dout, const int32_t* order,
+                                          const int32_t* start, const int32_t* row_of, int C) {
+  const int s = blockIdx.y;
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float acc = 0.0f;
+  for (int k = start[s]; k < start[s + 1]; ++k) acc += to_f(dout[int64_t(order[k]) * C + c]);
+  dweight[int64_t(row_of[s]) * C + c] += acc;
+}
+
+}  // namespace
+
+void embedding_forward(Tensor out, Tensor ids, Tensor weight, int64_t row_begin) {
+  expect(out, DType::BF16, "embedding out");
+  expect(ids, DType::I32, "embedding ids");
+  expect(weight, DType::BF16, "embedding weight");
+  const int C = static_cast<int>(weight.dim(1));
+  const int64_t N = ids.numel();
+  LNS_CHECK(out.numel() == N * C);
+  if (N == 0) return;
+  embedding_forward_kernel<<<N, 256, 0, stream()>>>(ptr<bf16>(out), ptr<int32_t>(ids), ptr<bf16>(weight),
+                                                    row_begin, weight.dim(0), C);
+  LNS_CUDA_LAUNCHED();
+}
+
+void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_begin) {
+  expect(dweight, DType::F32, "embedding dweight");
+  expect(dout, DType::BF16, "embedding dout");
+  const int64_t rows = dweight.dim(0), N = ids.numel();
+  const int C = static_cast<int>(dweight.dim(1));
+  LNS_CHECK(dout.numel() == N * C);
+  std::vector<int32_t> h(N);
+  copy_tensor(Tensor{h.data(), DType::I32, Device::CPU, Shape{N}}, ids);
+  // Stable counting sort of this rank's tokens by row.
+  std::vector<int32_t> count(rows + 1, 0);
+  for (int32_t id : h)
+    if (id - row_begin >= 0 && id - row_begin < rows) ++count[id - row_begin + 1];
+  for (int64_t r = 0; r < rows; ++r) count[r + 1] += count[r];
+  std::vector<int32_t> order(count[rows]), start, row_of;
+  {
+    std::vector<int32_t> next(count.begin(), count.end() - 1);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t r = h[n] - row_begin;
+      if (r >= 0 && r < rows) order[next[r]++] = static_cast<int32_t>(n);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    if (count[r + 1] > count[r]) start.push_back(count[r]), row_of.push_back(static_cast<int32_t>(r));
+  const int segments = static_cast<int>(row_of.size());
+  if (segments == 0) return;
+  start.push_back(count[rows]);
+  // One upload: order, start, row_of.
+  std::vector<int32_t> packed;
+  packed.reserve(order.size() + start.size() + row_of.size());
+  packed.insert(packed.end(), order.begin(), order.end());
+  packed.insert(packed.end(), start.begin(), start.end());
+  packed.insert(packed.end(), row_of.begin(), row_of.end());
+  auto* dev = static_cast<int32_t*>(scratch(Scratch::Embedding, packed.size() * sizeof(int32_t)));
+  LNS_CUDA_CHECK(cudaMemcpyAsync(dev, packed.data(), packed.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream()));
+  const dim3 grid(static_cast<unsigned>(ceil_div(C, 128)), static_cast<unsigned>(segments));
+  embedding_backward_kernel<<<grid, 128, 0, stream()>>>(ptr<float>(dweight), ptr<bf16>(dout), dev,
+                                                        dev + order.size(), dev + order.size() + start.size(), C);
+  LNS_CUDA_LAUNCHED();
+  synchronize();  // `packed` is pageable host memory read by the async copy
+}
+
+}  // namespace lns::cuda

@@ -1,0 +1,142 @@
+// cuBLASLt behind gemm() (cuda/gemm.h), and the linear layers on top of it.
+// CPU reference of linear_*: src/cpu/linear.cpp.
+//
+// cuBLASLt is column-major. A row-major matrix X[r, c] with leading dimension ld is
+// the column-major X^T[c, r] with the same ld, so the row-major product
+// C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T: the operands
+// swap places and keep their transpose flags.
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+
+#include "cuda/gemm.h"
+#include "cuda/ops_cuda.h"
+#include "cuda/runtime.h"
+#include "lns/errors.h"
+
+namespace lns::cuda {
+namespace {
+
+void lt_check(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  LOG(FATAL) << "cuBLASLt " << what << " failed with status " << int(s);
+}
+
+constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hopper
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
+                       int64_t, int64_t, int64_t>;
+
+struct Lt {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::map<Key, Plan> plans;
+  Lt() {
+    lt_check(cublasLtCreate(&handle), "create");
+    LNS_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
+  }
+};
+
+Lt& lt() {
+  static Lt* l = new Lt();  // lives to the end of the process (no teardown order issues)
+  return *l;
+}
+
+cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld, int batch,
+                              int64_t stride) {
+  cublasLtMatrixLayout_t l;
+  lt_check(cublasLtMatrixLayoutCreate(&l, t, rows, cols, ld), "layout");
+  if (batch > 1) {
+    int32_t b = batch;
+    lt_check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof(b)), "batch");
+    lt_check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+             "batch stride");
+  }
+  return l;
+}
+
+const Plan& plan_for(const GemmArgs& g) {
+  const Key key{g.trans_a, g.trans_b, g.M, g.N, g.K, g.lda, g.ldb, g.ldc, int(g.c_dtype), g.batch,
+                g.stride_a, g.stride_b, g.stride_c};
+  Lt& l = lt();
+  auto it = l.plans.find(key);
+  if (it != l.plans.end()) return it->second;
+  Plan p;
+  lt_check(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+  const cublasOperation_t ta = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
+  const cublasOperation_t tb = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa");
+  lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
+  p.a = layout(CUDA_R_16BF, g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, g.ldb, g.batch, g.stride_b);
+  p.b = layout(CUDA_R_16BF, g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, g.lda, g.batch, g.stride_a);
+  p.c = layout(g.c_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF, g.N, g.M, g.ldc, g.batch, g.stride_c);
+  cublasLtMatmulPreference_t pref;
+  lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const uint64_t ws = kWorkspaceBytes;
+  lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+           "workspace");
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  lt_check(cublasLtMatmulAlgoGetHeuristic(l.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
+           "heuristic");
+  cublasLtMatmulPreferenceDestroy(pref);
+  LNS_CHECK(found > 0) << "cuBLASLt has no algorithm for M=" << g.M << " N=" << g.N << " K=" << g.K;
+  p.algo = result.algo;
+  return l.plans.emplace(key, p).first->second;
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& g) {
+  if (g.M == 0 || g.N == 0) return;
+  const Plan& p = plan_for(g);
+  Lt& l = lt();
+  lt_check(cublasLtMatmul(l.handle, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c,
+                          &p.algo, l.workspace, kWorkspaceBytes, stream()),
+           "matmul");
+}
+
+// y[N,out] = x[N,in] @ w[out,in]^T
+void linear_forward(Tensor y, Tensor x, Tensor w) {
+  LNS_CHECK(x.dtype == DType::BF16 && w.dtype == DType::BF16) << "CUDA linear takes bf16 x and w";
+  const int64_t in = w.dim(1), out = w.dim(0), rows = x.numel() / in;
+  LNS_CHECK(x.dim(-1) == in && y.numel() == rows * out);
+  GemmArgs g;
+  g.M = rows, g.N = out, g.K = in;
+  g.A = x.data, g.lda = in;
+  g.B = w.data, g.ldb = in, g.trans_b = true;
+  g.C = y.data, g.ldc = out, g.c_dtype = y.dtype;
+  gemm(g);
+}
+
+// dx[N,in] = dy @ w (+= with accumulate_dx: beta = 1, no separate add pass);
+// dw[out,in] += dy^T @ x straight into the f32 gradient (beta = 1).
+void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx) {
+  const int64_t in = w.dim(1), out = w.dim(0), rows = dy.numel() / out;
+  LNS_CHECK(dy.dtype == DType::BF16 && dw.dtype == DType::F32) << "CUDA linear: bf16 dy, f32 dw";
+  if (!dx.empty()) {
+    GemmArgs g;
+    g.M = rows, g.N = in, g.K = out;
+    g.A = dy.data, g.lda = out;
+    g.B = w.data, g.ldb = in;
+    g.C = dx.data, g.ldc = in, g.c_dtype = dx.dtype;
+    g.beta = accumulate_dx ? 1.0f : 0.0f;
+    gemm(g);
+  }
+  GemmArgs g;
+  g.M = out, g.N = in, g.K = rows;
+  g.A = dy.data, g.lda = out, g.trans_a = true;
+  g.B = x.data, g.ldb = in;
+  g.C = dw.data, g.ldc = in, g.c_dtype = DType::F32;
+  g.beta = 1.0f;
+  gemm(g);
+}
+
+}  // namespace lns::cuda

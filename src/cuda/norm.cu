@@ -1,0 +1,246 @@
+// Fused residual add + RMSNorm / LayerNorm + gain (+ bias) + LNS scale, forward and
+// backward, bf16 activations with f32 statistics. CPU reference: src/cpu/norm.cpp.
+//
+// Forward: one block per row. The row is read once from DRAM; the second and third
+// passes (variance, output) re-read it from L1/L2. Only rstd (and mean) are saved.
+// Backward: a fixed grid of row-strided blocks; each thread owns fixed columns, so
+// it accumulates dgain/dbias for them in shared memory without atomics; the per-block
+// partials [G, C] are summed over G in a fixed order by a second kernel. The grid
+// depends only on N, so two runs give the same bits.
+#include "cuda/common.cuh"
+#include "cuda/ops_cuda.h"
+
+namespace lns::cuda {
+namespace {
+
+
+// Loads/stores W consecutive elements (W = 8: one 16-byte vector; W = 1: scalar).
+template <int W>
+__device__ __forceinline__ void load(const bf16* p, float* f) {
+  if constexpr (W == kVec) {
+    const Bf16x8 v = *reinterpret_cast<const Bf16x8*>(p);
+#pragma unroll
+    for (int k = 0; k < W; ++k) f[k] = to_f(v.v[k]);
+  } else {
+    f[0] = to_f(*p);
+  }
+}
+template <int W>
+__device__ __forceinline__ void store(bf16* p, const float* f) {
+  if constexpr (W == kVec) {
+    Bf16x8 v;
+#pragma unroll
+    for (int k = 0; k < W; ++k) v.v[k] = to_bf(f[k]);
+    *reinterpret_cast<Bf16x8*>(p) = v;
+  } else {
+    *p = to_bf(f[0]);
+  }
+}
+
+// x[N,C] = alpha * res_in + delta (stored to res_out when delta is given, else x =
+// res_in); out[N,C] = scale * ((x - mean) * rstd * gain + bias).
+template <int W, bool kLayerNorm>
+__global__ void norm_forward_kernel(bf16* __restrict__ out, float* __restrict__ mean_out,
+                                    float* __restrict__ rstd_out, bf16* res_out, const bf16* res_in,
+                                    const bf16* __restrict__ delta, float alpha,
+                                    const float* __restrict__ gain, const float* __restrict__ bias,
+                                    float scale, float eps, int C) {
+  __shared__ float red[32];
+  const int64_t row = blockIdx.x;
+  const bf16* xin = res_in + row * C;
+  const bf16* d = delta ? delta + row * C : nullptr;
+  bf16* xr = delta ? res_out + row * C : const_cast<bf16*>(xin);  // the normalised input
+  float s1 = 0.0f, s2 = 0.0f;
+  for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
+    float x[W];
+    load<W>(xin + c, x);
+    if (d) {
+      float dv[W];
+      load<W>(d + c, dv);
+#pragma unroll
+      for (int k = 0; k < W; ++k) x[k] = to_f(to_bf(alpha * x[k] + dv[k]));  // as stored
+      store<W>(xr + c, x);
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) s1 += x[k], s2 += x[k] * x[k];
+  }
+  float mean = 0.0f, var;
+  if constexpr (kLayerNorm) {
+    mean = block_sum(s1, red) / C;
+    float sq = 0.0f;  // second pass around the mean: no cancellation
+    for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
+      float x[W];
+      load<W>(xr + c, x);
+#pragma unroll
+      for (int k = 0; k < W; ++k) sq += (x[k] - mean) * (x[k] - mean);
+    }
+    var = block_sum(sq, red) / C;
+  } else {
+    var = block_sum(s2, red) / C;
+  }
+  const float rstd = rsqrtf(var + eps);
+  for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
+    float x[W];
+    load<W>(xr + c, x);
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      x[k] = scale * ((x[k] - mean) * rstd * gain[c + k] + (bias ? bias[c + k] : 0.0f));
+    store<W>(out + row * C + c, x);
+  }
+  if (threadIdx.x == 0) {
+    rstd_out[row] = rstd;
+    if (mean_out) mean_out[row] = mean;
+  }
+}
+
+// dx = dres + rstd * (dxhat - mean(dxhat) [LayerNorm] - xhat * mean(dxhat * xhat)),
+// dxhat = scale * dout * gain; partial[blockIdx, c] = sum over this block's rows of
+// scale * dout * xhat (dgain) and, for LayerNorm, scale * dout (dbias).
+template <int W, bool kLayerNorm>
+__global__ void norm_backward_kernel(bf16* dx, float* __restrict__ partial, const bf16* dres,
+                                     const bf16* __restrict__ dout, const bf16* __restrict__ x,
+                                     const float* __restrict__ mean, const float* __restrict__ rstd,
+                                     const float* __restrict__ gain, float scale, int N, int C) {
+  extern __shared__ float acc[];  // [C] dgain, then [C] dbias (LayerNorm)
+  __shared__ float red[32];
+  for (int c = threadIdx.x; c < (kLayerNorm ? 2 : 1) * C; c += blockDim.x) acc[c] = 0.0f;
+  __syncthreads();
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const float m = kLayerNorm ? mean[row] : 0.0f, r = rstd[row];
+    const int64_t base = row * C;
+    float s1 = 0.0f, s2 = 0.0f;
+    for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
+      float xv[W], dy[W];
+      load<W>(x + base + c, xv);
+      load<W>(dout + base + c, dy);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float xhat = (xv[k] - m) * r, g = scale * dy[k];
+        const float dxhat = g * gain[c + k];
+        s1 += dxhat, s2 += dxhat * xhat;
+        acc[c + k] += g * xhat;  // only this thread touches column c + k
+        if (kLayerNorm) acc[C + c + k] += g;
+      }
+    }
+    const float m1 = kLayerNorm ? block_sum(s1, red) / C : 0.0f;
+    const float m2 = block_sum(s2, red) / C;
+    for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
+      float xv[W], dy[W], dr[W];
+      load<W>(x + base + c, xv);
+      load<W>(dout + base + c, dy);
+      if (dres) load<W>(dres + base + c, dr);
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        const float xhat = (xv[k] - m) * r, dxhat = scale * dy[k] * gain[c + k];
+        xv[k] = r * (dxhat - m1 - xhat * m2) + (dres ? dr[k] : 0.0f);
+      }
+      store<W>(dx + base + c, xv);
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < (kLayerNorm ? 2 : 1) * C; c += blockDim.x)
+    partial[int64_t(blockIdx.x) * (kLayerNorm ? 2 : 1) * C + c] = acc[c];
+}
+
+// out[c] += sum over g of partial[g * stride + c] for c < count, g in order.
+__global__ void sum_partials_kernel(float* __restrict__ out, const float* __restrict__ partial,
+                                    int G, int count, int stride) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= count) return;
+  float s = 0.0f;
+  for (int g = 0; g < G; ++g) s += partial[int64_t(g) * stride + c];
+  out[c] += s;
+}
+
+int block_for(int C, int W) {  // enough threads for one pass over the row, within limits
+  const int want = static_cast<int>(ceil_div(C / W, 32) * 32);
+  return want < 64 ? 64 : (want > 1024 ? 1024 : want);
+}
+
+void check_args(NormType type, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                const Tensor& x, const Tensor& gain, const Tensor& bias) {
+  expect(x, DType::BF16, "norm input");
+  expect(out, DType::BF16, "norm output");
+  expect(rstd, DType::F32, "rstd");
+  expect(gain, DType::F32, "norm gain");
+  const int64_t C = x.dim(-1), N = x.numel() / C;
+  LNS_CHECK(out.numel() == N * C && gain.numel() == C && rstd.numel() == N);
+  if (type == NormType::LayerNorm) {
+    expect(mean, DType::F32, "mean");
+    expect(bias, DType::F32, "bias");
+    LNS_CHECK(mean.numel() == N && bias.numel() == C);
+  } else {
+    LNS_CHECK(bias.empty()) << "RMSNorm has no bias";
+  }
+}
+
+void launch_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tensor rstd, Tensor x,
+                    Tensor delta, float alpha, Tensor gain, Tensor bias, float scale, float eps) {
+  check_args(type, out, mean, rstd, x, gain, bias);
+  const int C = static_cast<int>(x.dim(-1));
+  const int64_t N = x.numel() / C;
+  if (N == 0) return;
+  const bool vec = vec_ok(x.data, C) && vec_ok(out.data, C) && (delta.empty() || (vec_ok(delta.data, C) && vec_ok(res_out.data, C)));
+  const bool ln = type == NormType::LayerNorm;
+  const int W = vec ? kVec : 1;
+  auto* fn = vec ? (ln ? norm_forward_kernel<kVec, true> : norm_forward_kernel<kVec, false>)
+                 : (ln ? norm_forward_kernel<1, true> : norm_forward_kernel<1, false>);
+  fn<<<N, block_for(C, W), 0, stream()>>>(
+      ptr<bf16>(out), ln ? ptr<float>(mean) : nullptr, ptr<float>(rstd),
+      delta.empty() ? nullptr : ptr<bf16>(res_out), ptr<bf16>(x),
+      delta.empty() ? nullptr : ptr<bf16>(delta), alpha, ptr<float>(gain),
+      bias.empty() ? nullptr : ptr<float>(bias), scale, eps, C);
+  LNS_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+void norm_forward(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
+                  Tensor bias, float scale, float eps) {
+  launch_forward(type, {}, out, mean, rstd, x, {}, 1.0f, gain, bias, scale, eps);
+}
+
+void residual_norm_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tensor rstd,
+                           Tensor res_in, Tensor delta, float alpha, Tensor gain, Tensor bias,
+                           float scale, float eps) {
+  expect(delta, DType::BF16, "residual delta");
+  expect(res_out, DType::BF16, "residual output");
+  LNS_CHECK(delta.numel() == res_in.numel() && res_out.numel() == res_in.numel());
+  launch_forward(type, res_out, out, mean, rstd, res_in, delta, alpha, gain, bias, scale, eps);
+}
+
+void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
+                   Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale) {
+  const bool ln = type == NormType::LayerNorm;
+  check_args(type, dout, mean, rstd, x, gain, ln ? dbias : Tensor{});
+  expect(dx, DType::BF16, "norm dx");
+  expect(dgain, DType::F32, "norm dgain");
+  if (!dres.empty()) expect(dres, DType::BF16, "norm dres");
+  const int C = static_cast<int>(x.dim(-1));
+  const int64_t N = x.numel() / C;
+  if (N == 0) return;
+  const bool vec = vec_ok(x.data, C) && vec_ok(dout.data, C) && vec_ok(dx.data, C) &&
+                   (dres.empty() || vec_ok(dres.data, C));
+  const int W = vec ? kVec : 1;
+  const int G = static_cast<int>(N < 256 ? N : 256);  // fixed by N alone: deterministic
+  const int width = (ln ? 2 : 1) * C;
+  auto* partial = static_cast<float*>(scratch(Scratch::NormPartials, sizeof(float) * G * width));
+  const size_t smem = sizeof(float) * width;
+  auto* fn = vec ? (ln ? norm_backward_kernel<kVec, true> : norm_backward_kernel<kVec, false>)
+                 : (ln ? norm_backward_kernel<1, true> : norm_backward_kernel<1, false>);
+  if (smem > 48 * 1024)
+    LNS_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  fn<<<G, block_for(C, W), smem, stream()>>>(
+      ptr<bf16>(dx), partial, dres.empty() ? nullptr : ptr<bf16>(dres), ptr<bf16>(dout),
+      ptr<bf16>(x), ln ? ptr<float>(mean) : nullptr, ptr<float>(rstd), ptr<float>(gain), scale,
+      static_cast<int>(N), C);
+  LNS_CUDA_LAUNCHED();
+  sum_partials_kernel<<<ceil_div(C, 256), 256, 0, stream()>>>(ptr<float>(dgain), partial, G, C, width);
+  LNS_CUDA_LAUNCHED();
+  if (ln) {  // the dbias half of each block's partial row: columns [C, 2C)
+    sum_partials_kernel<<<ceil_div(C, 256), 256, 0, stream()>>>(ptr<float>(dbias), partial + C, G, C, width);
+    LNS_CUDA_LAUNCHED();
+  }
+}
+
+}  // namespace lns::cuda

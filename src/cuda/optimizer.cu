@@ -1,0 +1,91 @@
+// AdamW over flat f32 buffers (master weights, moments) writing the bf16 compute copy
+// in the same pass, the deterministic sum of squares for the gradient norm, and
+// in-place scaling. CPU reference: src/cpu/optimizer_kernels.cpp.
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "cuda/ops_cuda.h"
+
+namespace lns::cuda {
+namespace {
+
+constexpr int kBlock = 256;
+constexpr int kSumBlocks = 256;  // fixed: the reduction order does not depend on the GPU
+
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, bf16* pc, AdamWHyper h,
+                             int64_t n) {
+  const float decay = 1.0f - h.lr * h.weight_decay;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float gi = g[i];
+    const float mi = h.beta1 * m[i] + (1.0f - h.beta1) * gi;
+    const float vi = h.beta2 * v[i] + (1.0f - h.beta2) * gi * gi;
+    m[i] = mi, v[i] = vi;
+    const float pi = p[i] * decay - h.lr * (mi / h.bias_correction1) / (sqrtf(vi / h.bias_correction2) + h.eps);
+    p[i] = pi;
+    if (pc) pc[i] = to_bf(pi);
+  }
+}
+
+// Each block sums a fixed grid-stride subset in double, then the block in a fixed
+// order; the host adds the kSumBlocks partials in order.
+__global__ void sum_squares_kernel(double* partial, const float* x, int64_t n) {
+  __shared__ double red[kBlock];
+  double s = 0.0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    s += double(x[i]) * x[i];
+  red[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = kBlock / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = red[0];
+}
+
+__global__ void scale_kernel(float* x, float a, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= a;
+}
+
+int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>(ceil_div(n, kBlock), 4096)); }
+
+}  // namespace
+
+void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h, Tensor p_compute) {
+  for (const Tensor* t : {&p, &g, &m, &v}) expect(*t, DType::F32, "adamw buffer");
+  const int64_t n = p.numel();
+  LNS_CHECK(g.numel() == n && m.numel() == n && v.numel() == n);
+  if (!p_compute.empty()) {
+    expect(p_compute, DType::BF16, "adamw compute copy");
+    LNS_CHECK(p_compute.numel() == n);
+  }
+  if (n == 0) return;
+  adamw_kernel<<<grid_for(n), kBlock, 0, stream()>>>(ptr<float>(p), ptr<float>(g), ptr<float>(m), ptr<float>(v),
+                                                     p_compute.empty() ? nullptr : ptr<bf16>(p_compute), h, n);
+  LNS_CUDA_LAUNCHED();
+}
+
+double sum_squares(Tensor x) {
+  expect(x, DType::F32, "sum_squares");
+  const int64_t n = x.numel();
+  if (n == 0) return 0.0;
+  auto* partial = static_cast<double*>(scratch(Scratch::Reduce, sizeof(double) * kSumBlocks));
+  sum_squares_kernel<<<kSumBlocks, kBlock, 0, stream()>>>(partial, ptr<float>(x), n);
+  LNS_CUDA_LAUNCHED();
+  std::vector<double> host(kSumBlocks);
+  LNS_CUDA_CHECK(cudaMemcpyAsync(host.data(), partial, sizeof(double) * kSumBlocks, cudaMemcpyDeviceToHost, stream()));
+  synchronize();
+  double s = 0.0;
+  for (double v : host) s += v;
+  return s;
+}
+
+void scale_inplace(Tensor x, float a) {
+  expect(x, DType::F32, "scale_inplace");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  scale_kernel<<<grid_for(n), kBlock, 0, stream()>>>(ptr<float>(x), a, n);
+  LNS_CUDA_LAUNCHED();
+}
+
+}  // namespace lns::cuda

@@ -1,0 +1,420 @@
+// The CUDA backend against the CPU backend (label `gpu`; every test skips with the
+// reason when this build has no CUDA or the machine no GPU).
+//
+// Each kernel runs on fresh random inputs rounded to bf16; the CPU op runs on the
+// same rounded values in f32, so the only differences are the GPU's bf16 storage of
+// outputs and intermediates and its f32 (instead of double) statistics.
+// Tolerances, relative to each tensor's largest entry (test_util.h rel_max_err):
+//   kOut  = 1e-2 for bf16 outputs of one op (a bf16 ulp is 2^-8 = 3.9e-3 relative);
+//   kAttn = 2e-2 for attention (probabilities and dS are rounded to bf16 inside);
+//   kF32  = 1e-4 for f32 outputs (statistics, parameter gradients) of bf16 inputs.
+// Whole model steps compare the relative L2 error of every gradient (kStep).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "lns/bf16.h"
+#include "lns/device.h"
+#include "lns/ops.h"
+#include "lns/stage.h"
+#include "tests/test_util.h"
+
+namespace lns {
+namespace {
+
+using test::randn;
+using test::rel_max_err;
+
+constexpr double kOut = 1e-2, kAttn = 2e-2, kF32 = 1e-4, kStep = 5e-2;
+
+#define REQUIRE_GPU()                                                               \
+  do {                                                                              \
+    if (cuda_device_count() == 0) GTEST_SKIP() << "skipped: " << cuda_unavailable_reason(); \
+  } while (0)
+
+std::vector<float> round_bf16(std::vector<float> v) {
+  for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  return v;
+}
+
+// A device tensor holding `host` (rounded to bf16 first when dtype is BF16). With
+// misalign, the tensor starts one element into its allocation, so 16-byte vector
+// paths cannot be taken.
+struct Dev {
+  std::vector<float> host;  // the values the GPU holds, as f32
+  OwnedTensor storage;
+  Tensor t;
+  Dev(std::vector<float> v, Shape s, DType dt = DType::BF16, bool misalign = false) {
+    host = dt == DType::BF16 ? round_bf16(std::move(v)) : std::move(v);
+    const int64_t off = misalign ? 1 : 0;
+    storage = OwnedTensor(dt, Shape{s.numel() + off}, Device::CUDA);
+    t = storage.t.rows(off, off + s.numel()).view(s);
+    if (dt == DType::BF16) {
+      std::vector<uint16_t> b(host.size());
+      for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(host[i]);
+      copy_tensor(t, Tensor{b.data(), DType::BF16, Device::CPU, s});
+    } else {
+      copy_tensor(t, Tensor{host.data(), DType::F32, Device::CPU, s});
+    }
+  }
+  operator Tensor() const { return t; }  // NOLINT
+  std::vector<float> get() const { return to_host_f32(t); }
+};
+
+Dev zeros(Shape s, DType dt = DType::BF16, bool misalign = false) {
+  return Dev(std::vector<float>(s.numel(), 0.0f), s, dt, misalign);
+}
+
+Tensor cpu(std::vector<float>& v, Shape s) { return Tensor{v.data(), DType::F32, Device::CPU, s}; }
+Tensor cpu(std::vector<int32_t>& v, Shape s) { return Tensor{v.data(), DType::I32, Device::CPU, s}; }
+
+double rel(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  return rel_max_err(got.data(), want.data(), static_cast<int64_t>(want.size()));
+}
+
+// ---- norms ----------------------------------------------------------------------------
+
+struct NormCase {
+  NormType type;
+  int64_t C;
+  bool misalign;
+};
+
+void PrintTo(const NormCase& c, std::ostream* os) { *os << "C=" << c.C; }
+class Norm : public ::testing::TestWithParam<NormCase> {};
+
+TEST_P(Norm, ResidualForwardMatchesCpu) {
+  REQUIRE_GPU();
+  const auto [type, C, mis] = GetParam();
+  const int64_t N = 37;
+  const bool ln = type == NormType::LayerNorm;
+  const float alpha = 1.3f, scale = 1.0f / std::sqrt(3.0f), eps = 1e-5f;
+  Dev x(randn(N * C, 1, 1.0f, 0.3f), {N, C}, DType::BF16, mis), d(randn(N * C, 2), {N, C}, DType::BF16, mis);
+  Dev g(randn(C, 3, 0.2f, 1.0f), {C}, DType::F32), b(randn(C, 4, 0.1f), {C}, DType::F32);
+  Dev res = zeros({N, C}, DType::BF16, mis), out = zeros({N, C}, DType::BF16, mis);
+  Dev mean = zeros({N}, DType::F32), rstd = zeros({N}, DType::F32);
+  residual_norm_forward(type, res, out, ln ? Tensor(mean) : Tensor{}, rstd, x, d, alpha, g,
+                        ln ? Tensor(b) : Tensor{}, scale, eps);
+  // CPU on the residual as the GPU stored it (bf16), so the statistics see the same x.
+  std::vector<float> r = res.get(), want(N * C), wm(N), wr(N), gh = g.host, bh = b.host;
+  for (int64_t i = 0; i < N * C; ++i) EXPECT_NEAR(r[i], alpha * x.host[i] + d.host[i], 1e-2 * (1 + std::abs(r[i])));
+  norm_forward(type, cpu(want, {N, C}), ln ? cpu(wm, {N}) : Tensor{}, cpu(wr, {N}), cpu(r, {N, C}),
+               cpu(gh, {C}), ln ? cpu(bh, {C}) : Tensor{}, scale, eps);
+  EXPECT_LE(rel(out.get(), want), kOut);
+  EXPECT_LE(rel(rstd.get(), wr), kF32);
+  if (ln) EXPECT_LE(rel(mean.get(), wm), kF32);
+}
+
+TEST_P(Norm, BackwardMatchesCpu) {
+  REQUIRE_GPU();
+  const auto [type, C, mis] = GetParam();
+  const int64_t N = 300;  // more rows than the backward's 256 blocks: some take two
+  const bool ln = type == NormType::LayerNorm;
+  const float scale = 0.5f, eps = 1e-5f;
+  Dev x(randn(N * C, 5, 1.0f, 0.2f), {N, C}, DType::BF16, mis), dy(randn(N * C, 6), {N, C}, DType::BF16, mis);
+  Dev dres(randn(N * C, 7), {N, C}, DType::BF16, mis);
+  Dev g(randn(C, 8, 0.2f, 1.0f), {C}, DType::F32), b(randn(C, 9, 0.1f), {C}, DType::F32);
+  // statistics from the CPU forward, given to both backwards
+  std::vector<float> xh = x.host, gh = g.host, bh = b.host, y(N * C), m(N), r(N);
+  norm_forward(type, cpu(y, {N, C}), ln ? cpu(m, {N}) : Tensor{}, cpu(r, {N}), cpu(xh, {N, C}), cpu(gh, {C}),
+               ln ? cpu(bh, {C}) : Tensor{}, scale, eps);
+  Dev mean(m, {N}, DType::F32), rstd(r, {N}, DType::F32);
+  Dev dx = zeros({N, C}, DType::BF16, mis);
+  std::vector<float> dg0 = randn(C, 10), db0 = randn(C, 11);  // gradients accumulate (+=)
+  Dev dgain(dg0, {C}, DType::F32), dbias(db0, {C}, DType::F32);
+  norm_backward(type, dx, dgain, ln ? Tensor(dbias) : Tensor{}, dres, dy, x, ln ? Tensor(mean) : Tensor{}, rstd, g,
+                scale);
+  std::vector<float> wdx(N * C), wdg = dg0, wdb = db0, dyh = dy.host, drh = dres.host;
+  norm_backward(type, cpu(wdx, {N, C}), cpu(wdg, {C}), ln ? cpu(wdb, {C}) : Tensor{}, cpu(drh, {N, C}),
+                cpu(dyh, {N, C}), cpu(xh, {N, C}), ln ? cpu(m, {N}) : Tensor{}, cpu(r, {N}), cpu(gh, {C}), scale);
+  EXPECT_LE(rel(dx.get(), wdx), kOut);
+  EXPECT_LE(rel(dgain.get(), wdg), kF32);
+  if (ln) EXPECT_LE(rel(dbias.get(), wdb), kF32);
+}
+
+// Hidden sizes: vectorized (64, 2048), a tail (45), 5461/2 rounded up (a tp shard of
+// the 1B FFN width, odd), and a misaligned start.
+INSTANTIATE_TEST_SUITE_P(
+    Cases, Norm,
+    ::testing::Values(NormCase{NormType::RMSNorm, 64, false}, NormCase{NormType::RMSNorm, 45, false},
+                      NormCase{NormType::RMSNorm, 2731, false}, NormCase{NormType::RMSNorm, 2048, true},
+                      NormCase{NormType::RMSNorm, 2048, false}, NormCase{NormType::LayerNorm, 64, false},
+                      NormCase{NormType::LayerNorm, 2731, false}, NormCase{NormType::LayerNorm, 64, true}),
+    [](const auto& info) {
+      return std::string(info.param.type == NormType::LayerNorm ? "layernorm" : "rmsnorm") + "_" +
+             std::to_string(info.param.C) + (info.param.misalign ? "_misaligned" : "");
+    });
+
+TEST(Norm, BackwardIsBitwiseDeterministic) {
+  REQUIRE_GPU();
+  const int64_t N = 1000, C = 512;
+  Dev x(randn(N * C, 12), {N, C}), dy(randn(N * C, 13), {N, C}), g(randn(C, 14, 0.1f, 1.0f), {C}, DType::F32);
+  Dev rstd(std::vector<float>(N, 1.0f), {N}, DType::F32);
+  std::vector<std::vector<float>> dgs, dxs;
+  for (int run = 0; run < 2; ++run) {
+    Dev dx = zeros({N, C}), dg = zeros({C}, DType::F32);
+    norm_backward(NormType::RMSNorm, dx, dg, {}, {}, dy, x, {}, rstd, g, 1.0f);
+    dgs.push_back(dg.get()), dxs.push_back(dx.get());
+  }
+  EXPECT_EQ(0, std::memcmp(dgs[0].data(), dgs[1].data(), C * 4));
+  EXPECT_EQ(0, std::memcmp(dxs[0].data(), dxs[1].data(), N * C * 4));
+}
+
+// ---- linear, RoPE, SwiGLU, embedding --------------------------------------------------
+
+TEST(Linear, ForwardAndBackwardMatchCpu) {
+  REQUIRE_GPU();
+  const int64_t N = 37, in = 45, out = 29;
+  Dev x(randn(N * in, 20), {N, in}), w(randn(out * in, 21, 0.2f), {out, in}), dy(randn(N * out, 22), {N, out});
+  Dev y = zeros({N, out}), dx(randn(N * in, 23), {N, in}), dw(randn(out * in, 24), {out, in}, DType::F32);
+  linear_forward(y, x, w);
+  std::vector<float> xh = x.host, wh = w.host, dyh = dy.host, wy(N * out), wdx = dx.host, wdw = dw.host;
+  linear_forward(cpu(wy, {N, out}), cpu(xh, {N, in}), cpu(wh, {out, in}));
+  EXPECT_LE(rel(y.get(), wy), kOut);
+  linear_backward(dx, dw, dy, x, w, /*accumulate_dx=*/true);
+  linear_backward(cpu(wdx, {N, in}), cpu(wdw, {out, in}), cpu(dyh, {N, out}), cpu(xh, {N, in}), cpu(wh, {out, in}),
+                  true);
+  EXPECT_LE(rel(dx.get(), wdx), kOut);
+  EXPECT_LE(rel(dw.get(), wdw), kF32);
+  // f32 output (the LM head's logits may be kept in f32)
+  Dev yf = zeros({N, out}, DType::F32);
+  linear_forward(yf, x, w);
+  EXPECT_LE(rel(yf.get(), wy), kF32);
+}
+
+TEST(Rope, ForwardAndBackwardMatchCpu) {
+  REQUIRE_GPU();
+  const int64_t B = 2, T = 9, H = 3, D = 10;
+  std::vector<float> cs(T * D / 2), sn(T * D / 2);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < D / 2; ++j) {
+      const double a = t * std::pow(10000.0, -2.0 * j / D);
+      cs[t * D / 2 + j] = float(std::cos(a)), sn[t * D / 2 + j] = float(std::sin(a));
+    }
+  Dev c(cs, {T, D / 2}, DType::F32), s(sn, {T, D / 2}, DType::F32);
+  for (bool fwd : {true, false}) {
+    Dev x(randn(B * T * H * D, 30), {B, T, H, D});
+    std::vector<float> want = x.host;
+    if (fwd) {
+      rope_forward(x, c, s);
+      rope_forward(cpu(want, {B, T, H, D}), cpu(cs, {T, D / 2}), cpu(sn, {T, D / 2}));
+    } else {
+      rope_backward(x, c, s);
+      rope_backward(cpu(want, {B, T, H, D}), cpu(cs, {T, D / 2}), cpu(sn, {T, D / 2}));
+    }
+    EXPECT_LE(rel(x.get(), want), kOut) << (fwd ? "forward" : "backward");
+  }
+}
+
+TEST(SwiGLU, ForwardAndBackwardMatchCpu) {
+  REQUIRE_GPU();
+  const int64_t n = 37 * 45;
+  Dev g(randn(n, 40, 2.0f), {n}), u(randn(n, 41), {n}), dout(randn(n, 42), {n});
+  Dev out = zeros({n}), dg = zeros({n}), du = zeros({n});
+  swiglu_forward(out, g, u);
+  swiglu_backward(dg, du, dout, g, u);
+  std::vector<float> gh = g.host, uh = u.host, dh = dout.host, wo(n), wdg(n), wdu(n);
+  swiglu_forward(cpu(wo, {n}), cpu(gh, {n}), cpu(uh, {n}));
+  swiglu_backward(cpu(wdg, {n}), cpu(wdu, {n}), cpu(dh, {n}), cpu(gh, {n}), cpu(uh, {n}));
+  EXPECT_LE(rel(out.get(), wo), kOut);
+  EXPECT_LE(rel(dg.get(), wdg), kOut);
+  EXPECT_LE(rel(du.get(), wdu), kOut);
+}
+
+TEST(Embedding, VocabShardForwardBackwardMatchCpuAndRepeat) {
+  REQUIRE_GPU();
+  const int64_t N = 64, C = 36, rows = 20, begin = 10;  // this rank holds ids 10..29
+  std::vector<int32_t> ids(N);
+  for (int64_t n = 0; n < N; ++n) ids[n] = int32_t((n * 7) % 40);  // repeats, other ranks' ids
+  OwnedTensor dids(DType::I32, Shape{N}, Device::CUDA);
+  copy_tensor(dids, cpu(ids, {N}));
+  Dev w(randn(rows * C, 50), {rows, C}), dout(randn(N * C, 51), {N, C}), out = zeros({N, C});
+  embedding_forward(out, dids, w, begin);
+  std::vector<float> wh = w.host, dh = dout.host, want(N * C), wdw(rows * C, 0.0f);
+  embedding_forward(cpu(want, {N, C}), cpu(ids, {N}), cpu(wh, {rows, C}), begin);
+  EXPECT_EQ(rel(out.get(), want), 0.0);  // a copy: exact
+  embedding_backward(cpu(wdw, {rows, C}), cpu(ids, {N}), cpu(dh, {N, C}), begin);
+  std::vector<std::vector<float>> runs;
+  for (int r = 0; r < 2; ++r) {
+    Dev dw = zeros({rows, C}, DType::F32);
+    embedding_backward(dw, dids, dout, begin);
+    runs.push_back(dw.get());
+  }
+  EXPECT_LE(rel(runs[0], wdw), kF32);
+  EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), rows * C * 4)) << "not deterministic";
+}
+
+// ---- attention --------------------------------------------------------------------------
+
+struct AttnCase {
+  int64_t B, T, Hq, Hkv, D;
+};
+void PrintTo(const AttnCase& c, std::ostream* os) { *os << "T=" << c.T; }
+class Attention : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(Attention, ForwardAndBackwardMatchCpu) {
+  REQUIRE_GPU();
+  const auto [B, T, Hq, Hkv, D] = GetParam();
+  const Shape qs{B, T, Hq, D}, ks{B, T, Hkv, D};
+  Dev q(randn(qs.numel(), 60), qs), k(randn(ks.numel(), 61), ks), v(randn(ks.numel(), 62), ks);
+  Dev dout(randn(qs.numel(), 63), qs), out = zeros(qs);
+  Dev saved = zeros(attention_saved_shape(Device::CUDA, B, T, Hq), DType::F32);
+  Dev dq = zeros(qs), dk = zeros(ks), dv = zeros(ks);
+  attention_forward(out, saved, q, k, v);
+  attention_backward(dq, dk, dv, dout, saved, q, k, v);
+  std::vector<float> qh = q.host, kh = k.host, vh = v.host, dh = dout.host, wo(qs.numel()),
+                     probs(attention_saved_shape(Device::CPU, B, T, Hq).numel()), wdq(qs.numel()),
+                     wdk(ks.numel()), wdv(ks.numel());
+  const Shape ps = attention_saved_shape(Device::CPU, B, T, Hq);
+  attention_forward(cpu(wo, qs), cpu(probs, ps), cpu(qh, qs), cpu(kh, ks), cpu(vh, ks));
+  attention_backward(cpu(wdq, qs), cpu(wdk, ks), cpu(wdv, ks), cpu(dh, qs), cpu(probs, ps), cpu(qh, qs),
+                     cpu(kh, ks), cpu(vh, ks));
+  EXPECT_LE(rel(out.get(), wo), kAttn);
+  EXPECT_LE(rel(dq.get(), wdq), kAttn);
+  EXPECT_LE(rel(dk.get(), wdk), kAttn);
+  EXPECT_LE(rel(dv.get(), wdv), kAttn);
+}
+
+// GQA with odd T; multi-head attention at the paper's T = 256; one long sequence
+// (T = 2048) that the CPU can still check.
+INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
+                         ::testing::Values(AttnCase{2, 17, 6, 2, 16}, AttnCase{2, 256, 4, 4, 64},
+                                           AttnCase{1, 2048, 2, 1, 64}),
+                         [](const auto& info) {
+                           const auto& p = info.param;
+                           return "B" + std::to_string(p.B) + "_T" + std::to_string(p.T) + "_H" +
+                                  std::to_string(p.Hq) + "_" + std::to_string(p.Hkv);
+                         });
+
+// ---- cross-entropy, optimizer ---------------------------------------------------------
+
+TEST(CrossEntropy, VocabShardPiecesMatchCpu) {
+  REQUIRE_GPU();
+  const int64_t N = 23, V = 50, valid = 45, begin = 10;  // padding columns 45..49
+  std::vector<int32_t> tg(N);
+  for (int64_t n = 0; n < N; ++n) tg[n] = n % 7 == 3 ? kIgnoreIndex : int32_t((n * 13) % 70);
+  OwnedTensor dtg(DType::I32, Shape{N}, Device::CUDA);
+  copy_tensor(dtg, cpu(tg, {N}));
+  Dev logits(randn(N * V, 70, 3.0f), {N, V});
+  Dev mx = zeros({N}, DType::F32), se = zeros({N}, DType::F32), tl = zeros({N}, DType::F32),
+      loss = zeros({N}, DType::F32);
+  vocab_row_max(mx, logits, valid);
+  vocab_sumexp_target(se, tl, logits, mx, dtg, begin, valid);
+  cross_entropy_combine(loss, mx, se, tl, dtg);
+  std::vector<float> lh = logits.host, wmx(N), wse(N), wtl(N), wl(N), wd(N * V);
+  vocab_row_max(cpu(wmx, {N}), cpu(lh, {N, V}), valid);
+  vocab_sumexp_target(cpu(wse, {N}), cpu(wtl, {N}), cpu(lh, {N, V}), cpu(wmx, {N}), cpu(tg, {N}), begin, valid);
+  cross_entropy_combine(cpu(wl, {N}), cpu(wmx, {N}), cpu(wse, {N}), cpu(wtl, {N}), cpu(tg, {N}));
+  EXPECT_LE(rel(mx.get(), wmx), kF32);
+  EXPECT_LE(rel(se.get(), wse), 1e-3);  // __expf
+  EXPECT_LE(rel(loss.get(), wl), 1e-3);
+  vocab_cross_entropy_backward(logits, logits, mx, se, dtg, begin, valid, 0.25f);  // in place
+  vocab_cross_entropy_backward(cpu(wd, {N, V}), cpu(lh, {N, V}), cpu(wmx, {N}), cpu(wse, {N}), cpu(tg, {N}), begin,
+                               valid, 0.25f);
+  EXPECT_LE(rel(logits.get(), wd), kOut);
+}
+
+TEST(Optimizer, AdamWSumSquaresScaleMatchCpu) {
+  REQUIRE_GPU();
+  const int64_t n = 10007;
+  Dev p(randn(n, 80), {n}, DType::F32), g(randn(n, 81), {n}, DType::F32), m(randn(n, 82, 0.1f), {n}, DType::F32);
+  std::vector<float> v0 = randn(n, 83, 0.1f);
+  for (float& x : v0) x = x * x;
+  Dev v(v0, {n}, DType::F32), pc = zeros({n});
+  const AdamWHyper h{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f};
+  adamw_step(p, g, m, v, h, pc);
+  std::vector<float> ph = p.host, gh = g.host, mh = m.host, vh = v0;
+  adamw_step(cpu(ph, {n}), cpu(gh, {n}), cpu(mh, {n}), cpu(vh, {n}), h);
+  EXPECT_LE(rel(p.get(), ph), 1e-6);
+  EXPECT_LE(rel(m.get(), mh), 1e-6);
+  EXPECT_LE(rel(v.get(), vh), 1e-6);
+  EXPECT_EQ(pc.get(), round_bf16(p.get())) << "the compute copy is the rounded master weight";
+  const double ss = sum_squares(g), want = sum_squares(cpu(gh, {n}));
+  EXPECT_NEAR(ss, want, 1e-9 * want);
+  EXPECT_EQ(ss, sum_squares(g)) << "not deterministic";
+  scale_inplace(g, 0.5f);
+  for (float& x : gh) x *= 0.5f;
+  EXPECT_EQ(g.get(), gh);
+}
+
+// ---- the whole model ------------------------------------------------------------------
+
+double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double e = 0, s = 1e-30;
+  for (size_t i = 0; i < want.size(); ++i) e += (double(got[i]) - want[i]) * (double(got[i]) - want[i]), s += double(want[i]) * want[i];
+  return std::sqrt(e / s);
+}
+
+class ModelStep : public ::testing::TestWithParam<NormScheme> {};
+}  // namespace
+void PrintTo(NormScheme s, std::ostream* os) { *os << norm_scheme_name(s); }
+namespace {
+
+// One forward, loss and backward of the same weights and batch on both devices: the
+// loss and every parameter gradient (relative L2 error <= kStep).
+TEST_P(ModelStep, GpuStepMatchesCpuStep) {
+  REQUIRE_GPU();
+  LlamaConfig c = test::small_model(GetParam());
+  c.hidden_size = 64, c.num_heads = 4, c.num_kv_heads = 2;  // head dim 16
+  const int64_t B = 2, T = 16;
+  std::vector<int32_t> ids(B * T), tg(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = int32_t((i * 17 + 3) % c.vocab_size), tg[i] = int32_t((i * 5 + 1) % c.vocab_size);
+  tg[7] = kIgnoreIndex;
+  LlamaStage host(c, StageSpec::whole(c), B, T), gpu(c, StageSpec::whole(c), B, T, 1, {}, Device::CUDA);
+  host.init_weights(7), gpu.init_weights(7);
+  host.forward(cpu(ids, {B, T})), gpu.forward(cpu(ids, {B, T}));
+  const double lc = host.loss(cpu(tg, {B * T})), lg = gpu.loss(cpu(tg, {B * T}));
+  EXPECT_NEAR(lg, lc, 2e-2 * std::abs(lc)) << "summed loss";
+  const float scale = 1.0f / (B * T - 1);
+  host.backward({}, scale), gpu.backward({}, scale);
+  gpu.params().download(/*grads=*/true);
+  double worst = 0;
+  for (int i = 0; i < host.params().size(); ++i) {
+    const Tensor hg = host.params().grad(i), gg = gpu.params().host_grad(i);
+    const std::vector<float> a(gg.f32(), gg.f32() + gg.numel()), b(hg.f32(), hg.f32() + hg.numel());
+    const double e = rel_l2(a, b);
+    worst = std::max(worst, e);
+    EXPECT_LE(e, kStep) << host.params().info(i).name;
+  }
+  std::printf("[ gpu step ] %s: loss cpu %.6f gpu %.6f, worst gradient relative L2 error %.2e\n",
+              norm_scheme_name(GetParam()), lc, lg, worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schemes, ModelStep,
+                         ::testing::Values(NormScheme::Pre, NormScheme::LNS, NormScheme::Post, NormScheme::Sandwich),
+                         [](const auto& info) { return std::string(norm_scheme_name(info.param)); });
+
+TEST(ModelStep, TwoIdenticalGpuStepsAreBitwiseEqual) {
+  REQUIRE_GPU();
+  const LlamaConfig c = test::small_model(NormScheme::LNS);
+  const int64_t B = 2, T = 8;
+  std::vector<int32_t> ids(B * T), tg(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = int32_t(i % c.vocab_size), tg[i] = int32_t((i + 1) % c.vocab_size);
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+  for (int run = 0; run < 2; ++run) {
+    LlamaStage s(c, StageSpec::whole(c), B, T, 1, {}, Device::CUDA);
+    s.init_weights(3);
+    s.forward(cpu(ids, {B, T}));
+    losses.push_back(s.loss(cpu(tg, {B * T})));
+    s.backward({}, 1.0f / (B * T));
+    grads.push_back(to_host_f32(s.params().flat_grads()));
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * 4));
+}
+
+TEST(Device, StatusIsReported) {
+  // Runs everywhere: the line a skipped run shows, and what a GPU run binds.
+  if (cuda_device_count() == 0) {
+    std::printf("[ gpu ] %s\n", cuda_unavailable_reason().c_str());
+    EXPECT_FALSE(cuda_unavailable_reason().empty());
+  } else {
+    EXPECT_EQ(bind_local_gpu(0), 0);
+    std::printf("[ gpu ] %s\n", current_gpu_description().c_str());
+  }
+}
+
+}  // namespace
+}  // namespace lns
