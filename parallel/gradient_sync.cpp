@@ -18,6 +18,14 @@ Tensor flat_slice(Tensor flat, int64_t begin, int64_t end) {
   return t;
 }
 
+// True when [from, to) of the flat buffer overlaps a tensor (not just padding): an
+// uncounted tensor lies between two counted ones, so they cannot be merged.
+bool gap_counted(int64_t from, int64_t to, const ParamSet& params) {
+  for (const ParamInfo& p : params.infos())
+    if (int64_t(p.offset) < to && int64_t(p.offset) + p.shape.numel() > from) return true;
+  return false;
+}
+
 }  // namespace
 
 GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool zero,
@@ -28,8 +36,18 @@ GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool 
   begin_ = s.begin;
   end_ = s.begin + s.valid;
   shard_size_ = s.size;
-  for (const ParamInfo& p : params.infos())
-    norm_weight_.push_back((p.replicated() && grid.tp_rank != 0) || p.tied_copy ? 0.0f : 1.0f);
+  // The counted parameters within this rank's share, merged into runs of adjacent
+  // tensors: one reduction (one GPU synchronisation) per run instead of per tensor.
+  // Gaps between tensors of a run are alignment padding, whose gradients are zero.
+  for (const ParamInfo& p : params.infos()) {
+    if ((p.replicated() && grid.tp_rank != 0) || p.tied_copy) continue;
+    const int64_t lo = std::max<int64_t>(begin_, p.offset), hi = std::min<int64_t>(end_, p.offset + p.shape.numel());
+    if (lo >= hi) continue;
+    if (!norm_ranges_.empty() && norm_ranges_.back().second <= lo && !gap_counted(norm_ranges_.back().second, lo, params))
+      norm_ranges_.back().second = hi;
+    else
+      norm_ranges_.push_back({lo, hi});
+  }
   if (zero_) {
     padded_ = OwnedTensor(DType::F32, Shape{shard_size_ * grid.dp}, params.device());
     shard_ = OwnedTensor(DType::F32, Shape{shard_size_}, params.device());
@@ -61,13 +79,7 @@ void GradientSync::reduce(bool full) {
 double GradientSync::global_norm() {
   const Tensor g = params_.flat_grads();
   double sum = 0.0;
-  for (int i = 0; i < params_.size(); ++i) {
-    if (norm_weight_[i] == 0.0f) continue;
-    const ParamInfo& p = params_.info(i);
-    const int64_t lo = std::max<int64_t>(begin_, p.offset),
-                  hi = std::min<int64_t>(end_, p.offset + p.shape.numel());
-    if (lo < hi) sum += sum_squares(flat_slice(g, lo, hi));
-  }
+  for (const auto& [lo, hi] : norm_ranges_) sum += sum_squares(flat_slice(g, lo, hi));
   return std::sqrt(grid_.world().all_reduce_sum(sum));
 }
 

@@ -42,7 +42,7 @@ class GradientSync {
   bool tied_, zero_;
   int64_t bucket_floats_;
   int64_t begin_ = 0, end_ = 0, shard_size_ = 0;
-  std::vector<float> norm_weight_;  // per parameter: 1 counted, 0 not
+  std::vector<std::pair<int64_t, int64_t>> norm_ranges_;  // flat ranges counted in the norm
   OwnedTensor padded_, shard_;      // ZeRO staging: [dp * shard], [shard]
 };
 

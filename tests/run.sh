@@ -12,3 +12,22 @@ BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)"
+
+# The CUDA backend (-DLNS_CUDA=ON), built wherever the toolkit is so that it never
+# rots, then its `gpu` tests: they run on a machine with a GPU and report "skipped"
+# (with the reason) on one without. LNS_CUDA=OFF skips this part; LNS_CUDA=ON makes a
+# missing toolkit an error.
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+if [ "${LNS_CUDA:-auto}" = "ON" ] && [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
+  echo "tests/run.sh: LNS_CUDA=ON but $CUDA_HOME/bin/nvcc does not exist (set CUDA_HOME)" >&2
+  exit 1
+fi
+if [ "${LNS_CUDA:-auto}" != "OFF" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then
+  CUDA_BUILD_DIR=${CUDA_BUILD_DIR:-build-cuda}
+  cmake -S . -B "$CUDA_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA=ON \
+        -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" >/dev/null
+  cmake --build "$CUDA_BUILD_DIR" -j"$(nproc)"
+  ctest --test-dir "$CUDA_BUILD_DIR" -L gpu --output-on-failure
+else
+  echo "tests/run.sh: no CUDA toolkit at $CUDA_HOME: the CUDA backend was not built"
+fi

@@ -45,5 +45,8 @@ std::vector<float> to_host_f32(Tensor src);
 void device_synchronize(Device d);
 // Peak bytes allocated by Buffers on the CUDA device since start (0 on the CPU).
 size_t cuda_peak_allocated_bytes();
+// Bytes in use on the current GPU (total - free: every allocation of the process,
+// scratch and library workspaces included, plus the CUDA context); 0 without a GPU.
+size_t cuda_memory_in_use();
 
 }  // namespace lns

@@ -136,6 +136,16 @@ std::vector<float> to_host_f32(Tensor src) {
   return out;
 }
 
+size_t cuda_memory_in_use() {
+#ifdef LNS_WITH_CUDA
+  size_t free_b = 0, total_b = 0;
+  if (cuda_device_count() == 0 || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+  return total_b - free_b;
+#else
+  return 0;
+#endif
+}
+
 void device_synchronize(Device d) {
 #ifdef LNS_WITH_CUDA
   if (d == Device::CUDA) cuda::synchronize();

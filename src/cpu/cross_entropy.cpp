@@ -85,6 +85,7 @@ struct FullVocabStats {
   std::vector<float> mx, se, tl;
   Tensor max, sumexp, target;
   FullVocabStats(Tensor logits, Tensor targets) {
+    cpu::require_cpu({&logits, &targets});  // host statistics: the CPU backend only
     const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
     for (int64_t n = 0; n < targets.numel(); ++n) {
       const int32_t t = targets.i32()[n];

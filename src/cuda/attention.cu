@@ -95,11 +95,20 @@ struct Dims {
   int64_t rows() const { return int64_t(G) * T; }        // score rows per entry
   int64_t q_elems() const { return B * T * int64_t(Hq) * D; }
   int64_t kv_elems() const { return B * T * int64_t(Hkv) * D; }
-  int64_t chunk() const {  // entries per pass within the score budget (S f32 + P, dS bf16)
-    const int64_t per = rows() * T * (4 + 2 + 2);
+  int64_t chunk() const {  // entries per pass within the score budget (backward: S, dP f32; P, dS bf16)
+    const int64_t per = rows() * T * (4 + 4 + 2 + 2);
     return std::max<int64_t>(1, std::min<int64_t>(entries(), int64_t(kScoreBudget) / per));
   }
 };
+
+// Start of each scratch sub-buffer: 256-byte aligned, as cuBLASLt likes its operands.
+template <typename T>
+T* carve(char*& at, int64_t count) {
+  T* p = reinterpret_cast<T*>(at);
+  at += (count * int64_t(sizeof(T)) + 255) / 256 * 256;
+  return p;
+}
+size_t carved(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 Dims dims_of(const Tensor& q, const Tensor& k) {
   LNS_CHECK(q.shape.ndim == 4 && k.shape.ndim == 4);
@@ -137,18 +146,23 @@ void batched(int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, int64_
 
 void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v) {
   expect(q, DType::BF16, "attention q");
+  expect(k, DType::BF16, "attention k");
+  expect(v, DType::BF16, "attention v");
   expect(out, DType::BF16, "attention out");
   expect(saved, DType::F32, "attention lse");
   const Dims d = dims_of(q, k);
+  LNS_CHECK(v.shape == k.shape);
   LNS_CHECK(saved.numel() == d.B * d.Hq * d.T && out.numel() == q.numel());
   if (d.B == 0) return;
   const int64_t ch = d.chunk(), score = d.rows() * d.T;
   // scratch: qh, oh [B,Hq,T,D]; kh, vh [B,Hkv,T,D]; S f32 and P bf16 per chunk
-  const size_t bytes = (2 * d.q_elems() + 2 * d.kv_elems()) * 2 + ch * score * (4 + 2);
-  char* base = static_cast<char*>(scratch(Scratch::Attention, bytes));
-  bf16 *qh = reinterpret_cast<bf16*>(base), *oh = qh + d.q_elems(), *kh = oh + d.q_elems(), *vh = kh + d.kv_elems();
-  float* S = reinterpret_cast<float*>(vh + d.kv_elems());
-  bf16* P = reinterpret_cast<bf16*>(S + ch * score);
+  const size_t bytes = 2 * carved(d.q_elems() * 2) + 2 * carved(d.kv_elems() * 2) + carved(ch * score * 4) +
+                       carved(ch * score * 2);
+  char* at = static_cast<char*>(scratch(Scratch::Attention, bytes));
+  bf16 *qh = carve<bf16>(at, d.q_elems()), *oh = carve<bf16>(at, d.q_elems());
+  bf16 *kh = carve<bf16>(at, d.kv_elems()), *vh = carve<bf16>(at, d.kv_elems());
+  float* S = carve<float>(at, ch * score);
+  bf16* P = carve<bf16>(at, ch * score);
   permute(qh, ptr<bf16>(q), d.B, d.T, d.Hq, d.D, true);
   permute(kh, ptr<bf16>(k), d.B, d.T, d.Hkv, d.D, true);
   permute(vh, ptr<bf16>(v), d.B, d.T, d.Hkv, d.D, true);
@@ -169,18 +183,21 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor sav
                         Tensor v) {
   expect(dout, DType::BF16, "attention dout");
   expect(saved, DType::F32, "attention lse");
+  for (const Tensor* t : {&dq, &dk, &dv, &q, &k, &v}) expect(*t, DType::BF16, "attention tensor");
   const Dims d = dims_of(q, k);
+  LNS_CHECK(dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel() && dout.numel() == q.numel() &&
+            saved.numel() == d.B * d.Hq * d.T);
   if (d.B == 0) return;
   const int64_t ch = d.chunk(), score = d.rows() * d.T, kvs = int64_t(d.T) * d.D, qs = d.rows() * d.D;
   // scratch: qh, doh, dqh [B,Hq,T,D]; kh, vh, dkh, dvh [B,Hkv,T,D]; S/dP f32, P, dS bf16
-  const size_t bytes = (3 * d.q_elems() + 4 * d.kv_elems()) * 2 + ch * score * (4 + 4 + 2 + 2);
-  char* base = static_cast<char*>(scratch(Scratch::Attention, bytes));
-  bf16 *qh = reinterpret_cast<bf16*>(base), *doh = qh + d.q_elems(), *dqh = doh + d.q_elems();
-  bf16 *kh = dqh + d.q_elems(), *vh = kh + d.kv_elems(), *dkh = vh + d.kv_elems(), *dvh = dkh + d.kv_elems();
-  float* S = reinterpret_cast<float*>(dvh + d.kv_elems());
-  float* dP = S + ch * score;
-  bf16* P = reinterpret_cast<bf16*>(dP + ch * score);
-  bf16* dS = P + ch * score;
+  const size_t bytes = 3 * carved(d.q_elems() * 2) + 4 * carved(d.kv_elems() * 2) + 2 * carved(ch * score * 4) +
+                       2 * carved(ch * score * 2);
+  char* at = static_cast<char*>(scratch(Scratch::Attention, bytes));
+  bf16 *qh = carve<bf16>(at, d.q_elems()), *doh = carve<bf16>(at, d.q_elems()), *dqh = carve<bf16>(at, d.q_elems());
+  bf16 *kh = carve<bf16>(at, d.kv_elems()), *vh = carve<bf16>(at, d.kv_elems());
+  bf16 *dkh = carve<bf16>(at, d.kv_elems()), *dvh = carve<bf16>(at, d.kv_elems());
+  float *S = carve<float>(at, ch * score), *dP = carve<float>(at, ch * score);
+  bf16 *P = carve<bf16>(at, ch * score), *dS = carve<bf16>(at, ch * score);
   permute(qh, ptr<bf16>(q), d.B, d.T, d.Hq, d.D, true);
   permute(kh, ptr<bf16>(k), d.B, d.T, d.Hkv, d.D, true);
   permute(vh, ptr<bf16>(v), d.B, d.T, d.Hkv, d.D, true);

@@ -81,6 +81,7 @@ void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor row
   expect(logits, DType::BF16, "logits");
   expect(targets, DType::I32, "targets");
   const int64_t N = rows_of(logits);
+  LNS_CHECK(valid <= logits.dim(-1) && targets.numel() == N && sumexp.numel() == N && target.numel() == N);
   if (N == 0) return;
   sumexp_target_kernel<<<N, kBlock, 0, stream()>>>(ptr<float>(sumexp), ptr<float>(target), ptr<bf16>(logits),
                                                    ptr<float>(rowmax), ptr<int32_t>(targets), logits.dim(-1),

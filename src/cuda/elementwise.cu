@@ -111,7 +111,10 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
   expect(dgate, DType::BF16, "swiglu dgate");
   expect(dup, DType::BF16, "swiglu dup");
   expect(dout, DType::BF16, "swiglu dout");
+  expect(gate, DType::BF16, "swiglu gate");
+  expect(up, DType::BF16, "swiglu up");
   const int64_t n = dout.numel();
+  LNS_CHECK(dgate.numel() == n && dup.numel() == n && gate.numel() == n && up.numel() == n);
   if (n == 0) return;
   swiglu_backward_kernel<<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(dgate), ptr<bf16>(dup), ptr<bf16>(dout),
                                                                ptr<bf16>(gate), ptr<bf16>(up), n);

@@ -27,8 +27,8 @@ __global__ void embedding_forward_kernel(bf16* out, const int32_t* ids, const bf
 // segment s covers order[start[s] .. start[s+1]) and belongs to weight row row_of[s].
 __global__ void embedding_backward_kernel(float* dweight, const bf16* dout, const int32_t* order,
                                           const int32_t* start, const int32_t* row_of, int C) {
-  const int s = blockIdx.y;
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int s = blockIdx.x;  // x: up to 2^31-1 segments (y would cap them at 65535)
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float acc = 0.0f;
   for (int k = start[s]; k < start[s + 1]; ++k) acc += to_f(dout[int64_t(order[k]) * C + c]);
@@ -84,7 +84,7 @@ void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_beg
   packed.insert(packed.end(), row_of.begin(), row_of.end());
   auto* dev = static_cast<int32_t*>(scratch(Scratch::Embedding, packed.size() * sizeof(int32_t)));
   LNS_CUDA_CHECK(cudaMemcpyAsync(dev, packed.data(), packed.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream()));
-  const dim3 grid(static_cast<unsigned>(ceil_div(C, 128)), static_cast<unsigned>(segments));
+  const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(ceil_div(C, 128)));
   embedding_backward_kernel<<<grid, 128, 0, stream()>>>(ptr<float>(dweight), ptr<bf16>(dout), dev,
                                                         dev + order.size(), dev + order.size() + start.size(), C);
   LNS_CUDA_LAUNCHED();

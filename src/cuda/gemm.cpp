@@ -8,6 +8,7 @@
 #include <cublasLt.h>
 
 #include <map>
+#include <utility>
 #include <tuple>
 
 #include "cuda/gemm.h"
@@ -32,7 +33,16 @@ struct Plan {
 };
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
-                       int64_t, int64_t, int64_t>;
+                       int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>;
+
+// The alignment cuBLASLt may assume for an operand: the largest power of two up to
+// 256 dividing its address (and, batched, every matrix's address). Without it the
+// heuristic assumes 256 and may pick a kernel that faults on a weight that starts
+// 32 bytes into the flat buffer.
+uint32_t alignment(const void* p, int64_t stride_bytes, int batch) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(p) | (batch > 1 ? uint64_t(stride_bytes) : 0) | 256;
+  return static_cast<uint32_t>(bits & (~bits + 1));  // lowest set bit
+}
 
 struct Lt {
   cublasLtHandle_t handle = nullptr;
@@ -63,8 +73,11 @@ cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int6
 }
 
 const Plan& plan_for(const GemmArgs& g) {
-  const Key key{g.trans_a, g.trans_b, g.M, g.N, g.K, g.lda, g.ldb, g.ldc, int(g.c_dtype), g.batch,
-                g.stride_a, g.stride_b, g.stride_c};
+  const int64_t csize = g.c_dtype == DType::F32 ? 4 : 2;
+  const uint32_t al_a = alignment(g.A, g.stride_a * 2, g.batch), al_b = alignment(g.B, g.stride_b * 2, g.batch),
+                 al_c = alignment(g.C, g.stride_c * csize, g.batch);
+  const Key key{g.trans_a, g.trans_b, g.M,        g.N,        g.K,        g.lda, g.ldb, g.ldc,
+                int(g.c_dtype), g.batch, g.stride_a, g.stride_b, g.stride_c, al_a, al_b, al_c};
   Lt& l = lt();
   auto it = l.plans.find(key);
   if (it != l.plans.end()) return it->second;
@@ -82,6 +95,12 @@ const Plan& plan_for(const GemmArgs& g) {
   const uint64_t ws = kWorkspaceBytes;
   lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
            "workspace");
+  // cuBLASLt's A is our B and its B our A; C and D are the same buffer.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_b}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c}};
+  for (const auto& [attr, value] : aligns)
+    lt_check(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)), "alignment");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   lt_check(cublasLtMatmulAlgoGetHeuristic(l.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
@@ -120,7 +139,9 @@ void linear_forward(Tensor y, Tensor x, Tensor w) {
 // dw[out,in] += dy^T @ x straight into the f32 gradient (beta = 1).
 void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx) {
   const int64_t in = w.dim(1), out = w.dim(0), rows = dy.numel() / out;
-  LNS_CHECK(dy.dtype == DType::BF16 && dw.dtype == DType::F32) << "CUDA linear: bf16 dy, f32 dw";
+  LNS_CHECK(dy.dtype == DType::BF16 && x.dtype == DType::BF16 && w.dtype == DType::BF16 && dw.dtype == DType::F32)
+      << "CUDA linear: bf16 dy, x and w, f32 dw";
+  LNS_CHECK(x.numel() == rows * in && dw.numel() == out * in && (dx.empty() || dx.numel() == rows * in));
   if (!dx.empty()) {
     GemmArgs g;
     g.M = rows, g.N = in, g.K = out;

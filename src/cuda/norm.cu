@@ -218,6 +218,7 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
   if (!dres.empty()) expect(dres, DType::BF16, "norm dres");
   const int C = static_cast<int>(x.dim(-1));
   const int64_t N = x.numel() / C;
+  LNS_CHECK(dx.numel() == N * C && (dres.empty() || dres.numel() == N * C) && dgain.numel() == C);
   if (N == 0) return;
   const bool vec = vec_ok(x.data, C) && vec_ok(dout.data, C) && vec_ok(dx.data, C) &&
                    (dres.empty() || vec_ok(dres.data, C));

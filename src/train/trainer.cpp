@@ -234,6 +234,7 @@ StepStats Trainer::train_step() {
     sync_->scale(static_cast<float>(cfg_.grad_clip / (s.grad_norm + 1e-6)));
   optim_->step(static_cast<float>(s.lr));
   sync_->gather_params();
+  device_synchronize(cfg_.device);  // the step's time includes its queued GPU work
   s.step = optim_->steps_taken();
   s.seconds = now_seconds() - t0;
   return s;

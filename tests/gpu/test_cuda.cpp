@@ -103,7 +103,9 @@ TEST_P(Norm, ResidualForwardMatchesCpu) {
                cpu(gh, {C}), ln ? cpu(bh, {C}) : Tensor{}, scale, eps);
   EXPECT_LE(rel(out.get(), want), kOut);
   EXPECT_LE(rel(rstd.get(), wr), kF32);
-  if (ln) EXPECT_LE(rel(mean.get(), wm), kF32);
+  if (ln) {
+    EXPECT_LE(rel(mean.get(), wm), kF32);
+  }
 }
 
 TEST_P(Norm, BackwardMatchesCpu) {
@@ -130,7 +132,9 @@ TEST_P(Norm, BackwardMatchesCpu) {
                 cpu(dyh, {N, C}), cpu(xh, {N, C}), ln ? cpu(m, {N}) : Tensor{}, cpu(r, {N}), cpu(gh, {C}), scale);
   EXPECT_LE(rel(dx.get(), wdx), kOut);
   EXPECT_LE(rel(dgain.get(), wdg), kF32);
-  if (ln) EXPECT_LE(rel(dbias.get(), wdb), kF32);
+  if (ln) {
+    EXPECT_LE(rel(dbias.get(), wdb), kF32);
+  }
 }
 
 // Hidden sizes: vectorized (64, 2048), a tail (45), 5461/2 rounded up (a tp shard of

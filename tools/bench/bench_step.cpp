@@ -1,6 +1,11 @@
 // Times full training steps (forward, backward, clipping, AdamW) of a config on
-// synthetic tokens and prints ms/step, tokens/s and achieved GFLOP/s.
+// synthetic tokens and prints ms/step, tokens/s and achieved GFLOP/s; on a GPU also
+// the peak memory and the MFU.
 //   lns_bench_step --flagfile=configs/tiny_lns.flags [--hidden_size=512 ...] --bench_steps=10
+//   lns_bench_step --flagfile=configs/1b_lns.flags --device=cuda [--peak_tflops=989]
+// MFU = flops_per_token (Trainer::flops_per_token: 6 x matmul parameters + 12 x
+// layers x hidden x seq for attention) x tokens/s / peak; the peak defaults to an
+// H100 SXM's dense bf16 989 TFLOP/s on CUDA (--peak_tflops for another GPU).
 #include <gflags/gflags.h>
 
 #include <algorithm>
@@ -8,6 +13,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/model_flags.h"
 #include "lns/train_flags.h"
@@ -28,6 +34,14 @@ int main(int argc, char** argv) {
     tc.val_data.clear();
     tc.out_dir.clear();
     tc.steps = FLAGS_bench_warmup + FLAGS_bench_steps;
+    const bool gpu = tc.device == lns::Device::CUDA;
+    size_t mem_base = 0, mem_peak = 0;
+    if (gpu) {
+      lns::bind_local_gpu(lns::local_rank_from_env());
+      std::printf("GPU: %s\n", lns::current_gpu_description().c_str());
+      if (tc.peak_tflops <= 0) tc.peak_tflops = 989.0;
+      mem_base = lns::cuda_memory_in_use();  // the context, before the model
+    }
     lns::Trainer trainer(mc, tc);
     std::vector<double> ms;
     for (int i = 0; i < tc.steps; ++i) {
@@ -35,6 +49,7 @@ int main(int argc, char** argv) {
       trainer.train_step();
       const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (i >= FLAGS_bench_warmup) ms.push_back(dt);
+      if (gpu) mem_peak = std::max(mem_peak, lns::cuda_memory_in_use() - mem_base);
     }
     std::sort(ms.begin(), ms.end());
     double mean = 0;
@@ -49,8 +64,19 @@ int main(int argc, char** argv) {
     std::printf("step: median %.1f ms, mean %.1f ms over %zu steps | %.0f tokens/s | %.1f GFLOP/s\n",
                 median, mean, ms.size(), tokens / (median / 1e3),
                 double(trainer.flops_per_token()) * tokens / (median / 1e3) / 1e9);
-    std::printf("RESULT {\"impl\": \"lns\", \"median_ms\": %.3f, \"mean_ms\": %.3f, \"tokens_per_s\": %.1f}\n",
-                median, mean, tokens / (median / 1e3));
+    const double tps = tokens / (median / 1e3);
+    if (!gpu) {
+      std::printf("RESULT {\"impl\": \"lns\", \"median_ms\": %.3f, \"mean_ms\": %.3f, \"tokens_per_s\": %.1f}\n",
+                  median, mean, tps);
+    } else {
+      const double mfu = double(trainer.flops_per_token()) * tps / (tc.peak_tflops * 1e12);
+      const double gib = mem_peak / double(1 << 30);
+      std::printf("GPU: peak memory %.2f GiB (device total minus free, over the context) | MFU %.1f%% of %.0f TFLOP/s\n",
+                  gib, 100 * mfu, tc.peak_tflops);
+      std::printf("RESULT {\"impl\": \"lns\", \"device\": \"cuda\", \"median_ms\": %.3f, \"mean_ms\": %.3f, "
+                  "\"tokens_per_s\": %.1f, \"peak_mem_gib\": %.3f, \"mfu\": %.4f, \"peak_tflops\": %.1f}\n",
+                  median, mean, tps, gib, mfu, tc.peak_tflops);
+    }
   } catch (const lns::UserError& e) {
     std::fprintf(stderr, "lns_bench_step: error: %s\n", e.what());
     return 1;

@@ -24,7 +24,12 @@ timing, a different set per micro-batch, reused across steps.
 --dtype bfloat16 keeps parameters, gradients and optimizer state in bf16
 (pure bf16); --autocast runs float32 parameters under torch.autocast(bfloat16).
 Output: config summary, ms/step (median and mean), tokens/s, GFLOP/s (same
-FLOP count as the C++ bench), then `RESULT {json}` on one line.
+FLOP count as the C++ bench), then `RESULT {json}` on one line. With
+--device cuda also the peak memory (torch.cuda.max_memory_allocated over the
+whole run, GiB) and MFU = flops_per_token x tokens/s / peak, the peak being
+--peak_tflops (else a flagfile's --peak_tflops, else 989: H100 SXM dense
+bf16); both go into the RESULT json as peak_mem_gib and mfu. Every step is
+bracketed by torch.cuda.synchronize(), so the times are the GPU's.
 """
 
 import argparse
@@ -60,6 +65,7 @@ MODEL_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "n
               "num_kv_heads", "rope_theta", "norm_eps", "norm_type", "norm_scheme",
               "post_layers", "tie_embeddings", "init_std", "embed_init_std", "seq_len",
               "micro_batch_size")
+DEFAULT_PEAK_TFLOPS = 989.0  # H100 SXM, dense bf16 (H200: the same)
 TRUE = ("1", "true", "t", "yes", "y")
 FALSE = ("0", "false", "f", "no", "n")
 
@@ -131,6 +137,9 @@ def bench_args(argv):
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch default)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--fused_adam", action="store_true", help="AdamW(fused=True) (CUDA)")
+    ap.add_argument("--peak_tflops", type=float, default=None,
+                    help="peak TFLOP/s of the device for MFU (CUDA; default: the flagfile's "
+                         "--peak_tflops if > 0, else %g)" % DEFAULT_PEAK_TFLOPS)
     # Everything else is a gflag (--flagfile=..., --hidden_size=..., ...).
     args, rest = ap.parse_known_args(argv)
     flags = dict(FLAG_DEFAULTS)
@@ -152,14 +161,17 @@ def bench_args(argv):
     return args, flags
 
 
-def flops_per_token(model, cfg):
-    """As Trainer::flops_per_token (trainer.cpp): 6 x matmul parameters (every
-    2-D parameter but the embedding, plus the tied head) + 12 L C T."""
-    n = sum(p.numel() for name, p in model.named_parameters()
-            if p.dim() == 2 and name != "model.embed_tokens.weight")
-    if cfg["tie_embeddings"]:
-        n += cfg["vocab_size"] * cfg["hidden_size"]
-    return 6 * n + 12 * cfg["num_layers"] * cfg["hidden_size"] * cfg["seq_len"]
+def flops_per_token(cfg):
+    """Trainer::flops_per_token (src/train/trainer.cpp), term for term: 6 FLOPs
+    per token for every matmul parameter (q/o: C x QD, k/v: C x KD, gate/up/down:
+    C x F per layer, and the V x C head, tied or not; the embedding lookup is
+    free) plus attention scores and values, 12 L C T (causal mask not subtracted)."""
+    C, F, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_layers"]
+    head_dim = C // cfg["num_heads"]
+    QD, KD = cfg["num_heads"] * head_dim, cfg["num_kv_heads"] * head_dim
+    per_layer = 2 * C * QD + 2 * C * KD + 3 * C * F
+    matmul_params = L * per_layer + cfg["vocab_size"] * C
+    return 6 * matmul_params + 12 * L * C * cfg["seq_len"]
 
 
 def main(argv=None):
@@ -185,7 +197,7 @@ def main(argv=None):
     model = llama_torch.LlamaModel(cfg, dtype=dtype, device=dev, seed=flags["seed"])
     model.train()
     n_params = llama_torch.num_params(model)
-    fpt = flops_per_token(model, cfg)
+    fpt = flops_per_token(cfg)
     step_model = torch.compile(model) if args.compile else model
 
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -255,6 +267,14 @@ def main(argv=None):
               "tokens_per_s": round(tps, 1), "gflops": round(gflops, 2), "steps": len(ms),
               "params": n_params, "hidden_size": cfg["hidden_size"], "num_layers": cfg["num_layers"],
               "seq_len": T, "global_batch_size": G, "micro_batch_size": B}
+    if args.device == "cuda":
+        peak = args.peak_tflops or flags["peak_tflops"] or DEFAULT_PEAK_TFLOPS
+        peak_mem = torch.cuda.max_memory_allocated(dev) / 2**30
+        mfu = fpt * tps / (peak * 1e12)
+        print(f"cuda: {torch.cuda.get_device_name(dev)} | peak memory {peak_mem:.2f} GiB | "
+              f"MFU {100 * mfu:.1f}% of {peak:g} TFLOP/s")
+        result.update(gpu=torch.cuda.get_device_name(dev), peak_mem_gib=round(peak_mem, 3),
+                      mfu=round(mfu, 4), peak_tflops=peak)
     print("RESULT " + json.dumps(result), flush=True)
 
 

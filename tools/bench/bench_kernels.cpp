@@ -1,0 +1,190 @@
+// GPU kernel throughput of the CUDA backend, next to the ceilings it is judged by:
+//   copy_<size>              device-to-device copy, bytes read + written per second
+//   rmsnorm_fwd_<N>x<C>      fused residual add + RMSNorm + LNS scale: reads res, delta,
+//                            writes res_out, out: 4*N*C*2 bytes (the C-wide gain ignored)
+//   rmsnorm_bwd_<N>x<C>      reads dout, x, dres, writes dx: 4*N*C*2 bytes (rstd and
+//                            the dgain partials ignored)
+//   gemm_<name>_<M>x<N>x<K>  linear_forward x[M,K] @ W[N,K]^T through cuBLASLt, bf16 in,
+//                            f32 accumulation, bf16 out: 2*M*N*K FLOP
+// Names and byte counts are those of tools/bench/bench_kernels_torch.py, so
+// tools/device/summarize.py pairs the two. Timing: CUDA events around each call,
+// median over --iters calls after --warmup untimed ones.
+//   lns_bench_kernels [--json=PATH] [--flagfile=configs/1b_lns.flags] [--tokens=2048,8192]
+#include <cuda_runtime.h>
+#include <gflags/gflags.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_split.h>
+
+#include "cuda/runtime.h"
+#include "lns/device.h"
+#include "lns/errors.h"
+#include "lns/model_flags.h"
+#include "lns/ops.h"
+
+DEFINE_string(json, "", "Also write the figures here as JSON.");
+DEFINE_string(tokens, "", "GEMM M values, comma-separated (default: micro_batch_size*seq_len and 8192).");
+DEFINE_string(norm_shapes, "8192x2048,8192x4096", "N x C of the norm benchmarks.");
+DEFINE_int32(copy_mib, 1024, "Size of the large copy in MiB.");
+DEFINE_int32(iters, 50, "Timed calls per figure.");
+DEFINE_int32(warmup, 10, "Untimed calls first.");
+DEFINE_double(scale, 0.2, "LNS output scale 1/sqrt(l) of the norm benchmark (0.2 = layer 25).");
+DECLARE_int32(micro_batch_size);
+DECLARE_int32(seq_len);
+
+namespace lns {
+namespace {
+
+double time_ms(const std::function<void()>& f) {
+  cudaStream_t s = cuda::stream();
+  for (int i = 0; i < FLAGS_warmup; ++i) f();
+  cudaEvent_t a, b;
+  LNS_CUDA_CHECK(cudaEventCreate(&a));
+  LNS_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < FLAGS_iters; ++i) {
+    LNS_CUDA_CHECK(cudaEventRecord(a, s));
+    f();
+    LNS_CUDA_CHECK(cudaEventRecord(b, s));
+    LNS_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    LNS_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+OwnedTensor filled(DType dt, Shape s, float v) {
+  OwnedTensor t(dt, s, Device::CUDA);
+  OwnedTensor f(DType::F32, s, Device::CUDA);
+  std::vector<float> h(s.numel());
+  for (int64_t i = 0; i < s.numel(); ++i) h[i] = v * float((i * 2654435761u) % 1000) / 1000.0f - 0.5f * v;
+  copy_tensor(f, Tensor{h.data(), DType::F32, Device::CPU, s});
+  cast(t, f);
+  return t;
+}
+
+struct Results {
+  nlohmann::json records = nlohmann::json::array();
+  void add(const std::string& name, const char* metric, double value, double ms, std::vector<int64_t> shape,
+           const char* amount_key, double amount) {
+    std::printf("%-36s %10.1f %-8s %10.1f us\n", name.c_str(), value, metric, ms * 1e3);
+    std::fflush(stdout);
+    records.push_back({{"name", name}, {"metric", metric}, {"value", value}, {"ms", ms}, {"shape", shape},
+                       {amount_key, amount}});
+  }
+};
+
+std::vector<std::pair<int64_t, int64_t>> parse_shapes(const std::string& s) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (absl::string_view item : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    std::vector<std::string> nc = absl::StrSplit(item, 'x');
+    int64_t n = 0, c = 0;
+    LNS_REQUIRE(nc.size() == 2 && absl::SimpleAtoi(nc[0], &n) && absl::SimpleAtoi(nc[1], &c) && n > 0 && c > 0,
+                "--norm_shapes: expected NxC,NxC..., got '", s, "'");
+    out.push_back({n, c});
+  }
+  return out;
+}
+
+int run() {
+  LNS_REQUIRE(cuda_device_count() > 0, "lns_bench_kernels needs a GPU: ", cuda_unavailable_reason());
+  bind_local_gpu(0);
+  const LlamaConfig cfg = config_from_flags();
+  std::printf("GPU: %s\n", current_gpu_description().c_str());
+  Results r;
+
+  // ---- copy ceilings ------------------------------------------------------------------
+  const auto norms = parse_shapes(FLAGS_norm_shapes);
+  std::vector<std::pair<std::string, int64_t>> copies = {
+      {"copy_" + std::to_string(FLAGS_copy_mib) + "MiB", int64_t(FLAGS_copy_mib) << 19}};
+  for (auto [n, c] : norms) copies.push_back({"copy_" + std::to_string(n) + "x" + std::to_string(c), n * c});
+  for (const auto& [name, numel] : copies) {
+    OwnedTensor a(DType::BF16, Shape{numel}, Device::CUDA), b(DType::BF16, Shape{numel}, Device::CUDA);
+    const double ms = time_ms([&] {
+      LNS_CUDA_CHECK(cudaMemcpyAsync(b.t.data, a.t.data, a.t.nbytes(), cudaMemcpyDeviceToDevice, cuda::stream()));
+    });
+    const double bytes = 2.0 * a.t.nbytes();
+    r.add(name, "GB/s", bytes / ms / 1e6, ms, {numel}, "bytes", bytes);
+  }
+
+  // ---- fused residual + RMSNorm + LNS scale ------------------------------------------
+  for (auto [N, C] : norms) {
+    OwnedTensor res = filled(DType::BF16, {N, C}, 2.0f), delta = filled(DType::BF16, {N, C}, 1.0f),
+                out(DType::BF16, Shape{N, C}, Device::CUDA), res_out(DType::BF16, Shape{N, C}, Device::CUDA),
+                dout = filled(DType::BF16, {N, C}, 1.0f), dres = filled(DType::BF16, {N, C}, 1.0f),
+                dx(DType::BF16, Shape{N, C}, Device::CUDA), gain = filled(DType::F32, {C}, 0.1f),
+                dgain(DType::F32, Shape{C}, Device::CUDA), rstd(DType::F32, Shape{N}, Device::CUDA);
+    const std::string shape = std::to_string(N) + "x" + std::to_string(C);
+    const double bytes = 4.0 * N * C * 2;
+    const float scale = static_cast<float>(FLAGS_scale);
+    double ms = time_ms([&] {
+      residual_norm_forward(NormType::RMSNorm, res_out, out, {}, rstd, res, delta, 1.0f, gain, {}, scale, 1e-5f);
+    });
+    r.add("rmsnorm_fwd_" + shape, "GB/s", bytes / ms / 1e6, ms, {N, C}, "bytes", bytes);
+    ms = time_ms([&] { norm_backward(NormType::RMSNorm, dx, dgain, {}, dres, dout, res_out, {}, rstd, gain, scale); });
+    r.add("rmsnorm_bwd_" + shape, "GB/s", bytes / ms / 1e6, ms, {N, C}, "bytes", bytes);
+  }
+
+  // ---- GEMMs at the model's shapes ------------------------------------------------------
+  std::vector<int64_t> tokens;
+  if (FLAGS_tokens.empty()) {
+    tokens = {int64_t(FLAGS_micro_batch_size) * FLAGS_seq_len, 8192};
+    std::sort(tokens.begin(), tokens.end());
+    tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+  } else {
+    for (absl::string_view t : absl::StrSplit(FLAGS_tokens, ',', absl::SkipEmpty())) {
+      int64_t m = 0;
+      LNS_REQUIRE(absl::SimpleAtoi(t, &m) && m > 0, "--tokens: expected positive integers, got '", FLAGS_tokens, "'");
+      tokens.push_back(m);
+    }
+  }
+  const int64_t C = cfg.hidden_size, F = cfg.intermediate_size, V = cfg.vocab_size, KV = cfg.kv_dim();
+  std::vector<std::tuple<std::string, int64_t, int64_t>> gemms = {
+      {"qkvo", C, C}, {"gate_up", F, C}, {"down", C, F}, {"lm_head", V, C}};
+  if (KV != C) gemms.insert(gemms.begin() + 1, {"kv", KV, C});
+  std::printf("GEMM shapes: hidden %lld, intermediate %lld, vocab %lld\n", (long long)C, (long long)F, (long long)V);
+  for (int64_t M : tokens)
+    for (const auto& [name, N, K] : gemms) {
+      OwnedTensor x = filled(DType::BF16, {M, K}, 1.0f), w = filled(DType::BF16, {N, K}, 0.05f),
+                  y(DType::BF16, Shape{M, N}, Device::CUDA);
+      const double ms = time_ms([&] { linear_forward(y, x, w); });
+      const double flop = 2.0 * M * N * K;
+      r.add("gemm_" + name + "_" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K), "TFLOP/s",
+            flop / ms / 1e9, ms, {M, N, K}, "flops", flop);
+    }
+
+  if (!FLAGS_json.empty()) {
+    std::ofstream f(FLAGS_json);
+    LNS_REQUIRE(f.good(), "--json=", FLAGS_json, ": cannot write");
+    f << nlohmann::json{{"impl", "lns"}, {"device", current_gpu_description()}, {"results", r.records}}.dump(2)
+      << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace lns
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("lns_bench_kernels [--json=PATH] [--flagfile=configs/1b_lns.flags]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  try {
+    return lns::run();
+  } catch (const lns::UserError& e) {
+    std::fprintf(stderr, "lns_bench_kernels: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# Builds lns with CUDA on an OFFLINE GPU node, runs the GPU tests and the
+# benchmarks (ours and the PyTorch references), and prints a summary table.
+# Run from anywhere; it works in the repo root:
+#
+#   bash tools/device/run_gpu.sh                   # all stages
+#   STAGES="build test" bash tools/device/run_gpu.sh
+#   STAGES=bench CONFIGS=130m_lns bash tools/device/run_gpu.sh
+#
+# Why: the node has CUDA, CMake, ninja, a compiler and PyTorch, but none of our
+# Debian dependencies and no registry. tools/device/pack.sh (on a Debian 12
+# machine) put their .debs into .gpu-deps/debs/; here they are unpacked with
+# `dpkg -x` into a private prefix (default /tmp/lns-deps, never /), and
+# PATH / LD_LIBRARY_PATH / CMAKE_PREFIX_PATH and Open MPI's relocation
+# variables (OPAL_PREFIX, PMIX_*) point there. Checked on Debian 12 with the
+# system's copies hidden: configure, CPU build, unit and MPI tests pass. Debian's
+# update-alternatives links (mpirun, mpicxx, libopenblas.so, ...), which
+# package scripts would make, are made by hand.
+#
+# Stages (STAGES, space-separated; the dependencies are always set up):
+#   configure  cmake -S . -B $BUILD_DIR -G Ninja -DLNS_CUDA=ON -DCMAKE_BUILD_TYPE=Release
+#   build      configure + cmake --build $BUILD_DIR -j $JOBS
+#   test       ctest --test-dir $BUILD_DIR -L $TEST_LABEL --output-on-failure
+#   bench      lns_bench_kernels, bench_kernels_torch.py, and for each of
+#              $CONFIGS lns_bench_step and bench_step_torch.py
+# Other settings (environment): OUT (results folder, default ./gpu-results),
+# BUILD_DIR (build-gpu), JOBS (16), LNS_CUDA (ON), CMAKE_ARGS (extra cmake
+# arguments), TEST_LABEL (gpu), CTEST_ARGS (extra ctest arguments), CONFIGS
+# ("130m_lns 1b_lns"), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
+# .gpu-deps/bin when pack.sh --binaries made it and there is no build),
+# BENCH_LAUNCHER (e.g. "mpirun -np 1"; empty: run directly), LNS_DEPS_PREFIX
+# (/tmp/lns-deps), LNS_DEBS (.gpu-deps/debs).
+#
+# Results in $OUT (few files, as the device tool brings back at most 8):
+#   env.json     date, GPU name and driver, nvcc, glibc, git commit, stages
+#   run.log      every stage but the build, between '### step NAME' and
+#                '### done NAME rc=RC seconds=S' lines (RESULT lines inside)
+#   build.log    configure + build output
+#   kernels.json, kernels_torch.json   the kernel benchmarks' figures
+#   summary.md   the table printed at the end (tools/device/summarize.py)
+# Exit status: 0 when every stage that ran succeeded, else 1.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT" || exit 1
+STAGES=${STAGES:-build test bench}
+PREFIX=${LNS_DEPS_PREFIX:-/tmp/lns-deps}
+DEBS=${LNS_DEBS:-$ROOT/.gpu-deps/debs}
+OUT=${OUT:-$ROOT/gpu-results}
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+JOBS=${JOBS:-16}
+LNS_CUDA=${LNS_CUDA:-ON}
+CMAKE_ARGS=${CMAKE_ARGS:-}
+TEST_LABEL=${TEST_LABEL:-gpu}
+CTEST_ARGS=${CTEST_ARGS:-}
+CONFIGS=${CONFIGS:-130m_lns 1b_lns}
+BENCH_LAUNCHER=${BENCH_LAUNCHER:-}
+ARCH=x86_64-linux-gnu
+
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+export OUT
+RUNLOG=$OUT/run.log
+: > "$RUNLOG"
+FAILED=0
+# PyTorch runs with the node's own library path: no Debian libraries in its way.
+if [ -n "${LD_LIBRARY_PATH+set}" ]; then
+  TORCH_ENV=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1)
+else
+  TORCH_ENV=(env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1)
+fi
+
+log() { echo "[run_gpu] $*" | tee -a "$RUNLOG"; }
+has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+# step NAME LOGFILE CMD...: runs CMD, its output to the terminal and LOGFILE
+# between the markers summarize.py reads; records a failure.
+step() {
+  local name=$1 logfile=$2; shift 2
+  local t0=$SECONDS rc
+  echo "### step $name: $*" | tee -a "$logfile"
+  "$@" 2>&1 | tee -a "$logfile"
+  rc=${PIPESTATUS[0]}
+  echo "### done $name rc=$rc seconds=$((SECONDS - t0))" | tee -a "$logfile"
+  [ "$rc" -eq 0 ] || FAILED=1
+  return "$rc"
+}
+
+# ---- dependencies: unpack the .debs into $PREFIX -------------------------------------
+# Unpacks one .deb with dpkg-deb, or with Python where dpkg is missing.
+unpack_deb() {
+  if command -v dpkg-deb >/dev/null; then
+    dpkg-deb -x "$1" "$PREFIX"
+  else
+    python3 - "$1" "$PREFIX" <<'EOF'
+import io, sys, tarfile
+deb, dest = sys.argv[1], sys.argv[2]
+with open(deb, "rb") as f:
+    data = f.read()
+assert data[:8] == b"!<arch>\n", deb + ": not a .deb"
+pos = 8
+while pos < len(data):           # ar members: 60-byte header, body padded to 2 bytes
+    name, size = data[pos:pos + 16].decode().strip().rstrip("/"), int(data[pos + 48:pos + 58])
+    body = data[pos + 60:pos + 60 + size]
+    if name.startswith("data.tar"):
+        tf = tarfile.open(fileobj=io.BytesIO(body))
+        # "tar" keeps absolute symlinks (Python >= 3.14 would refuse them by default)
+        tf.extractall(dest, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+    pos += 60 + size + (size & 1)
+EOF
+  fi
+}
+
+setup_deps() {
+  local debs=("$DEBS"/*.deb)
+  if [ ! -e "${debs[0]}" ]; then
+    log "no .debs in $DEBS: using the system's packages (run tools/device/pack.sh and carry .gpu-deps if cmake fails)"
+    return 0
+  fi
+  local stamp
+  stamp=$(stat -c '%n %s' "${debs[@]}" | md5sum | cut -d' ' -f1)   # names and sizes
+  if [ "$(cat "$PREFIX/.lns-stamp" 2>/dev/null)" != "$stamp" ]; then
+    log "unpacking ${#debs[@]} .debs into $PREFIX"
+    rm -rf "$PREFIX"
+    mkdir -p "$PREFIX"
+    for d in "${debs[@]}"; do unpack_deb "$d" || { log "cannot unpack $d"; exit 1; }; done
+    fix_prefix
+    echo "$stamp" > "$PREFIX/.lns-stamp"
+  else
+    log "dependencies already unpacked in $PREFIX"
+  fi
+}
+
+fix_prefix() {
+  local U=$PREFIX/usr L=$PREFIX/usr/lib/$ARCH t l
+  # update-alternatives links made by the packages' scripts on a real install
+  for t in mpirun mpiexec mpicc mpicxx mpic++ mpiCC; do
+    [ -e "$U/bin/$t" ] || ln -s "$t.openmpi" "$U/bin/$t"
+  done
+  for t in libblas.so.3 libblas.so liblapack.so.3 liblapack.so libopenblas.so.0 libopenblas.so; do
+    [ -e "$L/$t" ] || ln -s "openblas-pthread/$t" "$L/$t"
+  done
+  # absolute symlinks (to /usr/..., /lib/...) are pointed into the prefix
+  while IFS= read -r l; do
+    t=$(readlink "$l")
+    [ -e "$PREFIX$t" ] && ln -sfn "$PREFIX$t" "$l"
+  done < <(find "$PREFIX" -type l -lname '/*')
+  # Base-system libraries packed only for a system without them: where the
+  # system has its own (usually newer) copy, ours must not shadow it.
+  local ldcache
+  ldcache=$( (ldconfig -p || /sbin/ldconfig -p) 2>/dev/null)
+  for t in libudev.so.1 libz.so.1 liblzma.so.5 libatomic.so.1 libquadmath.so.0 libgfortran.so.5; do
+    l=$(awk -v so="$t" '$1 == so && /x86-64/ {print $NF; exit}' <<<"$ldcache")
+    if [ -n "$l" ] && [ -f "$l" ]; then
+      rm -f "$L/$t" "$L/$t".* "$PREFIX/lib/$ARCH/$t" "$PREFIX/lib/$ARCH/$t".*
+    fi
+  done
+}
+
+# NCCL: from the CUDA toolkit, else from PyTorch's pip package nvidia-nccl (which
+# has no libnccl.so link and no CMake config: a small folder with both is made).
+NCCL_DIR=""
+find_nccl() {
+  local d
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+    if [ -e "$d/libnccl.so" ] || [ -e "$d/libnccl.so.2" ]; then NCCL_DIR=/usr/local/cuda; return; fi
+  done
+  d=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null) || return 0
+  [ -e "$d/lib/libnccl.so.2" ] || return 0
+  NCCL_DIR=$PREFIX/nccl
+  mkdir -p "$NCCL_DIR/lib"
+  ln -sfn "$d/include" "$NCCL_DIR/include"
+  ln -sf "$d/lib/libnccl.so.2" "$NCCL_DIR/lib/libnccl.so.2"
+  ln -sf libnccl.so.2 "$NCCL_DIR/lib/libnccl.so"
+}
+
+setup_env() {
+  local U=$PREFIX/usr L=$PREFIX/usr/lib/$ARCH
+  export PATH=$U/bin:/usr/local/cuda/bin:$PATH
+  export LD_LIBRARY_PATH=$L:$L/openblas-pthread:$L/openmpi/lib:$L/pmix2/lib:$PREFIX/lib/$ARCH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export CMAKE_PREFIX_PATH=$U${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  # Open MPI and PMIx find their plugins, help texts and wrapper data from these
+  # (PMIx was configured with absolute libdir and datadir: both are given).
+  export OPAL_PREFIX=$U
+  export PMIX_INSTALL_PREFIX=$L/pmix2 PMIX_LIBDIR=$L/pmix2/lib PMIX_DATADIR=$L/pmix2/share
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  # Shared memory and TCP only: no InfiniBand/UCX probing (their providers are
+  # not unpacked; tests/mpi/test_multihost.py needs TCP), and no CMA (ptrace
+  # may be refused in a VM or container).
+  export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
+  export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}
+  export OMPI_MCA_osc=${OMPI_MCA_osc:-^ucx}
+  export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+  # mpirun refuses to start without an ssh/rsh binary, even for local ranks.
+  local ssh
+  ssh=$(command -v ssh || command -v rsh || true)
+  [ -f "$ssh" ] && [ -x "$ssh" ] || export OMPI_MCA_plm_rsh_agent=${OMPI_MCA_plm_rsh_agent:-false}
+  find_nccl
+  if [ -n "$NCCL_DIR" ]; then
+    export NCCL_ROOT=$NCCL_DIR NCCL_HOME=$NCCL_DIR
+    export CMAKE_PREFIX_PATH=$CMAKE_PREFIX_PATH:$NCCL_DIR
+    export CMAKE_INCLUDE_PATH=$NCCL_DIR/include${CMAKE_INCLUDE_PATH:+:$CMAKE_INCLUDE_PATH}
+    export CMAKE_LIBRARY_PATH=$NCCL_DIR/lib${CMAKE_LIBRARY_PATH:+:$CMAKE_LIBRARY_PATH}
+    [ "$NCCL_DIR" = /usr/local/cuda ] || export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$NCCL_DIR/lib
+  fi
+}
+
+write_env() {
+  local gpu nvcc_v glibc git_rev
+  gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+  nvcc_v=$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' | head -1)
+  glibc=$(ldd --version 2>/dev/null | head -1 | grep -o '[0-9.]*$')
+  if git_rev=$(git rev-parse --short HEAD 2>/dev/null); then
+    git diff --quiet HEAD 2>/dev/null || git_rev+="+dirty"
+  else
+    git_rev="(no git)"
+  fi
+  GPU="$gpu" NVCC="$nvcc_v" GLIBC="$glibc" GITREV="$git_rev" NCCL="$NCCL_DIR" \
+  STAGES_RUN="$STAGES" LABEL="$TEST_LABEL" python3 - "$OUT/env.json" <<'EOF'
+import datetime, json, os, platform, sys
+e = os.environ
+json.dump({"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "gpu": e["GPU"] or "no nvidia-smi", "nvcc": e["NVCC"], "glibc": e["GLIBC"],
+           "git": e["GITREV"], "host": platform.node(), "nccl": e["NCCL"],
+           "stages": e["STAGES_RUN"], "test_label": e["LABEL"], "cpus": os.cpu_count()},
+          open(sys.argv[1], "w"), indent=1)
+EOF
+  log "GPU: ${gpu:-none found}; nvcc ${nvcc_v:-missing}; glibc ${glibc:-?}; git $git_rev"
+}
+
+# ---- main ------------------------------------------------------------------------------
+setup_deps
+setup_env
+write_env
+glibc_minor=$(ldd --version 2>/dev/null | head -1 | grep -o '[0-9]*$')
+if [ -n "$glibc_minor" ] && [ "$glibc_minor" -lt 36 ]; then
+  log "warning: glibc 2.$glibc_minor; the Debian 12 libraries need 2.36 (libevent, used by Open MPI)"
+fi
+
+if has_stage configure || has_stage build; then
+  : > "$OUT/build.log"
+  gen=()
+  if command -v ninja >/dev/null && ! grep -qs '^CMAKE_GENERATOR:INTERNAL=Unix Makefiles' "$BUILD_DIR/CMakeCache.txt"; then
+    gen=(-G Ninja)
+  fi
+  U=$PREFIX/usr
+  hints=()
+  if [ -x "$U/bin/mpicxx" ]; then
+    hints=(-DMPI_CXX_COMPILER="$U/bin/mpicxx" -DMPIEXEC_EXECUTABLE="$U/bin/mpirun"
+           -DCBLAS_INCLUDE_DIR="$U/include/$ARCH/openblas-pthread")
+  fi
+  # shellcheck disable=SC2086  # CMAKE_ARGS is a list of words
+  step configure "$OUT/build.log" cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DLNS_CUDA="$LNS_CUDA" \
+    -DCMAKE_BUILD_TYPE=Release "${hints[@]}" $CMAKE_ARGS
+  cfg_rc=$?
+  if has_stage build && [ $cfg_rc -eq 0 ]; then
+    step build "$OUT/build.log" cmake --build "$BUILD_DIR" -j "$JOBS"
+  fi
+  grep -E '^### (step|done) ' "$OUT/build.log" >> "$RUNLOG"
+fi
+
+if has_stage test; then
+  # shellcheck disable=SC2086  # CTEST_ARGS is a list of words
+  step test "$RUNLOG" ctest --test-dir "$BUILD_DIR" -L "$TEST_LABEL" --output-on-failure $CTEST_ARGS
+fi
+
+if has_stage bench; then
+  BIN_DIR=${BIN_DIR:-$BUILD_DIR}
+  if [ ! -x "$BIN_DIR/lns_bench_step" ] && [ -x "$ROOT/.gpu-deps/bin/lns_bench_step" ]; then
+    BIN_DIR=$ROOT/.gpu-deps/bin
+  fi
+  # shellcheck disable=SC2086  # BENCH_LAUNCHER is a command line
+  step kernels "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_kernels" --flagfile=configs/1b_lns.flags --json="$OUT/kernels.json"
+  step kernels_torch "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_kernels_torch.py \
+    --json "$OUT/kernels_torch.json"
+  for cfg in $CONFIGS; do
+    # shellcheck disable=SC2086
+    step "step_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
+      --device=cuda --bench_steps=10 --bench_warmup=3
+    step "step_torch_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py \
+      --flagfile="configs/$cfg.flags" --device cuda --autocast --steps 10 --warmup 3
+  done
+fi
+
+echo
+PYTHONDONTWRITEBYTECODE=1 python3 "$ROOT/tools/device/summarize.py" "$OUT" | tee "$OUT/summary.md"
+exit "$FAILED"
