@@ -27,6 +27,12 @@ class Communicator {
   // out[n] = sum over ranks of in[rank * n : (rank + 1) * n].
   virtual void reduce_scatter(Tensor out, Tensor in) = 0;
   virtual void broadcast(Tensor t, int root) = 0;
+  // An in-place sum that may still be running when this returns (NCCL: on the
+  // communicator's own stream, after the work already queued on the compute stream);
+  // all_reduce_wait() orders everything queued afterwards behind every started sum.
+  // The default sums at once, so callers need not care which kind they have.
+  virtual void all_reduce_start(Tensor t) { all_reduce(t, ReduceOp::Sum); }
+  virtual void all_reduce_wait() {}
   // Non-blocking send: `t` must stay valid until wait_sends() returns.
   virtual void send(Tensor t, int peer, int tag) = 0;
   virtual void recv(Tensor t, int peer, int tag) = 0;

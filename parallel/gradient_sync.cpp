@@ -48,6 +48,10 @@ GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool 
     else
       norm_ranges_.push_back({lo, hi});
   }
+  if (tied && grid.pp > 1 && (grid.first_stage() || grid.last_stage())) {
+    const int i = params.find("model.embed_tokens.weight");
+    if (i >= 0) hold_lo_ = params.info(i).offset, hold_hi_ = hold_lo_ + params.info(i).shape.numel();
+  }
   if (zero_) {
     padded_ = OwnedTensor(DType::F32, Shape{shard_size_ * grid.dp}, params.device());
     shard_ = OwnedTensor(DType::F32, Shape{shard_size_}, params.device());
@@ -64,6 +68,17 @@ void GradientSync::reduce(bool full) {
   if (grid_.dp == 1) return;
   const Tensor g = params_.flat_grads();
   const int64_t n = params_.numel();
+  if (armed_) {  // 2a, overlapped: start what backward has not, then wait for all
+    grads_ready(0);
+    for (int64_t k : deferred_) {
+      const int64_t b = k * bucket_floats_;
+      grid_.dp_comm().all_reduce_start(flat_slice(g, b, std::min(n, b + bucket_floats_)));
+    }
+    deferred_.clear();
+    grid_.dp_comm().all_reduce_wait();
+    armed_ = false;
+    return;
+  }
   if (!zero_ || full) {  // 2a. all-reduce in buckets
     for (int64_t b = 0; b < n; b += bucket_floats_)
       grid_.dp_comm().all_reduce(flat_slice(g, b, std::min(n, b + bucket_floats_)), ReduceOp::Sum);
@@ -74,6 +89,27 @@ void GradientSync::reduce(bool full) {
   zero_tensor(flat_slice(padded_, n, padded_.t.numel()));
   grid_.dp_comm().reduce_scatter(shard_, padded_);
   copy_tensor(flat_slice(g, begin_, end_), flat_slice(shard_, 0, end_ - begin_));
+}
+
+void GradientSync::arm_overlap() {
+  if (grid_.dp == 1 || zero_) return;  // ZeRO's reduce-scatter needs the whole buffer
+  armed_ = true;
+  next_bucket_ = (params_.numel() + bucket_floats_ - 1) / bucket_floats_ - 1;
+}
+
+void GradientSync::grads_ready(int64_t from) {
+  if (!armed_) return;
+  const Tensor g = params_.flat_grads();
+  const int64_t n = params_.numel();
+  // Buckets are fixed slices [k*B, (k+1)*B) of the flat buffer, as without overlap;
+  // backward finishes them from the last one down.
+  for (; next_bucket_ >= 0 && next_bucket_ * bucket_floats_ >= from; --next_bucket_) {
+    const int64_t b = next_bucket_ * bucket_floats_, e = std::min(n, b + bucket_floats_);
+    if (b < hold_hi_ && e > hold_lo_)
+      deferred_.push_back(next_bucket_);
+    else
+      grid_.dp_comm().all_reduce_start(flat_slice(g, b, e));
+  }
 }
 
 double GradientSync::global_norm() {

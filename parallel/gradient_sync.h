@@ -8,6 +8,9 @@
 //     --dp_bucket_mb, or (--zero=1) reduce-scattered so each dp rank holds the sum
 //     for its contiguous shard of the flat buffer, where the optimizer runs; updated
 //     shards are then all-gathered.
+//     With overlap armed (the last micro-batch's backward, dp > 1, no ZeRO), each
+//     bucket is started as soon as the stage reports that every gradient in it is
+//     final (grads_ready), so on NCCL it runs beside the rest of backward.
 //  3. The global gradient norm counts every parameter once: each dp rank sums its
 //     shard, tensor-parallel replicas (norms) count on tp rank 0 only, the tied copy
 //     not at all; one all-reduce over the world.
@@ -32,6 +35,10 @@ class GradientSync {
   // Steps 1 and 2. full: all-reduce even under ZeRO, so every rank holds the whole
   // summed gradient (step dumps).
   void reduce(bool full = false);
+  // Overlap: arm() before the last micro-batch's backward; the stage then calls
+  // grads_ready(from) whenever the gradients at flat offsets >= from are final.
+  void arm_overlap();
+  void grads_ready(int64_t from);
   double global_norm();    // step 3 (after reduce)
   void scale(float f);     // clipping: scales the gradients the optimizer will read
   void gather_params();    // ZeRO: every rank gets every updated shard (no-op otherwise)
@@ -42,6 +49,12 @@ class GradientSync {
   bool tied_, zero_;
   int64_t bucket_floats_;
   int64_t begin_ = 0, end_ = 0, shard_size_ = 0;
+  bool armed_ = false;
+  int64_t next_bucket_ = -1;  // overlap: the highest bucket not yet started
+  // Overlap with tied embeddings and pp > 1: buckets holding the embedding (or the
+  // head's copy) wait for step 1 in reduce(), so the sums keep their order and bits.
+  int64_t hold_lo_ = 0, hold_hi_ = 0;
+  std::vector<int64_t> deferred_;
   std::vector<std::pair<int64_t, int64_t>> norm_ranges_;  // flat ranges counted in the norm
   OwnedTensor padded_, shard_;      // ZeRO staging: [dp * shard], [shard]
 };

@@ -1,5 +1,7 @@
 #include "parallel/nccl_communicator.h"
 
+#include <cstring>
+
 #include "lns/errors.h"
 #include "parallel/mpi_communicator.h"
 
@@ -44,6 +46,11 @@ class NcclCommunicator : public Communicator {
   }
   ~NcclCommunicator() override {
     if (comm_) ncclCommDestroy(comm_);
+    if (side_) {
+      cudaEventDestroy(ready_);
+      cudaEventDestroy(done_);
+      cudaStreamDestroy(side_);
+    }
   }
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
@@ -56,6 +63,27 @@ class NcclCommunicator : public Communicator {
                "all-reduce");
   }
   void all_reduce(double* v, int n, ReduceOp op) override { host_->all_reduce(v, n, op); }
+  // Overlap: the sum runs on a side stream once the compute stream has produced its
+  // input; the compute stream goes on with the rest of backward meanwhile.
+  void all_reduce_start(Tensor t) override {
+    if (t.device == Device::CPU || size() == 1) return all_reduce(t, ReduceOp::Sum);
+    if (!side_) {
+      LNS_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+      LNS_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      LNS_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    }
+    LNS_CUDA_CHECK(cudaEventRecord(ready_, cuda::stream()));
+    LNS_CUDA_CHECK(cudaStreamWaitEvent(side_, ready_, 0));
+    nccl_check(ncclAllReduce(t.data, t.data, t.numel(), nccl_type(t.dtype), ncclSum, comm_, side_),
+               "all-reduce (overlapped)");
+    pending_ = true;
+  }
+  void all_reduce_wait() override {
+    if (!pending_) return;
+    LNS_CUDA_CHECK(cudaEventRecord(done_, side_));
+    LNS_CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(), done_, 0));
+    pending_ = false;
+  }
   void all_gather(Tensor out, Tensor in) override {
     if (in.device == Device::CPU) return host_->all_gather(out, in);
     LNS_CHECK(out.numel() == in.numel() * size() && out.dtype == in.dtype);
@@ -85,6 +113,9 @@ class NcclCommunicator : public Communicator {
  private:
   std::unique_ptr<Communicator> host_;
   ncclComm_t comm_ = nullptr;
+  cudaStream_t side_ = nullptr;  // overlapped all-reduces
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  bool pending_ = false;
 };
 
 }  // namespace

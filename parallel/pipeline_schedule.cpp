@@ -62,7 +62,8 @@ Tensor PipelineSchedule1F1B::forward_micro_as(int m, int tag, int slot,
 
 double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
                                    const std::function<Tensor(int)>& targets, float grad_scale,
-                                   const std::function<void(int, Tensor)>& on_logits) {
+                                   const std::function<void(int, Tensor)>& on_logits,
+                                   const std::function<void(int)>& before_backward) {
   Communicator& world = grid_.world();
   const int slots = slots_for(num_micro_, grid_.pp_rank, grid_.pp);
   double loss_sum = 0.0;
@@ -83,6 +84,7 @@ double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
         world.recv(recv_grad_, grid_.next_stage_rank(), grad_tag(m));
         dout = recv_grad_;
       }
+      if (before_backward) before_backward(m);
       const Tensor din = stage_.backward(dout, grad_scale, slot);
       if (!grid_.first_stage()) {
         copy_tensor(send_grad_[m], din.view(send_grad_[m].t.shape));

@@ -15,6 +15,7 @@
 // after o_proj and down_proj, after the input gradients of q/k/v and gate/up, in the
 // embedding and in the loss; the logits it returns are its vocabulary columns.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -102,6 +103,10 @@ class LlamaStage {
   // gradient of the stage input [B,T,C] (empty on the first stage). The logits are
   // overwritten by their gradient.
   Tensor backward(Tensor dout, float grad_scale, int slot = 0);
+  // Called during backward() each time the gradients of every parameter at flat
+  // offsets >= from are complete for this micro-batch (the head, then each layer
+  // from the last, then the embedding at from = 0): for overlapping their reduction.
+  void set_grad_ready_hook(std::function<void(int64_t from)> hook) { grad_ready_ = std::move(hook); }
 
  private:
   struct Layer;
@@ -143,6 +148,7 @@ class LlamaStage {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Scratch> scratch_;
   int embed_ = -1, final_gain_ = -1, final_bias_ = -1, head_ = -1;
+  std::function<void(int64_t)> grad_ready_;
 };
 
 }  // namespace lns

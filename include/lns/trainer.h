@@ -37,6 +37,7 @@ struct TrainConfig {
   std::string pp_layers;     // layers per stage, e.g. "3,2,2"; empty = even split
   bool zero = false;         // ZeRO-1: optimizer state sharded across data-parallel ranks
   double dp_bucket_mb = 25;  // data-parallel all-reduce bucket size
+  bool overlap_grad_reduce = true;  // all-reduce buckets during the last backward (GradientSync)
   // Checkpoints (docs/checkpoints.md), under out_dir/checkpoints.
   int64_t save_every = 0;     // 0: only at the end and on SIGTERM/SIGUSR1
   int keep_checkpoints = 0;   // 0: keep all
@@ -105,7 +106,8 @@ class Trainer {
     double loss = 0;
     int64_t tokens = 0;
   };
-  BatchResult run_global_batch(const std::function<void(int, Tensor)>& on_logits);
+  // overlap: start the data-parallel gradient reduction during the last backward.
+  BatchResult run_global_batch(const std::function<void(int, Tensor)>& on_logits, bool overlap = false);
   void resume_from(const std::string& dir);
 
   LlamaConfig model_cfg_;

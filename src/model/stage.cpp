@@ -35,6 +35,7 @@ struct LlamaStage::Sublayer {
 
 struct LlamaStage::Layer {
   int global = 0;
+  int first_param = -1;  // the layer's first registered parameter (lowest flat offset)
   BlockPlan plan;
   int wq = -1, wk = -1, wv = -1, wo = -1, wg = -1, wu = -1, wd = -1;
   Sublayer sub[2];  // 0: attention, 1: MLP
@@ -204,6 +205,7 @@ void LlamaStage::register_params() {
   for (int g = spec_.first_layer; g < spec_.last_layer; ++g) {
     Layer l;
     l.global = g;
+    l.first_param = p.size();
     l.plan = block_plan(cfg_, g);
     // Norms first, in the order the block owns them.
     std::vector<std::pair<NormSlot, std::pair<int, int>>> norms;
@@ -531,6 +533,7 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
     tp_.all_reduce_sum(sc.dhf);  // column-parallel head: input gradient summed over tp
     NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1};
     norm_bwd(fin, s, dy, {}, sc.dhf, s.out);
+    if (grad_ready_) grad_ready_(params_.info(final_gain_).offset);
   } else {
     LNS_CHECK(dout.numel() == N * C);
     copy(dy, dout);
@@ -541,9 +544,11 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
     std::swap(dy, dx);
     sublayer_backward(*it, 0, s, dy, dx);
     std::swap(dy, dx);
+    if (grad_ready_) grad_ready_(params_.info(it->first_param).offset);
   }
   if (spec_.has_embedding) {
     embedding_backward(params_.grad(embed_), s.ids, dy, vshard_.begin);
+    if (grad_ready_) grad_ready_(0);
     return {};
   }
   return dy.view({B_, T_, C});

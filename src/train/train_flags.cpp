@@ -48,6 +48,9 @@ DEFINE_int32(pp, 1, "Pipeline-parallel stages (1F1B schedule). Data parallel = w
 DEFINE_string(pp_layers, "", "Layers per pipeline stage, e.g. 3,2,2 (default: even split).");
 DEFINE_bool(zero, false, "ZeRO-1: shard AdamW state and master weights across data-parallel ranks.");
 DEFINE_double(dp_bucket_mb, 25, "Data-parallel gradient all-reduce bucket size in MiB.");
+DEFINE_bool(overlap_grad_reduce, true,
+            "Start each data-parallel all-reduce bucket as soon as the last micro-batch's backward "
+            "has finished its gradients (runs beside backward with --comm=nccl; no effect with --zero).");
 DEFINE_int64(diag_every, 0,
              "Write per-block depth diagnostics (variance, norm, angular distance, gradient "
              "norm) to metrics.jsonl every N steps; 0 = off.");
@@ -93,6 +96,7 @@ TrainConfig train_config_from_flags() {
   c.pp_layers = FLAGS_pp_layers;
   c.zero = FLAGS_zero;
   c.dp_bucket_mb = FLAGS_dp_bucket_mb;
+  c.overlap_grad_reduce = FLAGS_overlap_grad_reduce;
   c.save_every = FLAGS_save_every;
   c.diag_every = FLAGS_diag_every;
   c.keep_checkpoints = FLAGS_keep_checkpoints;

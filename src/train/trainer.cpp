@@ -130,6 +130,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   diag_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, val_data_ ? *val_data_ : *train_data_, one);
   sync_ = std::make_unique<GradientSync>(*grid_, model_->params(), model_cfg_.tie_embeddings,
                                          cfg_.zero, cfg_.dp_bucket_mb);
+  model_->set_grad_ready_hook([this](int64_t from) { sync_->grads_ready(from); });
   // ZeRO: the optimizer owns this dp rank's shard; otherwise every rank updates all.
   optim_ = sync_->zero() ? std::make_unique<AdamW>(model_->params(), cfg_.adam,
                                                    sync_->shard_begin(), sync_->shard_end())
@@ -195,7 +196,8 @@ int64_t Trainer::flops_per_token() const {
   return 6 * matmul_params + 12 * int64_t{model_cfg_.num_layers} * C * cfg_.seq_len;
 }
 
-Trainer::BatchResult Trainer::run_global_batch(const std::function<void(int, Tensor)>& on_logits) {
+Trainer::BatchResult Trainer::run_global_batch(const std::function<void(int, Tensor)>& on_logits,
+                                               bool overlap) {
   const int64_t B = cfg_.micro_batch, T = cfg_.seq_len;
   train_sampler_->next_batch(cfg_.global_batch, grid_->dp_rank, grid_->dp, inputs_, targets_);
   // One normaliser for the whole global batch: the loss is the mean over every
@@ -206,7 +208,9 @@ Trainer::BatchResult Trainer::run_global_batch(const std::function<void(int, Ten
   const double loss_sum = pipeline_->train(
       [&](int m) { return inputs_.t.rows(m * B, (m + 1) * B); },
       [&](int m) { return targets_.t.rows(m * B, (m + 1) * B).view({B * T}); },
-      valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f, on_logits);
+      valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f, on_logits, [&](int m) {
+        if (overlap && m == num_micro_ - 1) sync_->arm_overlap();
+      });
   // Every rank learns the global loss.
   const double total = grid_->world().all_reduce_sum(grid_->reports_loss() ? loss_sum : 0.0);
   return {valid > 0 ? total / valid : 0.0, static_cast<int64_t>(valid)};
@@ -222,7 +226,10 @@ StepStats Trainer::train_step() {
   const double t0 = now_seconds();
   StepStats s;
   s.lr = schedule_.at(optim_->steps_taken());
-  s.loss = compute_gradients(&s.tokens);
+  // With overlap the data-parallel sums start inside the last backward; reduce()
+  // finishes them (and does everything else).
+  const BatchResult r = run_global_batch({}, cfg_.overlap_grad_reduce);
+  s.loss = r.loss, s.tokens = r.tokens;
   sync_->reduce();
   s.grad_norm = sync_->global_norm();
   if (cfg_.diag_every > 0 && (optim_->steps_taken() + 1) % cfg_.diag_every == 0)
