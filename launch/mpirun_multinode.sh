@@ -18,7 +18,7 @@ OUT_DIR=${OUT_DIR:-runs/$(basename "$FLAGFILE" .flags)}
 export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-0} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-^lo,docker}
 export NCCL_ASYNC_ERROR_HANDLING=${NCCL_ASYNC_ERROR_HANDLING:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export GPUS_PER_NODE
-TRAIN=(./build/lns_train --flagfile="$FLAGFILE" --out_dir="$OUT_DIR" --resume=auto "$@")
+TRAIN=("${LNS_TRAIN_BIN:-./build/lns_train}" --flagfile="$FLAGFILE" --out_dir="$OUT_DIR" --resume=auto "$@")
 MPI=(mpirun -np "$WORLD" --hostfile "$HOSTFILE" --map-by "ppr:$GPUS_PER_NODE:node" --bind-to none
      -x NCCL_IB_DISABLE -x NCCL_SOCKET_IFNAME -x NCCL_ASYNC_ERROR_HANDLING -x OMP_NUM_THREADS -x GPUS_PER_NODE
      launch/bind_rank.sh "${TRAIN[@]}")

@@ -47,6 +47,9 @@ TEST(Configs, FlagfilesHaveThePapersShapes) {
         EXPECT_EQ(t.global_batch, 512);
         EXPECT_EQ(t.adam.weight_decay, 0.0f);
         EXPECT_EQ(t.data_mode, SampleMode::Document);
+        EXPECT_EQ(t.device, Device::CUDA);  // the paper's sizes are GPU runs
+      } else {
+        EXPECT_EQ(t.device, Device::CPU);  // the quickstart runs anywhere
       }
     }
 }
