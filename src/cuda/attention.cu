@@ -24,10 +24,13 @@ namespace {
 
 constexpr size_t kScoreBudget = size_t{256} << 20;  // bytes of score scratch per chunk
 
-// [B,T,H,D] <-> [B,H,T,D]; to_heads = true reads the first layout.
+// [B,T,H,D] <-> [B,H,T,D]; to_heads = true reads the first layout. Each thread moves
+// W consecutive d (one 16-byte vector when D % 8 == 0 and both buffers are aligned).
+template <int W>
 __global__ void permute_kernel(bf16* dst, const bf16* src, int64_t B, int T, int H, int D, bool to_heads) {
   const int64_t n = B * T * H * D;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * W; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * W) {
     const int d = i % D;
     int64_t r = i / D;
     // i indexes the [B,T,H,D] element (b,t,h,d)
@@ -36,18 +39,22 @@ __global__ void permute_kernel(bf16* dst, const bf16* src, int64_t B, int T, int
     const int t = r % T;
     const int64_t b = r / T;
     const int64_t j = ((b * H + h) * T + t) * D + d;  // the [B,H,T,D] index
-    if (to_heads)
-      dst[j] = src[i];
-    else
-      dst[i] = src[j];
+    float f[W];
+    load<W>(src + (to_heads ? i : j), f);
+    store<W>(dst + (to_heads ? j : i), f);  // bf16 -> f32 -> bf16 is exact
   }
 }
 
 void permute(bf16* dst, const bf16* src, int64_t B, int T, int H, int D, bool to_heads) {
   const int64_t n = B * T * H * D;
   if (n == 0) return;
-  permute_kernel<<<static_cast<int>(std::min<int64_t>(ceil_div(n, 256), 8192)), 256, 0, stream()>>>(
-      dst, src, B, T, H, D, to_heads);
+  const bool vec = vec_ok(dst, D) && vec_ok(src, D);
+  const int W = vec ? kVec : 1;
+  const int grid = static_cast<int>(std::min<int64_t>(ceil_div(n / W, 256), 8192));
+  if (vec)
+    permute_kernel<kVec><<<grid, 256, 0, stream()>>>(dst, src, B, T, H, D, to_heads);
+  else
+    permute_kernel<1><<<grid, 256, 0, stream()>>>(dst, src, B, T, H, D, to_heads);
   LNS_CUDA_LAUNCHED();
 }
 

@@ -37,6 +37,30 @@ inline bool vec_ok(const void* p, int64_t row_len) {
 __device__ __forceinline__ float to_f(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ bf16 to_bf(float x) { return __float2bfloat16_rn(x); }
 
+// W consecutive bf16 as f32: one 16-byte load (W = 8, the pointer 16-byte aligned) or
+// one scalar (W = 1, the fallback for odd sizes and misaligned views).
+template <int W>
+__device__ __forceinline__ void load(const bf16* p, float* f) {
+  if constexpr (W == kVec) {
+    const Bf16x8 v = *reinterpret_cast<const Bf16x8*>(p);
+#pragma unroll
+    for (int k = 0; k < W; ++k) f[k] = to_f(v.v[k]);
+  } else {
+    f[0] = to_f(*p);
+  }
+}
+template <int W>
+__device__ __forceinline__ void store(bf16* p, const float* f) {
+  if constexpr (W == kVec) {
+    Bf16x8 v;
+#pragma unroll
+    for (int k = 0; k < W; ++k) v.v[k] = to_bf(f[k]);
+    *reinterpret_cast<Bf16x8*>(p) = v;
+  } else {
+    *p = to_bf(f[0]);
+  }
+}
+
 // Sum over the block in a fixed order (warp shuffles, then warp 0 over the warp
 // partials): the same inputs give the same bits on every run. blockDim.x must be a
 // multiple of 32; `shared` holds 32 floats. Every thread gets the total.

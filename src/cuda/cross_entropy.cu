@@ -10,16 +10,28 @@ namespace {
 
 constexpr int kBlock = 512;
 
+// Row kernels read W columns at a time (W = 8 when rows are 16-byte aligned vectors;
+// `valid` need not be a multiple of W: columns >= valid are skipped one by one).
+#define LNS_FOR_COLUMNS(j, V, W) for (int64_t j = int64_t(threadIdx.x) * W; j < V; j += int64_t(blockDim.x) * W)
+
 // rowmax[n] = max over the first `valid` columns of logits[n, :]        [N, V]
+template <int W>
 __global__ void row_max_kernel(float* rowmax, const bf16* logits, int64_t V, int64_t valid) {
   __shared__ float red[32];
   const bf16* row = logits + blockIdx.x * V;
   float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, to_f(row[j]));
+  LNS_FOR_COLUMNS(j, valid, W) {
+    float f[W];
+    load<W>(row + j, f);  // j < valid <= V and V % W == 0: the vector is inside the row
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      if (j + k < valid) m = fmaxf(m, f[k]);
+  }
   m = block_max(m, red);
   if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
 }
 
+template <int W>
 __global__ void sumexp_target_kernel(float* sumexp, float* target, const bf16* logits,
                                      const float* rowmax, const int32_t* targets, int64_t V,
                                      int64_t col_begin, int64_t valid) {
@@ -27,7 +39,13 @@ __global__ void sumexp_target_kernel(float* sumexp, float* target, const bf16* l
   const bf16* row = logits + blockIdx.x * V;
   const float mx = rowmax[blockIdx.x];
   float s = 0.0f;
-  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) s += __expf(to_f(row[j]) - mx);
+  LNS_FOR_COLUMNS(j, valid, W) {
+    float f[W];
+    load<W>(row + j, f);
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      if (j + k < valid) s += __expf(f[k] - mx);
+  }
   s = block_sum(s, red);
   if (threadIdx.x == 0) {
     sumexp[blockIdx.x] = s;
@@ -46,6 +64,7 @@ __global__ void combine_kernel(float* losses, const float* rowmax, const float* 
 // dlogits = grad_scale * (softmax - onehot) on valid columns, 0 elsewhere and on
 // ignored rows. dlogits may alias logits (each element is read, then written, by
 // the same thread).
+template <int W>
 __global__ void ce_backward_kernel(bf16* dlogits, const bf16* logits, const float* rowmax,
                                    const float* sumexp, const int32_t* targets, int64_t V,
                                    int64_t col_begin, int64_t valid, float grad_scale) {
@@ -53,13 +72,19 @@ __global__ void ce_backward_kernel(bf16* dlogits, const bf16* logits, const floa
   const int32_t tg = targets[n];
   const float mx = rowmax[n], inv = 1.0f / sumexp[n];
   const int64_t t = tg == kIgnoreIndex ? -1 : int64_t(tg) - col_begin;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    float d = 0.0f;
-    if (tg != kIgnoreIndex && j < valid) {
-      d = grad_scale * __expf(to_f(logits[n * V + j]) - mx) * inv;
-      if (j == t) d -= grad_scale;
+  LNS_FOR_COLUMNS(j, V, W) {
+    float f[W];
+    load<W>(logits + n * V + j, f);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      float d = 0.0f;
+      if (tg != kIgnoreIndex && j + k < valid) {
+        d = grad_scale * __expf(f[k] - mx) * inv;
+        if (j + k == t) d -= grad_scale;
+      }
+      f[k] = d;
     }
-    dlogits[n * V + j] = to_bf(d);
+    store<W>(dlogits + n * V + j, f);
   }
 }
 
@@ -72,7 +97,10 @@ void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid) {
   expect(rowmax, DType::F32, "rowmax");
   const int64_t N = rows_of(logits);
   if (N == 0) return;
-  row_max_kernel<<<N, kBlock, 0, stream()>>>(ptr<float>(rowmax), ptr<bf16>(logits), logits.dim(-1), valid);
+  if (vec_ok(logits.data, logits.dim(-1)))
+    row_max_kernel<kVec><<<N, kBlock, 0, stream()>>>(ptr<float>(rowmax), ptr<bf16>(logits), logits.dim(-1), valid);
+  else
+    row_max_kernel<1><<<N, kBlock, 0, stream()>>>(ptr<float>(rowmax), ptr<bf16>(logits), logits.dim(-1), valid);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -83,9 +111,9 @@ void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor row
   const int64_t N = rows_of(logits);
   LNS_CHECK(valid <= logits.dim(-1) && targets.numel() == N && sumexp.numel() == N && target.numel() == N);
   if (N == 0) return;
-  sumexp_target_kernel<<<N, kBlock, 0, stream()>>>(ptr<float>(sumexp), ptr<float>(target), ptr<bf16>(logits),
-                                                   ptr<float>(rowmax), ptr<int32_t>(targets), logits.dim(-1),
-                                                   col_begin, valid);
+  auto* fn = vec_ok(logits.data, logits.dim(-1)) ? sumexp_target_kernel<kVec> : sumexp_target_kernel<1>;
+  fn<<<N, kBlock, 0, stream()>>>(ptr<float>(sumexp), ptr<float>(target), ptr<bf16>(logits), ptr<float>(rowmax),
+                                 ptr<int32_t>(targets), logits.dim(-1), col_begin, valid);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -104,10 +132,12 @@ void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, 
   expect(logits, DType::BF16, "logits");
   expect(dlogits, DType::BF16, "dlogits");
   const int64_t N = rows_of(logits);
+  LNS_CHECK(dlogits.numel() == logits.numel() && valid <= logits.dim(-1));
   if (N == 0) return;
-  ce_backward_kernel<<<N, kBlock, 0, stream()>>>(ptr<bf16>(dlogits), ptr<bf16>(logits), ptr<float>(rowmax),
-                                                 ptr<float>(sumexp), ptr<int32_t>(targets), logits.dim(-1),
-                                                 col_begin, valid, grad_scale);
+  const bool vec = vec_ok(logits.data, logits.dim(-1)) && vec_ok(dlogits.data, logits.dim(-1));
+  auto* fn = vec ? ce_backward_kernel<kVec> : ce_backward_kernel<1>;
+  fn<<<N, kBlock, 0, stream()>>>(ptr<bf16>(dlogits), ptr<bf16>(logits), ptr<float>(rowmax), ptr<float>(sumexp),
+                                 ptr<int32_t>(targets), logits.dim(-1), col_begin, valid, grad_scale);
   LNS_CUDA_LAUNCHED();
 }
 

@@ -31,39 +31,74 @@ __global__ void axpby_kernel(void* y, bool y_bf16, float a, const void* x, bool 
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
+// Elementwise kernels walk groups of W elements (W = 8: 16-byte vectors, when every
+// pointer is 16-byte aligned and n a multiple of 8; W = 1 otherwise).
+#define LNS_FOR_GROUPS(i, n, W) \
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * W; i < n; i += int64_t(gridDim.x) * blockDim.x * W)
+
 // out = silu(gate) * up                                      [N*F]
+template <int W>
 __global__ void swiglu_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = to_f(gate[i]);
-    out[i] = to_bf(g * sigmoid(g) * to_f(up[i]));
+  LNS_FOR_GROUPS(i, n, W) {
+    float g[W], u[W];
+    load<W>(gate + i, g);
+    load<W>(up + i, u);
+#pragma unroll
+    for (int k = 0; k < W; ++k) g[k] = g[k] * sigmoid(g[k]) * u[k];
+    store<W>(out + i, g);
   }
 }
 
 // dgate = dout * up * silu'(gate), dup = dout * silu(gate)  [N*F]
+template <int W>
 __global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
                                        const bf16* up, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = to_f(gate[i]), u = to_f(up[i]), d = to_f(dout[i]), s = sigmoid(g);
-    dgate[i] = to_bf(d * u * s * (1.0f + g * (1.0f - s)));
-    dup[i] = to_bf(d * g * s);
+  LNS_FOR_GROUPS(i, n, W) {
+    float g[W], u[W], d[W], dg[W], du[W];
+    load<W>(gate + i, g);
+    load<W>(up + i, u);
+    load<W>(dout + i, d);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float s = sigmoid(g[k]);
+      dg[k] = d[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
+      du[k] = d[k] * g[k] * s;
+    }
+    store<W>(dgate + i, dg);
+    store<W>(dup + i, du);
   }
 }
 
+bool all_vec(std::initializer_list<const void*> ptrs, int64_t n) {
+  for (const void* p : ptrs)
+    if (!vec_ok(p, n)) return false;
+  return true;
+}
+
 // In place on x[B,T,H,D], half-split layout: (x1, x2) -> (x1 c - x2 s, x2 c + x1 s) with
-// s multiplied by `sign` (-1 for the backward rotation). One thread per (b,t,h,j), j < D/2.
+// s multiplied by `sign` (-1 for the backward rotation). One thread per (b,t,h) and
+// group of W pairs j..j+W-1 < D/2.
+template <int W>
 __global__ void rope_kernel(bf16* x, const float* cos, const float* sin, int64_t BT, int T, int H,
                             int D, float sign) {
   const int half = D / 2;
-  const int64_t n = BT * H * half;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  LNS_FOR_GROUPS(i, BT * H * half, W) {
     const int j = i % half;
     const int64_t bth = i / half;  // (b*T + t)*H + h
     const int t = (bth / H) % T;
     bf16* row = x + bth * D;
-    const float c = cos[int64_t(t) * half + j], s = sign * sin[int64_t(t) * half + j];
-    const float x1 = to_f(row[j]), x2 = to_f(row[j + half]);
-    row[j] = to_bf(x1 * c - x2 * s);
-    row[j + half] = to_bf(x2 * c + x1 * s);
+    float x1[W], x2[W];
+    load<W>(row + j, x1);
+    load<W>(row + j + half, x2);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float c = cos[int64_t(t) * half + j + k], s = sign * sin[int64_t(t) * half + j + k];
+      const float a = x1[k], b = x2[k];
+      x1[k] = a * c - b * s;
+      x2[k] = b * c + a * s;
+    }
+    store<W>(row + j, x1);
+    store<W>(row + j + half, x2);
   }
 }
 
@@ -75,8 +110,15 @@ void rope(Tensor x, Tensor cos, Tensor sin, float sign) {
   const int T = static_cast<int>(x.dim(1)), H = static_cast<int>(x.dim(2)), D = static_cast<int>(x.dim(3));
   LNS_CHECK(D % 2 == 0 && cos.dim(0) >= T && cos.dim(1) == D / 2);
   const int64_t BT = x.dim(0) * T;
-  rope_kernel<<<grid_for(BT * H * D / 2), kBlock, 0, stream()>>>(ptr<bf16>(x), ptr<float>(cos),
-                                                                 ptr<float>(sin), BT, T, H, D, sign);
+  // vectors need D/2 a multiple of 8 and both halves 16-byte aligned
+  const bool vec = (D / 2) % kVec == 0 && vec_ok(x.data, D);
+  const int64_t n = BT * H * D / 2;
+  if (vec)
+    rope_kernel<kVec><<<grid_for(n / kVec), kBlock, 0, stream()>>>(ptr<bf16>(x), ptr<float>(cos), ptr<float>(sin),
+                                                                   BT, T, H, D, sign);
+  else
+    rope_kernel<1><<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(x), ptr<float>(cos), ptr<float>(sin), BT, T, H,
+                                                         D, sign);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -103,7 +145,11 @@ void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
   const int64_t n = out.numel();
   LNS_CHECK(gate.numel() == n && up.numel() == n);
   if (n == 0) return;
-  swiglu_forward_kernel<<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(out), ptr<bf16>(gate), ptr<bf16>(up), n);
+  if (all_vec({out.data, gate.data, up.data}, n))
+    swiglu_forward_kernel<kVec><<<grid_for(n / kVec), kBlock, 0, stream()>>>(ptr<bf16>(out), ptr<bf16>(gate),
+                                                                             ptr<bf16>(up), n);
+  else
+    swiglu_forward_kernel<1><<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(out), ptr<bf16>(gate), ptr<bf16>(up), n);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -116,8 +162,12 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
   const int64_t n = dout.numel();
   LNS_CHECK(dgate.numel() == n && dup.numel() == n && gate.numel() == n && up.numel() == n);
   if (n == 0) return;
-  swiglu_backward_kernel<<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(dgate), ptr<bf16>(dup), ptr<bf16>(dout),
-                                                               ptr<bf16>(gate), ptr<bf16>(up), n);
+  if (all_vec({dgate.data, dup.data, dout.data, gate.data, up.data}, n))
+    swiglu_backward_kernel<kVec><<<grid_for(n / kVec), kBlock, 0, stream()>>>(
+        ptr<bf16>(dgate), ptr<bf16>(dup), ptr<bf16>(dout), ptr<bf16>(gate), ptr<bf16>(up), n);
+  else
+    swiglu_backward_kernel<1><<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(dgate), ptr<bf16>(dup),
+                                                                    ptr<bf16>(dout), ptr<bf16>(gate), ptr<bf16>(up), n);
   LNS_CUDA_LAUNCHED();
 }
 

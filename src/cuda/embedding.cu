@@ -15,13 +15,23 @@ namespace lns::cuda {
 namespace {
 
 // out[n, :] = weight[ids[n] - row_begin, :], or 0 for another rank's row.   [N, C]
+// W = 8 copies 16-byte vectors (rows aligned, C % 8 == 0).
+template <int W>
 __global__ void embedding_forward_kernel(bf16* out, const int32_t* ids, const bf16* weight,
                                          int64_t row_begin, int64_t rows, int C) {
   const int64_t n = blockIdx.x;
   const int64_t r = int64_t(ids[n]) - row_begin;
   const bool mine = r >= 0 && r < rows;
-  for (int c = threadIdx.x; c < C; c += blockDim.x)
-    out[n * C + c] = mine ? weight[r * C + c] : to_bf(0.0f);
+  for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
+    float f[W];
+    if (mine) {
+      load<W>(weight + r * C + c, f);
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) f[k] = 0.0f;
+    }
+    store<W>(out + n * C + c, f);  // bf16 -> f32 -> bf16 is exact
+  }
 }
 
 // segment s covers order[start[s] .. start[s+1]) and belongs to weight row row_of[s].
@@ -45,8 +55,9 @@ void embedding_forward(Tensor out, Tensor ids, Tensor weight, int64_t row_begin)
   const int64_t N = ids.numel();
   LNS_CHECK(out.numel() == N * C);
   if (N == 0) return;
-  embedding_forward_kernel<<<N, 256, 0, stream()>>>(ptr<bf16>(out), ptr<int32_t>(ids), ptr<bf16>(weight),
-                                                    row_begin, weight.dim(0), C);
+  auto* fn = vec_ok(out.data, C) && vec_ok(weight.data, C) ? embedding_forward_kernel<kVec>
+                                                            : embedding_forward_kernel<1>;
+  fn<<<N, 256, 0, stream()>>>(ptr<bf16>(out), ptr<int32_t>(ids), ptr<bf16>(weight), row_begin, weight.dim(0), C);
   LNS_CUDA_LAUNCHED();
 }
 

@@ -14,29 +14,6 @@ namespace lns::cuda {
 namespace {
 
 
-// Loads/stores W consecutive elements (W = 8: one 16-byte vector; W = 1: scalar).
-template <int W>
-__device__ __forceinline__ void load(const bf16* p, float* f) {
-  if constexpr (W == kVec) {
-    const Bf16x8 v = *reinterpret_cast<const Bf16x8*>(p);
-#pragma unroll
-    for (int k = 0; k < W; ++k) f[k] = to_f(v.v[k]);
-  } else {
-    f[0] = to_f(*p);
-  }
-}
-template <int W>
-__device__ __forceinline__ void store(bf16* p, const float* f) {
-  if constexpr (W == kVec) {
-    Bf16x8 v;
-#pragma unroll
-    for (int k = 0; k < W; ++k) v.v[k] = to_bf(f[k]);
-    *reinterpret_cast<Bf16x8*>(p) = v;
-  } else {
-    *p = to_bf(f[0]);
-  }
-}
-
 // x[N,C] = alpha * res_in + delta (stored to res_out when delta is given, else x =
 // res_in); out[N,C] = scale * ((x - mean) * rstd * gain + bias).
 template <int W, bool kLayerNorm>

@@ -187,9 +187,11 @@ TEST(Linear, ForwardAndBackwardMatchCpu) {
   EXPECT_LE(rel(yf.get(), wy), kF32);
 }
 
-TEST(Rope, ForwardAndBackwardMatchCpu) {
+// D = 10: scalar path (D/2 = 5); D = 16: 16-byte vectors.
+class Rope : public ::testing::TestWithParam<int64_t> {};
+TEST_P(Rope, ForwardAndBackwardMatchCpu) {
   REQUIRE_GPU();
-  const int64_t B = 2, T = 9, H = 3, D = 10;
+  const int64_t B = 2, T = 9, H = 3, D = GetParam();
   std::vector<float> cs(T * D / 2), sn(T * D / 2);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < D / 2; ++j) {
@@ -210,10 +212,13 @@ TEST(Rope, ForwardAndBackwardMatchCpu) {
     EXPECT_LE(rel(x.get(), want), kOut) << (fwd ? "forward" : "backward");
   }
 }
+INSTANTIATE_TEST_SUITE_P(HeadDims, Rope, ::testing::Values(10, 16));
 
-TEST(SwiGLU, ForwardAndBackwardMatchCpu) {
+// 37 x 45: scalar path; 1024: 16-byte vectors.
+class SwiGLU : public ::testing::TestWithParam<int64_t> {};
+TEST_P(SwiGLU, ForwardAndBackwardMatchCpu) {
   REQUIRE_GPU();
-  const int64_t n = 37 * 45;
+  const int64_t n = GetParam();
   Dev g(randn(n, 40, 2.0f), {n}), u(randn(n, 41), {n}), dout(randn(n, 42), {n});
   Dev out = zeros({n}), dg = zeros({n}), du = zeros({n});
   swiglu_forward(out, g, u);
@@ -225,10 +230,13 @@ TEST(SwiGLU, ForwardAndBackwardMatchCpu) {
   EXPECT_LE(rel(dg.get(), wdg), kOut);
   EXPECT_LE(rel(du.get(), wdu), kOut);
 }
+INSTANTIATE_TEST_SUITE_P(Sizes, SwiGLU, ::testing::Values(37 * 45, 1024));
 
-TEST(Embedding, VocabShardForwardBackwardMatchCpuAndRepeat) {
+// C = 36: scalar copies; C = 64: 16-byte vectors.
+class Embedding : public ::testing::TestWithParam<int64_t> {};
+TEST_P(Embedding, VocabShardForwardBackwardMatchCpuAndRepeat) {
   REQUIRE_GPU();
-  const int64_t N = 64, C = 36, rows = 20, begin = 10;  // this rank holds ids 10..29
+  const int64_t N = 64, C = GetParam(), rows = 20, begin = 10;  // this rank holds ids 10..29
   std::vector<int32_t> ids(N);
   for (int64_t n = 0; n < N; ++n) ids[n] = int32_t((n * 7) % 40);  // repeats, other ranks' ids
   OwnedTensor dids(DType::I32, Shape{N}, Device::CUDA);
@@ -248,6 +256,7 @@ TEST(Embedding, VocabShardForwardBackwardMatchCpuAndRepeat) {
   EXPECT_LE(rel(runs[0], wdw), kF32);
   EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), rows * C * 4)) << "not deterministic";
 }
+INSTANTIATE_TEST_SUITE_P(Widths, Embedding, ::testing::Values(36, 64));
 
 // ---- attention --------------------------------------------------------------------------
 
@@ -293,9 +302,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
 
 // ---- cross-entropy, optimizer ---------------------------------------------------------
 
-TEST(CrossEntropy, VocabShardPiecesMatchCpu) {
+// V = 50 (valid 45): scalar rows; V = 64 (valid 61): 16-byte vectors with a partial
+// last vector of valid columns.
+class CrossEntropy : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {};
+TEST_P(CrossEntropy, VocabShardPiecesMatchCpu) {
   REQUIRE_GPU();
-  const int64_t N = 23, V = 50, valid = 45, begin = 10;  // padding columns 45..49
+  const auto [V, valid] = GetParam();
+  const int64_t N = 23, begin = 10;  // padding columns valid..V-1
   std::vector<int32_t> tg(N);
   for (int64_t n = 0; n < N; ++n) tg[n] = n % 7 == 3 ? kIgnoreIndex : int32_t((n * 13) % 70);
   OwnedTensor dtg(DType::I32, Shape{N}, Device::CUDA);
@@ -318,6 +331,8 @@ TEST(CrossEntropy, VocabShardPiecesMatchCpu) {
                                valid, 0.25f);
   EXPECT_LE(rel(logits.get(), wd), kOut);
 }
+INSTANTIATE_TEST_SUITE_P(Widths, CrossEntropy,
+                         ::testing::Values(std::pair<int64_t, int64_t>{50, 45}, std::pair<int64_t, int64_t>{64, 61}));
 
 TEST(Optimizer, AdamWSumSquaresScaleMatchCpu) {
   REQUIRE_GPU();
