@@ -131,6 +131,10 @@ TEST(Cli, EvalBadInputIsOneClearLine) {
                         "give exactly one of --checkpoint and --hf_dir", LNS_EVAL_BIN);
   expect_one_line_error("--checkpoint=" + dir + "/none --data=" + dir + "/ok.tok",
                         dir + "/none/manifest.json: missing", LNS_EVAL_BIN);
+  expect_one_line_error(base + "--data=" + dir + "/ok.tok --device=tpu", "--device must be cpu or cuda, got 'tpu'",
+                        LNS_EVAL_BIN);
+  if (cuda_device_count() == 0)
+    expect_one_line_error(base + "--data=" + dir + "/ok.tok --device=cuda", "--device=cuda: ", LNS_EVAL_BIN);
   // And the happy path: one line of perplexity over exactly the requested tokens.
   const Result r = run_binary(LNS_EVAL_BIN, base + "--data=" + dir + "/ok.tok --out=" + dir + "/ev");
   EXPECT_EQ(r.code, 0) << r.err;

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lns/checkpoint.h"
+#include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/evaluator.h"
 #include "lns/hf_llama.h"
@@ -38,6 +39,7 @@ DECLARE_string(data_mode);
 DECLARE_int32(seq_len);
 DECLARE_int32(micro_batch_size);
 DECLARE_int64(eval_tokens);
+DECLARE_string(device);
 
 namespace lns {
 namespace {
@@ -75,7 +77,7 @@ Result evaluate_all(ProcessGrid& grid) {
                         parse_sample_mode(FLAGS_data_mode)};
   const auto [first, last] = layers[grid.pp_rank];
   LlamaStage stage(cfg, {first, last, grid.first_stage(), grid.last_stage()}, opt.micro_batch,
-                   opt.seq_len, 1, grid.tensor_parallel());
+                   opt.seq_len, 1, grid.tensor_parallel(), parse_device(FLAGS_device));
   load_from_source(src, stage.params(), nullptr);
   PipelineSchedule1F1B pipeline(grid, stage, 1);
   Evaluator ev(grid, stage, pipeline, *corpus, opt);
@@ -145,8 +147,16 @@ int run() {
   std::unique_ptr<ProcessGrid> grid;
   Result r;
   std::string error;
+  // In phases, as lns_train: every rank binds its GPU before NCCL starts collectively.
   try {
     grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
+    if (parse_device(FLAGS_device) == Device::CUDA) bind_local_gpu(local_rank_from_env());
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  if (!all_ranks_started("lns_eval", error)) return 1;
+  try {
+    if (parse_device(FLAGS_device) == Device::CUDA) grid->use_device_communicators(comm_flag());
     r = evaluate_all(*grid);
   } catch (const UserError& e) {
     error = e.what();

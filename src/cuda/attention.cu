@@ -99,6 +99,7 @@ struct Dims {
   int64_t B;
   int T, Hq, Hkv, D, G;
   int64_t entries() const { return B * Hkv; }           // (b, kv head) pairs
+  float scale() const { return 1.0f / std::sqrt(float(D)); }
   int64_t rows() const { return int64_t(G) * T; }        // score rows per entry
   int64_t q_elems() const { return B * T * int64_t(Hq) * D; }
   int64_t kv_elems() const { return B * T * int64_t(Hkv) * D; }
@@ -125,8 +126,16 @@ Dims dims_of(const Tensor& q, const Tensor& k) {
   return d;
 }
 
+// q, k, v [B,T,H,D] -> qh [B,Hq,T,D], kh, vh [B,Hkv,T,D]
+void to_heads(const Dims& d, bf16* qh, bf16* kh, bf16* vh, const Tensor& q, const Tensor& k, const Tensor& v) {
+  permute(qh, ptr<bf16>(q), d.B, d.T, d.Hq, d.D, true);
+  permute(kh, ptr<bf16>(k), d.B, d.T, d.Hkv, d.D, true);
+  permute(vh, ptr<bf16>(v), d.B, d.T, d.Hkv, d.D, true);
+}
+
 // The score GEMM of entries [e0, e0 + n): S = scale * Q K^T, [G*T, T] per entry.
-void scores(const Dims& d, float* S, const bf16* qh, const bf16* kh, int64_t e0, int64_t n, float scale) {
+void scores(const Dims& d, float* S, const bf16* qh, const bf16* kh, int64_t e0, int64_t n) {
+  const float scale = d.scale();
   GemmArgs g;
   g.M = d.rows(), g.N = d.T, g.K = d.D;
   g.A = qh + e0 * d.rows() * d.D, g.lda = d.D, g.stride_a = d.rows() * d.D;
@@ -170,13 +179,10 @@ void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v) {
   bf16 *kh = carve<bf16>(at, d.kv_elems()), *vh = carve<bf16>(at, d.kv_elems());
   float* S = carve<float>(at, ch * score);
   bf16* P = carve<bf16>(at, ch * score);
-  permute(qh, ptr<bf16>(q), d.B, d.T, d.Hq, d.D, true);
-  permute(kh, ptr<bf16>(k), d.B, d.T, d.Hkv, d.D, true);
-  permute(vh, ptr<bf16>(v), d.B, d.T, d.Hkv, d.D, true);
-  const float scale = 1.0f / std::sqrt(float(d.D));
+  to_heads(d, qh, kh, vh, q, k, v);
   for (int64_t e0 = 0; e0 < d.entries(); e0 += ch) {
     const int64_t n = std::min(ch, d.entries() - e0);
-    scores(d, S, qh, kh, e0, n, scale);
+    scores(d, S, qh, kh, e0, n);
     softmax_kernel<<<n * d.rows(), 128, 0, stream()>>>(P, ptr<float>(saved) + e0 * d.rows(), S, d.T);
     LNS_CUDA_LAUNCHED();
     // O[e] = P[e] [G*T, T] @ V[e] [T, D]
@@ -205,14 +211,12 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor sav
   bf16 *dkh = carve<bf16>(at, d.kv_elems()), *dvh = carve<bf16>(at, d.kv_elems());
   float *S = carve<float>(at, ch * score), *dP = carve<float>(at, ch * score);
   bf16 *P = carve<bf16>(at, ch * score), *dS = carve<bf16>(at, ch * score);
-  permute(qh, ptr<bf16>(q), d.B, d.T, d.Hq, d.D, true);
-  permute(kh, ptr<bf16>(k), d.B, d.T, d.Hkv, d.D, true);
-  permute(vh, ptr<bf16>(v), d.B, d.T, d.Hkv, d.D, true);
+  to_heads(d, qh, kh, vh, q, k, v);
   permute(doh, ptr<bf16>(dout), d.B, d.T, d.Hq, d.D, true);
-  const float scale = 1.0f / std::sqrt(float(d.D));
+  const float scale = d.scale();
   for (int64_t e0 = 0; e0 < d.entries(); e0 += ch) {
     const int64_t n = std::min(ch, d.entries() - e0);
-    scores(d, S, qh, kh, e0, n, scale);
+    scores(d, S, qh, kh, e0, n);
     {  // dP[e] = dO[e] [G*T, D] @ V[e]^T  (f32)
       GemmArgs g;
       g.M = d.rows(), g.N = d.T, g.K = d.D;
