@@ -43,6 +43,13 @@ class NcclCommunicator : public Communicator {
     if (r != ncclSuccess)
       fail("--comm=nccl: NCCL could not start (", ncclGetErrorString(r),
            "); ranks that share a GPU need --comm=mpi");
+    // One all-reduce now, so that NCCL's connections are set up at start-up rather
+    // than inside the first overlapped backward.
+    float* one = nullptr;
+    LNS_CUDA_CHECK(cudaMalloc(&one, sizeof(float)));
+    nccl_check(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, cuda::stream()), "warm-up all-reduce");
+    cuda::synchronize();
+    LNS_CUDA_CHECK(cudaFree(one));
   }
   ~NcclCommunicator() override {
     if (comm_) ncclCommDestroy(comm_);

@@ -96,6 +96,7 @@ void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid) {
   expect(logits, DType::BF16, "logits");
   expect(rowmax, DType::F32, "rowmax");
   const int64_t N = rows_of(logits);
+  LNS_CHECK(valid <= logits.dim(-1) && rowmax.numel() == N);
   if (N == 0) return;
   if (vec_ok(logits.data, logits.dim(-1)))
     row_max_kernel<kVec><<<N, kBlock, 0, stream()>>>(ptr<float>(rowmax), ptr<bf16>(logits), logits.dim(-1), valid);

@@ -93,7 +93,9 @@ void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_beg
   packed.insert(packed.end(), order.begin(), order.end());
   packed.insert(packed.end(), start.begin(), start.end());
   packed.insert(packed.end(), row_of.begin(), row_of.end());
-  auto* dev = static_cast<int32_t*>(scratch(Scratch::Embedding, packed.size() * sizeof(int32_t)));
+  // Sized for the worst case of N tokens (order <= N, start <= N + 1, row_of <= N), so it
+  // never grows after the first step (a regrowth synchronises the whole device).
+  auto* dev = static_cast<int32_t*>(scratch(Scratch::Embedding, (3 * N + 1) * sizeof(int32_t)));
   LNS_CUDA_CHECK(cudaMemcpyAsync(dev, packed.data(), packed.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream()));
   const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(ceil_div(C, 128)));
   embedding_backward_kernel<<<grid, 128, 0, stream()>>>(ptr<float>(dweight), ptr<bf16>(dout), dev,

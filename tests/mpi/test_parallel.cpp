@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "lns/data.h"
 #include "lns/device.h"
@@ -239,6 +240,13 @@ int main(int argc, char** argv) {
   if (lns::g_device == lns::Device::CUDA) {
     if (lns::cuda_device_count() == 0) {  // the same answer on every rank: no collective needed
       std::printf("[  SKIPPED ] %s\n", lns::cuda_unavailable_reason().c_str());
+      MPI_Finalize();
+      return 77;
+    }
+    // NCCL needs a GPU per rank (Open MPI tells how many ranks share this node).
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (lns::comm_flag() == lns::CommKind::Nccl && local && lns::cuda_device_count() < std::atoi(local)) {
+      std::printf("[  SKIPPED ] --comm=nccl needs %s GPUs, %d visible\n", local, lns::cuda_device_count());
       MPI_Finalize();
       return 77;
     }

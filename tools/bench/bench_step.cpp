@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
     tc.data = "random";
     tc.val_data.clear();
     tc.out_dir.clear();
+    LNS_REQUIRE(FLAGS_bench_steps >= 1 && FLAGS_bench_warmup >= 0,
+                "--bench_steps must be >= 1 and --bench_warmup >= 0");
     tc.steps = FLAGS_bench_warmup + FLAGS_bench_steps;
     const bool gpu = tc.device == lns::Device::CUDA;
     size_t mem_base = 0, mem_peak = 0;
@@ -49,7 +51,7 @@ int main(int argc, char** argv) {
       trainer.train_step();
       const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (i >= FLAGS_bench_warmup) ms.push_back(dt);
-      if (gpu) mem_peak = std::max(mem_peak, lns::cuda_memory_in_use() - mem_base);
+      if (gpu) mem_peak = std::max(mem_peak, std::max(lns::cuda_memory_in_use(), mem_base) - mem_base);
     }
     std::sort(ms.begin(), ms.end());
     double mean = 0;
