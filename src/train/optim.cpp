@@ -44,15 +44,30 @@ void AdamW::step(float lr) {
     t.shape = Shape{n};
     return t;
   };
+  // One call per run of consecutive tensors with the same weight decay (one kernel for
+  // the whole buffer without decay, instead of one per tensor). The alignment gaps
+  // between tensors hold zeros in p, g, m and v, which an update leaves at zero.
+  auto update = [&](int64_t lo, int64_t hi, float wd) {
+    h.weight_decay = wd;
+    adamw_step(slice(p, lo, hi - lo), slice(g, lo, hi - lo), slice(m, lo - begin_, hi - lo),
+               slice(v, lo - begin_, hi - lo), h, slice(pc, lo, hi - lo));
+  };
+  int64_t run_lo = -1, run_hi = -1;
+  float run_wd = 0.0f;
   for (int i = 0; i < params_.size(); ++i) {
     const ParamInfo& info = params_.info(i);
     const int64_t lo = std::max<int64_t>(begin_, info.offset),
                   hi = std::min<int64_t>(end_, info.offset + info.shape.numel());
     if (lo >= hi) continue;
-    h.weight_decay = info.decays() ? cfg_.weight_decay : 0.0f;
-    adamw_step(slice(p, lo, hi - lo), slice(g, lo, hi - lo), slice(m, lo - begin_, hi - lo),
-               slice(v, lo - begin_, hi - lo), h, slice(pc, lo, hi - lo));
+    const float wd = info.decays() ? cfg_.weight_decay : 0.0f;
+    if (run_lo >= 0 && wd == run_wd) {
+      run_hi = hi;
+      continue;
+    }
+    if (run_lo >= 0) update(run_lo, run_hi, run_wd);
+    run_lo = lo, run_hi = hi, run_wd = wd;
   }
+  if (run_lo >= 0) update(run_lo, run_hi, run_wd);
 }
 
 double LrSchedule::at(int64_t step) const {
