@@ -1,8 +1,8 @@
 // Token embedding forward and a deterministic backward. CPU reference:
 // src/cpu/embedding.cpp.
 //
-// Backward without float atomics: the ids (already on the host side of every step,
-// a few KB) are sorted by row with a stable counting sort on the host, so each
+// Backward without float atomics: the ids (a few KB, copied back to the host at the
+// end of backward) are sorted by row with a stable counting sort on the host, so each
 // vocabulary row's tokens form one segment in token order; one thread per (row,
 // column) sums its segment in that order and adds it to the f32 gradient.
 #include <vector>
@@ -67,41 +67,41 @@ void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_beg
   const int64_t rows = dweight.dim(0), N = ids.numel();
   const int C = static_cast<int>(dweight.dim(1));
   LNS_CHECK(dout.numel() == N * C);
-  std::vector<int32_t> h(N);
+  // Host work buffers, kept between calls: nothing is allocated once they have grown.
+  static std::vector<int32_t> h, count, next, packed;
+  h.resize(N);
   copy_tensor(Tensor{h.data(), DType::I32, Device::CPU, Shape{N}}, ids);
-  // Stable counting sort of this rank's tokens by row.
-  std::vector<int32_t> count(rows + 1, 0);
+  // Stable counting sort of this rank's tokens by row. packed = [order | start | row_of]:
+  // order lists token indices grouped by row (token order within a row); segment s
+  // covers order[start[s] .. start[s+1]) and belongs to row row_of[s].
+  count.assign(rows + 1, 0);
   for (int32_t id : h)
     if (id - row_begin >= 0 && id - row_begin < rows) ++count[id - row_begin + 1];
   for (int64_t r = 0; r < rows; ++r) count[r + 1] += count[r];
-  std::vector<int32_t> order(count[rows]), start, row_of;
-  {
-    std::vector<int32_t> next(count.begin(), count.end() - 1);
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t r = h[n] - row_begin;
-      if (r >= 0 && r < rows) order[next[r]++] = static_cast<int32_t>(n);
-    }
-  }
-  for (int64_t r = 0; r < rows; ++r)
-    if (count[r + 1] > count[r]) start.push_back(count[r]), row_of.push_back(static_cast<int32_t>(r));
-  const int segments = static_cast<int>(row_of.size());
+  const int64_t mine = count[rows];
+  int segments = 0;
+  for (int64_t r = 0; r < rows; ++r) segments += count[r + 1] > count[r];
   if (segments == 0) return;
-  start.push_back(count[rows]);
-  // One upload: order, start, row_of.
-  std::vector<int32_t> packed;
-  packed.reserve(order.size() + start.size() + row_of.size());
-  packed.insert(packed.end(), order.begin(), order.end());
-  packed.insert(packed.end(), start.begin(), start.end());
-  packed.insert(packed.end(), row_of.begin(), row_of.end());
+  packed.resize(mine + 2 * segments + 1);
+  int32_t *order = packed.data(), *start = order + mine, *row_of = start + segments + 1;
+  next.assign(count.begin(), count.end() - 1);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t r = h[n] - row_begin;
+    if (r >= 0 && r < rows) order[next[r]++] = static_cast<int32_t>(n);
+  }
+  for (int64_t r = 0, k = 0; r < rows; ++r)
+    if (count[r + 1] > count[r]) start[k] = count[r], row_of[k] = static_cast<int32_t>(r), ++k;
+  start[segments] = static_cast<int32_t>(mine);
   // Sized for the worst case of N tokens (order <= N, start <= N + 1, row_of <= N), so it
   // never grows after the first step (a regrowth synchronises the whole device).
   auto* dev = static_cast<int32_t*>(scratch(Scratch::Embedding, (3 * N + 1) * sizeof(int32_t)));
   LNS_CUDA_CHECK(cudaMemcpyAsync(dev, packed.data(), packed.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream()));
   const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(ceil_div(C, 128)));
-  embedding_backward_kernel<<<grid, 128, 0, stream()>>>(ptr<float>(dweight), ptr<bf16>(dout), dev,
-                                                        dev + order.size(), dev + order.size() + start.size(), C);
+  embedding_backward_kernel<<<grid, 128, 0, stream()>>>(ptr<float>(dweight), ptr<bf16>(dout), dev, dev + mine,
+                                                        dev + mine + segments + 1, C);
   LNS_CUDA_LAUNCHED();
-  synchronize();  // `packed` is pageable host memory read by the async copy
+  // No synchronisation needed for `packed`: a copy from pageable memory returns once
+  // the source has been staged (CUDA's API synchronisation rules).
 }
 
 }  // namespace lns::cuda

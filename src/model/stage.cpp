@@ -60,6 +60,7 @@ struct LlamaStage::Slot {
   OwnedTensor hf;         // [N,C] final-norm output, last stage
   OwnedTensor logits;     // [N,V], overwritten by dlogits in backward
   OwnedTensor losses;     // [N]
+  OwnedTensor losses_host;  // [N] host copy of losses (CUDA)
   OwnedTensor rowmax, sumexp, target_logit;  // [N] loss statistics, reduced over tp
   OwnedTensor targets;    // [N] i32, copied from the caller's
   bool loss_pending = false;  // loss() ran, so backward() may
@@ -168,6 +169,7 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       slot->logits = act({B_, T_, V});
       slot->targets = OwnedTensor(DType::I32, Shape{N}, device_);
       slot->losses = f32({N});
+      if (device_ != Device::CPU) slot->losses_host = OwnedTensor(DType::F32, Shape{N});
       slot->rowmax = f32({N});
       slot->sumexp = f32({N});
       slot->target_logit = f32({N});
@@ -512,8 +514,13 @@ double LlamaStage::loss(Tensor targets, int slot) {
   tp_.all_reduce_sum(s.sumexp);
   tp_.all_reduce_sum(s.target_logit);
   cross_entropy_combine(s.losses, s.rowmax, s.sumexp, s.target_logit, targets);
+  const float* host = s.losses.f32();
+  if (device_ != Device::CPU) {  // one copy into a buffer kept with the slot
+    copy_tensor(s.losses_host, s.losses);
+    host = s.losses_host.f32();
+  }
   double sum = 0.0;
-  for (float l : to_host_f32(s.losses)) sum += l;  // in token order: deterministic
+  for (int64_t n = 0; n < B_ * T_; ++n) sum += host[n];  // in token order: deterministic
   return sum;
 }
 
