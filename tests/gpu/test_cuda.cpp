@@ -289,15 +289,15 @@ TEST_P(Attention, ForwardAndBackwardMatchCpu) {
   EXPECT_LE(rel(dv.get(), wdv), kAttn);
 }
 
-// GQA with odd T; multi-head attention at the paper's T = 256; one long sequence
-// (T = 2048) that the CPU can still check.
+// GQA with odd T; head dim 12 (scalar permutes); multi-head attention at the paper's
+// T = 256; one long sequence (T = 2048) that the CPU can still check.
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
-                         ::testing::Values(AttnCase{2, 17, 6, 2, 16}, AttnCase{2, 256, 4, 4, 64},
-                                           AttnCase{1, 2048, 2, 1, 64}),
+                         ::testing::Values(AttnCase{2, 17, 6, 2, 16}, AttnCase{1, 9, 4, 2, 12},
+                                           AttnCase{2, 256, 4, 4, 64}, AttnCase{1, 2048, 2, 1, 64}),
                          [](const auto& info) {
                            const auto& p = info.param;
                            return "B" + std::to_string(p.B) + "_T" + std::to_string(p.T) + "_H" +
-                                  std::to_string(p.Hq) + "_" + std::to_string(p.Hkv);
+                                  std::to_string(p.Hq) + "_" + std::to_string(p.Hkv) + "_D" + std::to_string(p.D);
                          });
 
 // ---- cross-entropy, optimizer ---------------------------------------------------------
