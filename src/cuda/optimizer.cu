@@ -1,8 +1,6 @@
 // AdamW over flat f32 buffers (master weights, moments) writing the bf16 compute copy
 // in the same pass, the deterministic sum of squares for the gradient norm, and
 // in-place scaling. CPU reference: src/cpu/optimizer_kernels.cpp.
-#include <vector>
-
 #include "cuda/common.cuh"
 #include "cuda/ops_cuda.h"
 
@@ -72,8 +70,8 @@ double sum_squares(Tensor x) {
   auto* partial = static_cast<double*>(scratch(Scratch::Reduce, sizeof(double) * kSumBlocks));
   sum_squares_kernel<<<kSumBlocks, kBlock, 0, stream()>>>(partial, ptr<float>(x), n);
   LNS_CUDA_LAUNCHED();
-  std::vector<double> host(kSumBlocks);
-  LNS_CUDA_CHECK(cudaMemcpyAsync(host.data(), partial, sizeof(double) * kSumBlocks, cudaMemcpyDeviceToHost, stream()));
+  static double host[kSumBlocks];  // kept: no allocation per call in the training step
+  LNS_CUDA_CHECK(cudaMemcpyAsync(host, partial, sizeof(host), cudaMemcpyDeviceToHost, stream()));
   synchronize();
   double s = 0.0;
   for (double v : host) s += v;
