@@ -2,10 +2,17 @@
 // and error measures relative to a tensor's largest entry.
 #pragma once
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -99,6 +106,60 @@ inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
   double s = 0.0;
   for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
   return s;
+}
+
+// ---- files and processes, for the tests of tools as a user runs them ----------------
+
+inline std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+inline void spit(const std::string& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+// A fresh, empty directory under the test temp dir, unique per process.
+inline std::string fresh_test_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "/lns_" + name + "_" + std::to_string(::getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+// Every file and directory under `dir` (recursively), relative path -> its bytes
+// ("<dir>" for directories): equal snapshots mean nothing was changed, added or removed.
+inline std::map<std::string, std::string> snapshot(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    const std::string rel = std::filesystem::relative(e.path(), dir).string();
+    out[rel] = e.is_directory() ? "<dir>" : slurp(e.path().string());
+  }
+  return out;
+}
+
+struct RunResult {
+  int code;
+  std::string out, err;
+  // The last non-empty line of stderr: where a tool's one-line error goes.
+  std::string last_line() const {
+    std::string b = err;
+    while (!b.empty() && b.back() == '\n') b.pop_back();
+    const size_t nl = b.rfind('\n');
+    return nl == std::string::npos ? b : b.substr(nl + 1);
+  }
+};
+
+// Runs `binary args` through the shell; stdout and stderr captured.
+inline RunResult run_binary(const std::string& binary, const std::string& args) {
+  static int calls = 0;  // unique per process and call: ctest runs tests in parallel
+  const std::string base = ::testing::TempDir() + "/lns_run_" + std::to_string(::getpid()) + "_" +
+                           std::to_string(calls++);
+  const std::string cmd = binary + " " + args + " >" + base + ".out 2>" + base + ".err";
+  const int status = std::system(cmd.c_str());
+  RunResult r{WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), slurp(base + ".out"),
+              slurp(base + ".err")};
+  std::remove((base + ".out").c_str());
+  std::remove((base + ".err").c_str());
+  return r;
 }
 
 }  // namespace lns::test

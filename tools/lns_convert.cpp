@@ -8,6 +8,9 @@
 //
 // Every subcommand reads any layout and prints what it wrote. Checkpoint outputs are
 // complete checkpoints (manifest, CRC32s) that lns_train --resume=DIR and lns_eval read.
+// --out must not exist or be empty: the output is staged next to it and moved into
+// place whole. --overwrite replaces an existing checkpoint (or an earlier export-hf
+// output) there atomically, and nothing else.
 #include <gflags/gflags.h>
 
 #include <cstdio>
@@ -25,7 +28,10 @@
 #include "lns/train_flags.h"
 
 DEFINE_string(in, "", "Input checkpoint directory (or Hugging Face directory for import-hf).");
-DEFINE_string(out, "", "Output directory.");
+DEFINE_string(out, "", "Output directory: must not exist or be empty (see --overwrite).");
+DEFINE_bool(overwrite, false,
+            "Replace --out when it is an lns checkpoint (export-hf: an earlier export-hf output) holding "
+            "nothing else; the new output replaces it atomically. Anything else is never replaced.");
 DEFINE_int32(dp, 1, "reshard: data-parallel size of the target layout (matters with --zero).");
 DEFINE_string(layers, "", "remove-layers: 0-based layer indices to remove, e.g. 3,7.");
 DEFINE_string(tokenizer, "", "export-hf: tokenizer file or directory to copy next to the weights.");
@@ -44,15 +50,11 @@ CheckpointLayout target_layout() {
 }
 
 AdamWConfig adam_of(const Checkpoint& ck) {
-  AdamWConfig a;
-  if (!ck.has_optimizer_state()) return a;
-  const auto& o = ck.manifest()["optimizer"];
-  a.beta1 = o["beta1"], a.beta2 = o["beta2"], a.eps = o["eps"], a.weight_decay = o["weight_decay"];
-  return a;
+  return ck.has_optimizer_state() ? ck.info().optimizer->adam : AdamWConfig{};
 }
 
 int64_t optim_steps(const Checkpoint& ck) {
-  return ck.has_optimizer_state() ? ck.manifest()["optimizer"]["steps_taken"].get<int64_t>() : 0;
+  return ck.has_optimizer_state() ? ck.info().optimizer->steps_taken : 0;
 }
 
 void print(const std::string& what, const std::vector<std::string>& lines) {
@@ -66,7 +68,8 @@ int run(const std::string& cmd) {
     const Checkpoint ck(FLAGS_in);
     CheckpointLayout l = cmd == "merge" ? CheckpointLayout{} : target_layout();
     const auto lines = write_checkpoint_from_source(ck, ck.config(), l, cmd == "merge" ? "" : FLAGS_pp_layers,
-                                                    ck.run_state(), adam_of(ck), optim_steps(ck), FLAGS_out);
+                                                    ck.run_state(), adam_of(ck), optim_steps(ck), FLAGS_out,
+                                                    FLAGS_overwrite);
     print(absl::StrFormat("wrote %s (tp=%d pp=%d dp=%d%s, step %d) from %s", FLAGS_out, l.tp, l.pp, l.dp,
                           l.zero ? " zero" : "", ck.run_state().step, FLAGS_in),
           lines);
@@ -74,7 +77,8 @@ int run(const std::string& cmd) {
   }
   if (cmd == "export-hf") {
     const Checkpoint ck(FLAGS_in);
-    const auto lines = export_hf(ck, ck.config(), FLAGS_out, FLAGS_tokenizer, FLAGS_max_position_embeddings);
+    const auto lines = export_hf(ck, ck.config(), FLAGS_out, FLAGS_tokenizer, FLAGS_max_position_embeddings,
+                                 FLAGS_overwrite);
     print(absl::StrFormat("exported %s (%s, %d layers%s) as a Hugging Face LlamaForCausalLM to %s",
                           FLAGS_in, norm_scheme_name(ck.config().norm_scheme), ck.config().num_layers,
                           ck.config().norm_scheme == NormScheme::LNS ? ", LNS scales folded into the norm gains" : "",
@@ -85,7 +89,7 @@ int run(const std::string& cmd) {
   if (cmd == "import-hf") {
     const HfDirectory hf(FLAGS_in);
     const auto lines = write_checkpoint_from_source(hf, hf.config(), target_layout(), FLAGS_pp_layers,
-                                                    RunState{}, AdamWConfig{}, 0, FLAGS_out);
+                                                    RunState{}, AdamWConfig{}, 0, FLAGS_out, FLAGS_overwrite);
     print(absl::StrFormat("imported %s (%d layers, hidden %d) to %s; resume or evaluate it with "
                           "--norm_scheme=pre and its shape flags",
                           FLAGS_in, hf.config().num_layers, hf.config().hidden_size, FLAGS_out),
@@ -101,7 +105,8 @@ int run(const std::string& cmd) {
     const LlamaConfig& cfg = plan.config;
     const RemovedLayers src(ck, plan.kept);
     const auto lines = write_checkpoint_from_source(src, cfg, target_layout(), FLAGS_pp_layers,
-                                                    ck.run_state(), adam_of(ck), optim_steps(ck), FLAGS_out);
+                                                    ck.run_state(), adam_of(ck), optim_steps(ck), FLAGS_out,
+                                                    FLAGS_overwrite);
     print(absl::StrFormat("wrote %s: %d of %d layers (removed %s), each keeping its trained depth "
                           "(layer_depths %s)",
                           FLAGS_out, cfg.num_layers, old.num_layers, FLAGS_layers,
@@ -126,10 +131,5 @@ int main(int argc, char** argv) {
                          "import-hf, remove-layers); see --help\n");
     return 1;
   }
-  try {
-    return lns::run(argv[1]);
-  } catch (const lns::UserError& e) {
-    std::fprintf(stderr, "lns_convert: error: %s\n", e.what());
-    return 1;
-  }
+  return lns::main_guard("lns_convert", [&] { return lns::run(argv[1]); });
 }

@@ -1,6 +1,7 @@
 // LlamaConfig: the shape and scheme of a model. Built from flags (model_flags.cpp),
 // from a checkpoint or golden file's JSON, and validated once in one place.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,13 @@ const char* norm_scheme_name(NormScheme s);
 NormScheme parse_norm_scheme(const std::string& s, const std::string& flag = "--norm_scheme");
 const char* norm_type_name(NormType t);  // "rmsnorm", "layernorm"
 NormType parse_norm_type(const std::string& s, const std::string& flag = "--norm_type");
+
+// Bounds of a model that keep every size product inside int64 and every allocation
+// sane; a config (flags or a file's) beyond them is refused by validate().
+constexpr int64_t kMaxModelDim = int64_t{1} << 24;          // vocabulary, widths, heads
+constexpr int kMaxLayers = 4096;
+constexpr int64_t kMaxTensorElements = int64_t{1} << 36;    // per weight matrix
+constexpr int64_t kMaxModelParams = int64_t{1} << 40;
 
 struct LlamaConfig {
   int vocab_size = 32000;
@@ -48,8 +56,9 @@ struct LlamaConfig {
   // Every constraint the model relies on; UserError naming the offending flag.
   void validate() const;
   nlohmann::json to_json() const;
-  // Keys as the flags (vocab_size, ...); missing keys keep their defaults. `source`
-  // names the file in errors.
+  // Keys as the flags (vocab_size, ...); missing keys keep their defaults. Every
+  // field is type- and range-checked and the result validated; UserError naming
+  // `source` (the file, and where in it) and the field.
   static LlamaConfig from_json(const nlohmann::json& j, const std::string& source);
 };
 

@@ -3,7 +3,10 @@
 //    one-line message that names the flag or file and what was expected; every app
 //    catches it at the top, prints "<app>: error: <message>" and exits non-zero.
 //  - LNS_CHECK (glog CHECK): programmer errors, invariants that input cannot break.
+// Every main() runs inside main_guard, so that no exception of any kind (a JSON
+// library's, a filesystem error, out of memory) ends a tool with std::terminate.
 #pragma once
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -22,6 +25,21 @@ template <typename... Args>
 [[noreturn]] void fail(const Args&... args) {
   throw UserError(absl::StrCat(args...));
 }
+
+// Thrown by every rank at the same point of a collective step, each knowing the
+// whole story (a non-finite state found by an all-reduce): apps print it once, on
+// rank 0, and every rank exits 1 without aborting the job.
+class CollectiveError : public UserError {
+ public:
+  using UserError::UserError;
+};
+
+// The one-line message of the exception being handled (call it inside a catch): a
+// UserError's own message; out of memory and other exceptions named as such.
+std::string current_exception_message();
+
+// Runs body; any exception becomes "<app>: error: <message>" on stderr and exit 1.
+int main_guard(const char* app, const std::function<int()>& body);
 
 }  // namespace lns
 

@@ -28,12 +28,18 @@ LlamaConfig config_from_hf(const nlohmann::json& hf, const std::string& path);
 
 // Writes config.json and model.safetensors (f32, LNS scales folded into the gains)
 // to out_dir, copying tokenizer files when `tokenizer` names a file or directory.
+// Every input is checked before anything is written; the directory is staged and
+// moved into place whole. out_dir must not exist or be empty; with `overwrite` it may
+// also be an earlier export of ours (its weights' metadata lists its files).
 // Returns one line per file written.
 std::vector<std::string> export_hf(const TensorSource& src, const LlamaConfig& cfg,
                                    const std::string& out_dir, const std::string& tokenizer,
-                                   int max_position_embeddings);
+                                   int max_position_embeddings, bool overwrite = false);
 
 // A Hugging Face LLaMA directory as a source of logical weights (no optimizer state).
+// Opening validates config.json (types, ranges), the index's shard names (plain file
+// names in the directory) and that the weights are exactly the config's model with
+// the shapes it implies, before anything is allocated for them.
 class HfDirectory : public TensorSource {
  public:
   explicit HfDirectory(const std::string& dir);

@@ -1,7 +1,9 @@
 // safetensors files: an 8-byte little-endian header length, a JSON header
 // {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}},
-// then the data. Readers memory-map the file; every malformed byte is a UserError
-// that names the file.
+// then the data. Readers memory-map the file and validate the whole header on open
+// (its length, every entry's dtype, shape and offsets, overflow-safe, inside the
+// data section); every malformed byte is a UserError that names the file and never
+// echoes the file's bytes.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -11,6 +13,12 @@
 #include "lns/tensor.h"
 
 namespace lns {
+
+// A header longer than this is refused (real ones are kilobytes to a few megabytes).
+constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{100} << 20;
+
+// F32, BF16, F16 or F64: what read_f32 converts.
+bool is_float_dtype(const std::string& dtype);
 
 struct SafetensorEntry {
   std::string dtype;  // "F32", "BF16", "F16", "F64", "I32", "I64", ...
@@ -31,6 +39,7 @@ class SafetensorsReader {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool has(const std::string& name) const { return entries_.count(name) > 0; }
   const SafetensorEntry& entry(const std::string& name) const;  // UserError if absent
+  const SafetensorEntry* find(const std::string& name) const;   // null if absent
   // Values converted to f32 (from F32, BF16, F16, F64) or i32 (from I32, I64).
   std::vector<float> read_f32(const std::string& name) const;
   std::vector<int32_t> read_i32(const std::string& name) const;

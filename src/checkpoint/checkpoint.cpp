@@ -1,6 +1,6 @@
 #include "lns/checkpoint.h"
 
-#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +15,9 @@
 #include <absl/strings/str_format.h>
 
 #include "lns/errors.h"
+#include "lns/files.h"
+#include "lns/json_in.h"
+#include "lns/output_dir.h"
 #include "lns/safetensors.h"
 #include "lns/stage.h"
 #include "parallel/process_grid.h"
@@ -24,7 +27,7 @@ namespace fs = std::filesystem;
 namespace lns {
 namespace {
 
-constexpr const char* kFormat = "lns-checkpoint-v1";
+constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
 
 const std::array<uint32_t, 256>& crc_table() {
   static const std::array<uint32_t, 256> t = [] {
@@ -39,31 +42,71 @@ const std::array<uint32_t, 256>& crc_table() {
   return t;
 }
 
-void fsync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
+// "step_0000300" -> 300; -1 for any other name (a .tmp save, a directory moved aside).
+int64_t step_of_dir_name(const std::string& n) {
+  if (n.size() < 6 || n.size() > 24 || n.rfind("step_", 0) != 0) return -1;
+  int64_t step = 0;
+  for (size_t i = 5; i < n.size(); ++i) {
+    if (n[i] < '0' || n[i] > '9') return -1;
+    step = step * 10 + (n[i] - '0');
+  }
+  return step;
+}
+
+// Complete checkpoints (a step directory with a manifest) under root, by step.
+std::vector<std::pair<int64_t, std::string>> complete_step_dirs(const fs::path& root) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    const int64_t step = step_of_dir_name(n);
+    if (step >= 0 && e.is_directory() && fs::exists(e.path() / "manifest.json")) out.emplace_back(step, n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A step_X.tmp left by a save that died: it may hold rank files, their temporary
+// files and a manifest, all written by a save; anything else is not ours to delete.
+void remove_interrupted_save(const std::string& dir) {
+  std::set<std::string> ours;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool rank_file = n.rfind("rank_", 0) == 0 && n.find(".safetensors") == 10;
+    const bool manifest = n.rfind("manifest.json", 0) == 0;
+    if (!(rank_file || manifest) || !e.is_regular_file() || e.is_symlink())
+      fail(dir, ": left over from an interrupted save, but it holds '", printable(n),
+           "', which a save does not write; move it away and restart");
+    ours.insert(n);
+  }
+  if (!remove_owned_dir(dir, ours)) fail(dir, ": cannot remove this interrupted save");
+}
+
+// Keeps the newest `keep` complete checkpoints up to and including `newest`; removes
+// older ones, each only after checking it holds nothing but its own files. Newer step
+// directories (an abandoned branch) are left alone.
+void prune_checkpoints(const fs::path& root, const std::string& newest, int keep) {
+  const int64_t newest_step = step_of_dir_name(newest);
+  std::vector<std::string> older;
+  for (const auto& [step, n] : complete_step_dirs(root))
+    if (step < newest_step) older.push_back(n);
+  for (size_t k = 0; k + (keep - 1) < older.size(); ++k) {
+    const std::string dir = (root / older[k]).string();
+    std::string why;
+    const auto files = checkpoint_inventory(dir, &why);
+    if (!files || !remove_owned_dir(dir, *files))
+      LOG(WARNING) << "--keep_checkpoints: keeping " << dir << ": it holds more than its checkpoint files"
+                   << (why.empty() ? "" : " (" + why + ")");
   }
 }
 
-void write_synced(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    if (!f.flush()) fail(tmp, ": write failed");
-  }
-  fsync_path(tmp);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, ": rename failed");
+void write_manifest(const std::string& dir, const std::vector<nlohmann::json>& shards, const LlamaConfig& cfg,
+                    const CheckpointLayout& layout, const RunState& state,
+                    const std::optional<OptimizerRecord>& optim) {
+  write_file_atomically(dir + "/manifest.json", make_manifest(shards, cfg, layout, state, optim).dump(1));
+  fsync_path(dir);
 }
-
-std::string manifest_text_without_crc(nlohmann::json m) {
-  m.erase("manifest_crc32");
-  return m.dump();
-}
-
-int64_t cols_of(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape.back(); }
 
 }  // namespace
 
@@ -122,76 +165,19 @@ nlohmann::json write_rank_shard(const std::string& dir, int rank, const ParamSet
           {"crc32", file_crc32(path)}, {"pieces", pieces}};
 }
 
-void commit_checkpoint(const std::string& tmp_dir, const std::string& final_dir,
-                       const std::vector<nlohmann::json>& shards, const LlamaConfig& cfg,
-                       const CheckpointLayout& layout, const RunState& state, const AdamW* optim,
-                       int keep, bool update_latest) {
-  nlohmann::json manifest = {
-      {"format", kFormat},
-      {"step", state.step},
-      {"tokens_seen", state.tokens_seen},
-      {"data", {{"consumed_samples", state.consumed_samples}}},
-      {"rng", {{"seed", state.seed}, {"kind", "counter-based (seed, tensor name, index)"}}},
-      {"lr_schedule", {{"next_step", state.step}}},
-      {"model", cfg.to_json()},
-      {"layout",
-       {{"tp", layout.tp}, {"pp", layout.pp}, {"dp", layout.dp}, {"zero", layout.zero},
-        {"stage_layers", layout.stage_layers}}},
-      {"files", nlohmann::json::array()},
-      {"tensors", nlohmann::json::array()}};
-  if (optim)
-    manifest["optimizer"] = {{"type", "adamw"}, {"steps_taken", optim->steps_taken()},
-                             {"beta1", optim->config().beta1}, {"beta2", optim->config().beta2},
-                             {"eps", optim->config().eps},
-                             {"weight_decay", optim->config().weight_decay}};
-  // The depth each block was trained at (remove-layers keeps the original depths).
-  nlohmann::json depths = nlohmann::json::array();
-  for (int l = 0; l < cfg.num_layers; ++l) depths.push_back(cfg.depth_of(l));
-  manifest["layer_depths"] = depths;
-  for (nlohmann::json j : shards) {
-    for (auto& pc : j["pieces"]) manifest["tensors"].push_back(pc);
-    j.erase("pieces");
-    manifest["files"].push_back(j);
-  }
-  const std::string body = manifest_text_without_crc(manifest);
-  manifest["manifest_crc32"] = crc32(body.data(), body.size());
-  write_synced(tmp_dir + "/manifest.json", manifest.dump(1));
-  fsync_path(tmp_dir);
-  std::error_code ec;
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp_dir, final_dir, ec);
-  if (ec) fail(final_dir, ": cannot rename the finished checkpoint: ", ec.message());
-  const fs::path root = fs::path(final_dir).parent_path();
-  const std::string name = fs::path(final_dir).filename().string();
-  fsync_path(root.string());
-  if (!update_latest) return;
-  write_synced((root / "latest").string(), name + "\n");
-  if (keep > 0) {  // only complete checkpoints, oldest first; never the new one
-    std::vector<std::string> done;
-    for (const auto& e : fs::directory_iterator(root)) {
-      const std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos &&
-          fs::exists(e.path() / "manifest.json"))
-        done.push_back(n);
-    }
-    std::sort(done.begin(), done.end());
-    for (size_t k = 0; k + keep < done.size(); ++k)
-      if (done[k] != name) fs::remove_all(root / done[k], ec);
-  }
-}
-
 std::string save_checkpoint(const std::string& out_dir, Communicator& world, const ParamSet& params,
                             const AdamW& optim, const LlamaConfig& cfg, const CheckpointLayout& layout,
                             const RunState& state, int keep, int pause_ms) {
-  const std::string root = out_dir + "/checkpoints";
-  const std::string final_dir = root + "/" + absl::StrFormat("step_%07d", state.step);
+  const fs::path root = fs::path(out_dir) / "checkpoints";
+  const std::string name = absl::StrFormat("step_%07d", state.step);
+  const std::string final_dir = (root / name).string();
   const std::string tmp_dir = final_dir + ".tmp";
-  if (world.rank() == 0) {
+  if (world.rank() == 0) {  // the run directory is locked: no other writer is here
     std::error_code ec;
     fs::create_directories(root, ec);
-    if (ec) fail(root, ": cannot create checkpoint directory: ", ec.message());
-    fs::remove_all(tmp_dir, ec);  // a save of this step that died earlier
-    fs::create_directories(tmp_dir, ec);
+    if (ec) fail(root.string(), ": cannot create checkpoint directory: ", ec.message());
+    if (fs::exists(tmp_dir)) remove_interrupted_save(tmp_dir);  // a save of this step that died
+    fs::create_directory(tmp_dir, ec);
     if (ec) fail(tmp_dir, ": cannot create: ", ec.message());
   }
   world.barrier();
@@ -202,67 +188,125 @@ std::string save_checkpoint(const std::string& out_dir, Communicator& world, con
   if (world.rank() == 0) {
     std::vector<nlohmann::json> shards;
     for (const auto& b : all) shards.push_back(nlohmann::json::parse(std::string(b.begin(), b.end())));
-    commit_checkpoint(tmp_dir, final_dir, shards, cfg, layout, state, &optim, keep);
+    write_manifest(tmp_dir, shards, cfg, layout, state, OptimizerRecord{optim.config(), optim.steps_taken()});
+    if (fs::exists(final_dir)) {  // a branch abandoned by a rollback: kept, out of the way
+      const std::string aside = move_aside(final_dir, "superseded");
+      LOG(WARNING) << final_dir << " existed (not the checkpoint `latest` named); moved it to " << aside;
+    }
+    if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
+      fail(final_dir, ": cannot rename the finished checkpoint: ", std::strerror(errno));
+    fsync_path(root.string());
+    write_file_atomically((root / "latest").string(), name + "\n");
+    fsync_path(root.string());
+    if (keep > 0) prune_checkpoints(root, name, keep);
   }
   world.barrier();
   return final_dir;
 }
 
-std::string find_latest_checkpoint(const std::string& out_dir) {
+std::string find_latest_checkpoint(const std::string& out_dir, std::vector<std::string>* notes) {
   const fs::path root = fs::path(out_dir) / "checkpoints";
-  if (!fs::exists(root)) return "";
-  std::string best;
-  for (const auto& e : fs::directory_iterator(root)) {
-    const std::string n = e.path().filename().string();
-    // A .tmp directory is a save that did not finish; never resume from it.
-    if (e.is_directory() && n.rfind("step_", 0) == 0 && n.find(".tmp") == std::string::npos &&
-        fs::exists(e.path() / "manifest.json") && n > best)
-      best = n;
+  if (!fs::is_directory(root)) return "";
+  const std::string latest = (root / "latest").string();
+  const auto done = complete_step_dirs(root);
+  auto note = [&](const std::string& n) {
+    if (notes) notes->push_back(n);
+  };
+  if (!fs::exists(latest)) {
+    if (done.empty()) return "";
+    note(absl::StrCat("no ", latest, "; using the newest complete checkpoint, ", done.back().second));
+    return (root / done.back().second).string();
   }
-  return best.empty() ? "" : (root / best).string();
+  std::string name = read_file(latest, 4096, "`latest` file");
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ' || name.back() == '\r')) name.pop_back();
+  const int64_t step = step_of_dir_name(name);
+  if (step < 0) fail(latest, ": names '", printable(name), "', expected a checkpoint directory name like step_0000300");
+  const fs::path dir = root / name;
+  if (!fs::is_directory(dir)) fail(latest, ": names ", name, ", but ", dir.string(), " does not exist");
+  if (!fs::exists(dir / "manifest.json"))
+    fail(latest, ": names ", name, ", but ", dir.string(), " has no manifest.json (not a complete checkpoint)");
+  for (const auto& [s, n] : done)
+    if (s > step)
+      note(absl::StrCat("ignoring ", (root / n).string(), ": newer than ", name, ", which `latest` names (a ",
+                        "branch abandoned by a rollback, or a save that stopped before updating `latest`)"));
+  return dir.string();
 }
+
+std::optional<std::set<std::string>> checkpoint_inventory(const std::string& dir, std::string* why) {
+  const std::string mpath = dir + "/manifest.json";
+  if (!fs::exists(mpath)) {
+    *why = "no manifest.json";
+    return std::nullopt;
+  }
+  try {
+    const nlohmann::json m = parse_json_file(mpath, kMaxManifestBytes, "checkpoint manifest");
+    if (!m.is_object() || m.value("format", "") != kCheckpointFormat) {
+      *why = mpath + " is not an " + kCheckpointFormat + " manifest";
+      return std::nullopt;
+    }
+    std::set<std::string> names = {"manifest.json"};
+    const JsonIn files = JsonIn(m, mpath)["files"];
+    for (size_t i = 0; i < files.size(); ++i) {
+      const std::string n = files.at(i)["name"].string();
+      if (!is_plain_file_name(n)) files.at(i)["name"].error("not a plain file name");
+      names.insert(n);
+    }
+    return names;
+  } catch (const UserError& e) {
+    *why = e.what();
+    return std::nullopt;
+  }
+}
+
+Checkpoint::~Checkpoint() = default;
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   const std::string mpath = dir + "/manifest.json";
-  std::ifstream f(mpath);
-  if (!f) fail(mpath, ": missing; ", dir, " is not a complete checkpoint");
-  try {
-    manifest_ = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    fail(mpath, ": not valid JSON (", e.what(), ")");
+  if (!fs::exists(mpath)) fail(mpath, ": missing; ", dir, " is not a complete checkpoint");
+  manifest_ = parse_json_file(mpath, kMaxManifestBytes, "checkpoint manifest");
+  info_ = parse_manifest(manifest_, mpath);
+  // Every listed file, before any is read: a regular file in this directory, with the
+  // size and CRC32 the manifest records.
+  for (const ManifestFile& file : info_.files) {
+    const std::string p = dir + "/" + file.name;
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0) fail(p, ": missing shard of checkpoint ", dir);
+    if (!S_ISREG(st.st_mode)) fail(p, ": not a regular file (a checkpoint's shards are plain files in its directory)");
+    if (st.st_size != file.bytes)
+      fail(p, ": has ", static_cast<int64_t>(st.st_size), " bytes, the manifest says ", file.bytes, " (truncated?)");
+    if (file_crc32(p) != file.crc32) fail(p, ": checksum mismatch (corrupt shard)");
   }
-  if (manifest_.value("format", "") != kFormat)
-    fail(mpath, ": format '", manifest_.value("format", ""), "', expected ", kFormat);
-  const std::string body = manifest_text_without_crc(manifest_);
-  if (!manifest_.contains("manifest_crc32") ||
-      manifest_["manifest_crc32"].get<uint32_t>() != crc32(body.data(), body.size()))
-    fail(mpath, ": checksum mismatch: the manifest was edited or is corrupt");
-  for (const auto& file : manifest_["files"]) {
-    const std::string p = dir + "/" + file["name"].get<std::string>();
-    if (!fs::exists(p)) fail(p, ": missing shard of checkpoint ", dir);
-    const auto bytes = static_cast<int64_t>(fs::file_size(p));
-    if (bytes != file["bytes"].get<int64_t>())
-      fail(p, ": has ", bytes, " bytes, the manifest says ", file["bytes"].get<int64_t>(),
-           " (truncated?)");
-    if (file_crc32(p) != file["crc32"].get<uint32_t>())
-      fail(p, ": checksum mismatch (corrupt shard)");
+  // Every piece's entry: present, a float type, exactly the piece's element count.
+  for (size_t i = 0; i < info_.pieces.size(); ++i) {
+    const ManifestPiece& pc = info_.pieces[i];
+    auto& r = readers_[pc.file];
+    if (!r) r = std::make_unique<SafetensorsReader>(dir + "/" + pc.file);
+    const SafetensorEntry* e = r->find(pc.key);
+    if (!e) fail(mpath, ": tensors[", i, "].key: '", printable(pc.key), "' is not in ", pc.file);
+    if (!is_float_dtype(e->dtype) || e->numel() != pc.numel())
+      fail(mpath, ": tensors[", i, "]: ", pc.file, " holds '", printable(pc.key), "' as ", e->dtype, " ",
+           Shape(e->shape).str(), ", the piece needs ", pc.numel(), " float elements");
+    pieces_.emplace(pc.kind + "/" + pc.tensor, i);
   }
-  for (const auto& pc : manifest_["tensors"])
-    pieces_.emplace(pc["kind"].get<std::string>() + "/" + pc["tensor"].get<std::string>(), pc);
-}
-
-LlamaConfig Checkpoint::config() const {
-  LlamaConfig c = LlamaConfig::from_json(manifest_["model"], dir_ + "/manifest.json");
-  return c;
-}
-
-RunState Checkpoint::run_state() const {
-  RunState s;
-  s.step = manifest_["step"].get<int64_t>();
-  s.tokens_seen = manifest_["tokens_seen"].get<int64_t>();
-  s.consumed_samples = manifest_["data"]["consumed_samples"].get<uint64_t>();
-  s.seed = manifest_["rng"]["seed"].get<uint64_t>();
-  return s;
+  // The tensors are exactly the model's, with the shapes its config implies, so that a
+  // model built from the config (before any weight is read) fits them.
+  std::set<std::string> model_names;
+  for (const ParamInfo& p : LlamaStage::model_params(info_.model)) {
+    model_names.insert(p.name);
+    for (const char* kind : {"exp_avg", "exp_avg_sq"})
+      if (has(p.name, kind) != has_optimizer_state())
+        fail(mpath, ": ", has_optimizer_state() ? "has no " : "has optimizer state ", kind, " for '", p.name,
+             has_optimizer_state() ? "' although it records optimizer state" : "' but no optimizer record");
+    auto it = pieces_.find("param/" + p.name);
+    if (it == pieces_.end()) fail(mpath, ": has no weight '", p.name, "', which its model config implies");
+    const auto& shape = info_.pieces[it->second].logical;
+    if (Shape(shape) != p.logical)
+      fail(mpath, ": tensor '", p.name, "' has shape ", Shape(shape).str(), ", its model config implies ",
+           p.logical.str());
+  }
+  for (const ManifestPiece& pc : info_.pieces)
+    if (!model_names.count(pc.tensor))
+      fail(mpath, ": has tensor '", printable(pc.tensor), "', which the model of its config does not have");
 }
 
 bool Checkpoint::has(const std::string& name, const std::string& kind) const {
@@ -271,8 +315,8 @@ bool Checkpoint::has(const std::string& name, const std::string& kind) const {
 
 std::vector<std::string> Checkpoint::tensor_names() const {
   std::vector<std::string> out;
-  for (const auto& [key, pc] : pieces_)
-    if (key.rfind("param/", 0) == 0) out.push_back(pc["tensor"].get<std::string>());
+  for (const auto& [key, i] : pieces_)
+    if (key.rfind("param/", 0) == 0) out.push_back(info_.pieces[i].tensor);
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
@@ -280,39 +324,36 @@ std::vector<std::string> Checkpoint::tensor_names() const {
 std::vector<int64_t> Checkpoint::logical_shape(const std::string& name) const {
   auto it = pieces_.find("param/" + name);
   if (it == pieces_.end()) fail(dir_, "/manifest.json: no tensor '", name, "'");
-  return it->second["logical"].get<std::vector<int64_t>>();
+  return info_.pieces[it->second].logical;
 }
 
 std::vector<float> Checkpoint::logical(const std::string& name, const std::string& kind) const {
   const auto [lo, hi] = pieces_.equal_range(kind + "/" + name);
   if (lo == hi) fail(dir_, "/manifest.json: no ", kind, " for tensor '", name, "'");
-  const auto shape = lo->second["logical"].get<std::vector<int64_t>>();
-  int64_t total = 1;
-  for (int64_t d : shape) total *= d;
-  const int64_t lcols = cols_of(shape);
+  const std::vector<int64_t>& shape = info_.pieces[lo->second].logical;
+  const int64_t total = Shape(shape).numel(), lcols = shape.back();
   std::vector<float> out(total, 0.0f);
+  std::vector<bool> seen(total, false);  // every element exactly once
   int64_t covered = 0;
-  std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
   for (auto it = lo; it != hi; ++it) {
-    const nlohmann::json& pc = it->second;
-    const std::string file = dir_ + "/" + pc["file"].get<std::string>();
-    auto& r = readers[file];
-    if (!r) r = std::make_unique<SafetensorsReader>(file);
-    const std::vector<float> data = r->read_f32(pc["key"].get<std::string>());
-    const auto local = pc["local"].get<std::vector<int64_t>>();
-    const int split = pc["split_dim"].get<int>();
-    const int64_t begin = pc["shard_begin"].get<int64_t>(), valid = pc["shard_valid"].get<int64_t>();
-    const int64_t eb = pc["elem_begin"].get<int64_t>(), cols = cols_of(local);
+    const ManifestPiece& pc = info_.pieces[it->second];
+    const std::vector<float> data = readers_.at(pc.file)->read_f32(pc.key);  // numel checked at open
+    const int64_t cols = pc.local.back(), begin = pc.shard_begin, valid = pc.shard_valid;
     for (int64_t k = 0; k < static_cast<int64_t>(data.size()); ++k) {
-      int64_t i = (eb + k) / cols, j = (eb + k) % cols;
-      if (split == 0) {
-        if (i >= valid) continue;  // padding
-        i += begin;
-      } else if (split == 1) {
-        if (j >= valid) continue;
-        j += begin;
+      const int64_t flat = pc.elem_begin + k;
+      int64_t dst = flat;  // replicated: local == logical
+      if (pc.split_dim >= 0) {
+        int64_t i = flat / cols, j = flat % cols;
+        if ((pc.split_dim == 0 ? i : j) >= valid) continue;  // tensor-parallel padding
+        (pc.split_dim == 0 ? i : j) += begin;
+        dst = i * lcols + j;
       }
-      out[i * lcols + j] = data[k];
+      LNS_CHECK(dst >= 0 && dst < total) << "parse_manifest must keep pieces inside their tensor";
+      if (seen[dst])
+        fail(dir_, "/manifest.json: ", kind, " of '", name, "': pieces overlap at element ", dst,
+             " (the manifest was edited or is corrupt)");
+      seen[dst] = true;
+      out[dst] = data[k];
       ++covered;
     }
   }
@@ -322,20 +363,10 @@ std::vector<float> Checkpoint::logical(const std::string& name, const std::strin
   return out;
 }
 
-bool Checkpoint::has_optimizer_state() const { return manifest_.contains("optimizer"); }
-
 void Checkpoint::load_into(ParamSet& params, AdamW* optim) const {
   if (optim && !has_optimizer_state()) optim = nullptr;  // imported weights: fresh optimizer
   load_from_source(*this, params, optim);
-  if (optim) optim->set_steps_taken(manifest_["optimizer"]["steps_taken"].get<int64_t>());
-}
-
-CheckpointLayout Checkpoint::layout() const {
-  CheckpointLayout l;
-  const auto& j = manifest_["layout"];
-  l.tp = j["tp"], l.pp = j["pp"], l.dp = j["dp"], l.zero = j["zero"];
-  l.stage_layers = j["stage_layers"].get<std::vector<std::pair<int, int>>>();
-  return l;
+  if (optim) optim->set_steps_taken(info_.optimizer->steps_taken);
 }
 
 void load_from_source(const TensorSource& src, ParamSet& params, AdamW* optim) {
@@ -376,15 +407,11 @@ std::vector<std::string> write_checkpoint_from_source(const TensorSource& src, c
                                                       const std::string& pp_layers,
                                                       const RunState& state,
                                                       const AdamWConfig& adam, int64_t optim_steps,
-                                                      const std::string& out_dir) {
+                                                      const std::string& out_dir, bool overwrite) {
   validate_layout(cfg, target.tp, target.pp);
   CheckpointLayout layout = target;
   layout.stage_layers = stage_layer_ranges(cfg.num_layers, target.pp, pp_layers);
-  const std::string tmp = out_dir + ".tmp";
-  std::error_code ec;
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) fail(tmp, ": cannot create: ", ec.message());
+  StagedDir out(out_dir, "--out", overwrite, checkpoint_inventory, "an lns checkpoint");
   const bool with_optim = src.has(LlamaStage::model_params(cfg).front().name, "exp_avg");
   std::vector<nlohmann::json> shards;
   std::vector<std::string> summary;
@@ -405,18 +432,16 @@ std::vector<std::string> write_checkpoint_from_source(const TensorSource& src, c
           optim->set_steps_taken(optim_steps);
         }
         load_from_source(src, ps, optim.get());
-        shards.push_back(write_rank_shard(tmp, rank, ps, optim.get(), layout));
+        shards.push_back(write_rank_shard(out.path(), rank, ps, optim.get(), layout));
         summary.push_back(absl::StrFormat("rank %d (tp %d, dp %d, pp %d: layers %d..%d): %s, %d bytes",
                                           rank, tr, dr, pr, first, last - 1,
                                           shards.back()["name"].get<std::string>(),
                                           shards.back()["bytes"].get<int64_t>()));
       }
-  ParamSet empty;
-  empty.finalize();
-  AdamW steps_only(empty, adam);
-  steps_only.set_steps_taken(optim_steps);
-  commit_checkpoint(tmp, out_dir, shards, cfg, layout, state, with_optim ? &steps_only : nullptr,
-                    0, /*update_latest=*/false);
+  std::optional<OptimizerRecord> optim;
+  if (with_optim) optim = OptimizerRecord{adam, optim_steps};
+  write_manifest(out.path(), shards, cfg, layout, state, optim);
+  out.commit();
   return summary;
 }
 }  // namespace lns

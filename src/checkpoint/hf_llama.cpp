@@ -5,9 +5,14 @@
 #include <set>
 
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+#include <absl/strings/str_split.h>
 
 #include "lns/block_plan.h"
 #include "lns/errors.h"
+#include "lns/files.h"
+#include "lns/json_in.h"
+#include "lns/output_dir.h"
 #include "lns/param_io.h"
 #include "lns/stage.h"
 
@@ -61,51 +66,109 @@ nlohmann::json hf_config_from(const LlamaConfig& cfg, int max_position_embedding
 }
 
 LlamaConfig config_from_hf(const nlohmann::json& hf, const std::string& path) {
-  auto need = [&](const char* key) {
-    if (!hf.contains(key)) fail(path, ": config.json has no '", key, "'");
-    return hf.at(key);
-  };
-  const std::string type = hf.value("model_type", "");
-  if (type != "llama") fail(path, ": model_type '", type, "' is not 'llama'");
-  if (hf.value("hidden_act", "silu") != "silu")
-    fail(path, ": hidden_act '", hf.value("hidden_act", ""), "' (only silu, SwiGLU, is supported)");
-  if (hf.value("attention_bias", false) || hf.value("mlp_bias", false))
+  const JsonIn in(hf, path);
+  in.require_object();
+  const std::string type = in.has("model_type") ? in["model_type"].string() : "";
+  if (type != "llama") fail(path, ": model_type '", printable(type), "' is not 'llama'");
+  if (in.has("hidden_act") && in["hidden_act"].string() != "silu")
+    fail(path, ": hidden_act '", printable(in["hidden_act"].string()), "' (only silu, SwiGLU, is supported)");
+  if ((in.has("attention_bias") && in["attention_bias"].boolean()) || (in.has("mlp_bias") && in["mlp_bias"].boolean()))
     fail(path, ": linear biases (attention_bias/mlp_bias) are not supported");
-  if (hf.contains("rope_scaling") && !hf["rope_scaling"].is_null())
-    fail(path, ": rope_scaling ", hf["rope_scaling"].dump(), " is not supported");
+  if (in.has("rope_scaling") && !hf["rope_scaling"].is_null())
+    fail(path, ": rope_scaling ", printable(hf["rope_scaling"].dump()), " is not supported");
   LlamaConfig c;
-  c.vocab_size = need("vocab_size");
-  c.hidden_size = need("hidden_size");
-  c.intermediate_size = need("intermediate_size");
-  c.num_layers = need("num_hidden_layers");
-  c.num_heads = need("num_attention_heads");
-  c.num_kv_heads = hf.value("num_key_value_heads", c.num_heads);
-  c.norm_eps = hf.value("rms_norm_eps", 1e-6f);
-  c.rope_theta = hf.value("rope_theta", 10000.0);
-  c.tie_embeddings = hf.value("tie_word_embeddings", false);
-  c.init_std = hf.value("initializer_range", 0.02f);
+  auto dim = [&](const char* key) { return static_cast<int>(in[key].integer(1, kMaxModelDim)); };
+  c.vocab_size = dim("vocab_size");
+  c.hidden_size = dim("hidden_size");
+  c.intermediate_size = dim("intermediate_size");
+  c.num_layers = static_cast<int>(in["num_hidden_layers"].integer(1, kMaxLayers));
+  c.num_heads = dim("num_attention_heads");
+  c.num_kv_heads = in.has("num_key_value_heads") ? dim("num_key_value_heads") : c.num_heads;
+  c.norm_eps = in.has("rms_norm_eps") ? static_cast<float>(in["rms_norm_eps"].number(1e-30, 1)) : 1e-6f;
+  c.rope_theta = in.has("rope_theta") ? in["rope_theta"].number(1e-30, 1e30) : 10000.0;
+  c.tie_embeddings = in.has("tie_word_embeddings") && in["tie_word_embeddings"].boolean();
+  c.init_std = in.has("initializer_range") ? static_cast<float>(in["initializer_range"].number(1e-30, 1e3)) : 0.02f;
   c.embed_init_std = c.init_std;
   c.norm_type = NormType::RMSNorm;
   c.norm_scheme = NormScheme::Pre;
-  if (hf.contains("head_dim") && hf["head_dim"].get<int>() != c.hidden_size / c.num_heads)
-    fail(path, ": head_dim ", hf["head_dim"].get<int>(), " differs from hidden_size / num_attention_heads");
   try {
     c.validate();
   } catch (const UserError& e) {
     fail(path, ": ", e.what());
   }
+  // After validate(): num_heads > 0.
+  if (in.has("head_dim") && in["head_dim"].integer(1, kMaxModelDim) != c.head_dim())
+    fail(path, ": head_dim ", in["head_dim"].integer(1, kMaxModelDim),
+         " differs from hidden_size / num_attention_heads = ", c.head_dim());
   return c;
 }
 
+namespace {
+
+constexpr const char* kExportMarker = "lns_export_files";
+const char* const kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                                       "special_tokens_map.json"};
+
+// The tokenizer files --tokenizer names, each checked readable (before anything is written).
+std::vector<fs::path> tokenizer_files(const std::string& tokenizer) {
+  std::vector<fs::path> files;
+  if (tokenizer.empty()) return files;
+  const fs::path from(tokenizer);
+  std::error_code ec;
+  if (!fs::exists(from, ec)) fail("--tokenizer=", tokenizer, ": not found");
+  if (fs::is_directory(from, ec)) {
+    for (const char* n : kTokenizerFiles)
+      if (fs::exists(from / n)) files.push_back(from / n);
+    if (files.empty())
+      fail("--tokenizer=", tokenizer, ": the directory holds none of tokenizer.json, tokenizer_config.json, ",
+           "tokenizer.model, special_tokens_map.json");
+  } else {
+    files.push_back(from);
+  }
+  for (const fs::path& f : files) {
+    if (!fs::is_regular_file(f, ec)) fail("--tokenizer=", tokenizer, ": ", f.string(), " is not a regular file");
+    if (!std::ifstream(f, std::ios::binary)) fail("--tokenizer=", tokenizer, ": cannot read ", f.string());
+    if (f.filename() == "config.json" || f.filename() == "model.safetensors")
+      fail("--tokenizer=", tokenizer, ": a tokenizer file may not be called ", f.filename().string());
+  }
+  return files;
+}
+
+// For --overwrite: an export-hf output lists its files in its weights' metadata.
+std::optional<std::set<std::string>> hf_export_inventory(const std::string& dir, std::string* why) {
+  const std::string weights = dir + "/model.safetensors";
+  try {
+    if (!fs::exists(weights)) throw UserError("no model.safetensors");
+    const SafetensorsReader r(weights);
+    const auto it = r.metadata().find(kExportMarker);
+    if (it == r.metadata().end()) throw UserError(weights + " was not written by lns_convert export-hf");
+    std::set<std::string> names;
+    const std::vector<std::string> listed = absl::StrSplit(it->second, ',', absl::SkipEmpty());
+    for (const std::string& n : listed) {
+      if (!is_plain_file_name(n)) throw UserError(weights + ": lists '" + printable(n) + "' as an exported file");
+      names.insert(n);
+    }
+    return names;
+  } catch (const UserError& e) {
+    *why = e.what();
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> export_hf(const TensorSource& src, const LlamaConfig& cfg,
                                    const std::string& out_dir, const std::string& tokenizer,
-                                   int max_position_embeddings) {
+                                   int max_position_embeddings, bool overwrite) {
+  // Every input first: nothing is written before all of them are known to be good.
   check_hf_exportable(cfg);
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) fail(out_dir, ": cannot create: ", ec.message());
+  LNS_REQUIRE(max_position_embeddings > 0, "--max_position_embeddings must be positive, got ",
+              max_position_embeddings);
+  const std::vector<fs::path> tok_files = tokenizer_files(tokenizer);
+  StagedDir out(out_dir, "--out", overwrite, hf_export_inventory, "a Hugging Face export of lns_convert");
+  std::vector<std::string> names = {"model.safetensors", "config.json"};
+  for (const fs::path& f : tok_files) names.push_back(f.filename().string());
   SafetensorsWriter w;
-  std::vector<std::vector<float>> keep;  // the writer copies; this keeps folded tensors alive
   for (const ParamInfo& p : LlamaStage::model_params(cfg)) {
     std::vector<float> t = src.logical(p.name, "param");
     if (cfg.norm_scheme == NormScheme::LNS && p.layer >= 0 && p.kind == ParamKind::NormGain) {
@@ -117,70 +180,62 @@ std::vector<std::string> export_hf(const TensorSource& src, const LlamaConfig& c
     w.add_f32(p.name, p.logical.to_vector(), t.data());
   }
   w.set_metadata("format", "pt");
+  w.set_metadata(kExportMarker, absl::StrJoin(names, ","));
+  w.write(out.path() + "/model.safetensors");
+  write_file_atomically(out.path() + "/config.json", hf_config_from(cfg, max_position_embeddings).dump(2) + "\n");
+  for (const fs::path& f : tok_files) {
+    std::error_code ec;
+    fs::copy_file(f, fs::path(out.path()) / f.filename(), ec);
+    if (ec) fail(f.string(), ": cannot copy: ", ec.message());
+  }
+  out.commit();
   const std::string weights = out_dir + "/model.safetensors";
-  w.write(weights);
-  std::ofstream(out_dir + "/config.json") << hf_config_from(cfg, max_position_embeddings).dump(2) << "\n";
   std::vector<std::string> wrote = {
       absl::StrFormat("%s (%d bytes)", weights, static_cast<int64_t>(fs::file_size(weights))),
       out_dir + "/config.json"};
-  if (!tokenizer.empty()) {
-    if (!fs::exists(tokenizer)) fail("--tokenizer=", tokenizer, ": not found");
-    const fs::path from(tokenizer);
-    std::vector<fs::path> files;
-    if (fs::is_directory(from)) {
-      for (const char* n : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                            "special_tokens_map.json"})
-        if (fs::exists(from / n)) files.push_back(from / n);
-    } else {
-      files.push_back(from);
-    }
-    for (const fs::path& f : files) {
-      fs::copy_file(f, fs::path(out_dir) / f.filename(), fs::copy_options::overwrite_existing, ec);
-      if (ec) fail(f.string(), ": cannot copy: ", ec.message());
-      wrote.push_back((fs::path(out_dir) / f.filename()).string());
-    }
-  }
+  for (const fs::path& f : tok_files) wrote.push_back((fs::path(out_dir) / f.filename()).string());
   return wrote;
 }
 
 HfDirectory::HfDirectory(const std::string& dir) : dir_(dir) {
   const std::string cpath = dir + "/config.json";
-  std::ifstream f(cpath);
-  if (!f) fail(cpath, ": not found; expected a Hugging Face model directory");
-  nlohmann::json hf;
-  try {
-    hf = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    fail(cpath, ": not valid JSON (", e.what(), ")");
-  }
-  cfg_ = config_from_hf(hf, cpath);
+  if (!fs::exists(cpath)) fail(cpath, ": not found; expected a Hugging Face model directory");
+  cfg_ = config_from_hf(parse_json_file(cpath, 16 << 20, "Hugging Face config"), cpath);
   const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
   if (fs::exists(index)) {
-    nlohmann::json idx;
-    try {
-      idx = nlohmann::json::parse(std::ifstream(index));
-      for (auto& [name, file] : idx.at("weight_map").items()) file_of_[name] = dir + "/" + file.get<std::string>();
-    } catch (const nlohmann::json::exception& e) {
-      fail(index, ": not a safetensors index (", e.what(), ")");
+    const nlohmann::json idx = parse_json_file(index, 256 << 20, "safetensors index");
+    const JsonIn map = JsonIn(idx, index)["weight_map"];
+    map.require_object();
+    for (auto& [name, file] : map.raw().items()) {
+      const JsonIn f(file, index, "weight_map['" + printable(name, 60) + "']");
+      const std::string fname = f.string();
+      if (!is_plain_file_name(fname))
+        f.error("'" + printable(fname) + "' is not a plain file name inside " + dir);
+      file_of_[name] = dir + "/" + fname;
     }
   } else if (fs::exists(single)) {
     for (const auto& [name, e] : reader(single).entries()) file_of_[name] = single;
   } else {
     fail(dir, ": no model.safetensors or model.safetensors.index.json");
   }
+  // The weights are exactly those of the config's model, with the shapes it implies,
+  // before anything is allocated for them.
   std::set<std::string> ours;
   for (const ParamInfo& p : LlamaStage::model_params(cfg_)) {
     if (!file_of_.count(p.name)) fail(dir, ": missing weight '", p.name, "'");
+    const SafetensorEntry& e = reader(file_of_.at(p.name)).entry(p.name);
+    if (Shape(e.shape) != p.logical || !is_float_dtype(e.dtype))
+      fail(file_of_.at(p.name), ": weight '", p.name, "' is ", e.dtype, " ", Shape(e.shape).str(), ", ", cpath,
+           " implies a float tensor of ", p.logical.str());
     ours.insert(p.name);
   }
   for (const auto& [name, file] : file_of_) {
     const bool ignorable = name.find("rotary_emb.inv_freq") != std::string::npos ||
                            (cfg_.tie_embeddings && name == "lm_head.weight");
     if (is_weight_name(name) && !ours.count(name) && !ignorable)
-      fail(file, ": has weight '", name, "' that a LLaMA of ", dir, "/config.json does not have");
+      fail(file, ": has weight '", printable(name), "' that a LLaMA of ", dir, "/config.json does not have");
   }
 }
-
 const SafetensorsReader& HfDirectory::reader(const std::string& file) const {
   auto& r = readers_[file];
   if (!r) r = std::make_unique<SafetensorsReader>(file);

@@ -12,6 +12,8 @@
 
 #include "lns/bf16.h"
 #include "lns/errors.h"
+#include "lns/files.h"
+#include "lns/json_in.h"
 
 namespace lns {
 namespace {
@@ -26,17 +28,22 @@ size_t safetensor_dtype_size(const std::string& d) {
 
 }  // namespace
 
+bool is_float_dtype(const std::string& d) { return d == "F32" || d == "BF16" || d == "F16" || d == "F64"; }
+
 int64_t SafetensorEntry::numel() const {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) n *= d;  // the reader checked the product fits
   return n;
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, ": cannot open safetensors file: ", std::strerror(errno));
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, ": not a safetensors file (not a regular file)");
+  }
   map_size_ = static_cast<size_t>(st.st_size);
   if (map_size_ < 8) {
     ::close(fd);
@@ -51,40 +58,46 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   const auto* bytes = static_cast<const uint8_t*>(map_);
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes, 8);  // little-endian host (x86-64, aarch64)
-  if (header_len > map_size_ - 8)
-    fail(path, ": corrupt safetensors header (header length ", header_len, " exceeds file size ",
-         map_size_, ")");
+  if (header_len > map_size_ - 8 || header_len > kMaxSafetensorsHeaderBytes)
+    fail(path, ": not a safetensors file (header length ", header_len, " exceeds ",
+         header_len > map_size_ - 8 ? absl::StrCat("the file size ", map_size_)
+                                    : absl::StrCat("the limit of ", kMaxSafetensorsHeaderBytes, " bytes"),
+         ")");
   data_ = bytes + 8 + header_len;
-  const size_t data_size = map_size_ - 8 - header_len;
+  const uint64_t data_size = map_size_ - 8 - header_len;
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
   } catch (const nlohmann::json::exception& e) {
-    fail(path, ": corrupt safetensors header (not JSON: ", e.what(), ")");
+    // e.what() would quote the file's bytes; a binary file must not reach the terminal.
+    fail(path, ": not a safetensors file (its header is not JSON",
+         e.id == 101 ? absl::StrCat(": syntax error at byte ", 8 + static_cast<const nlohmann::json::parse_error&>(e).byte - 1) : "",
+         ")");
   }
-  if (!header.is_object()) fail(path, ": corrupt safetensors header (not a JSON object)");
+  const JsonIn in(header, path, "header");
+  if (!header.is_object()) fail(path, ": not a safetensors file (its header is not a JSON object)");
   for (auto& [name, v] : header.items()) {
+    const JsonIn entry(v, path, "header['" + printable(name, 60) + "']");
     if (name == "__metadata__") {
+      entry.require_object();
       for (auto& [k, mv] : v.items())
         if (mv.is_string()) metadata_[k] = mv.get<std::string>();
       continue;
     }
     SafetensorEntry e;
-    try {
-      e.dtype = v.at("dtype").get<std::string>();
-      e.shape = v.at("shape").get<std::vector<int64_t>>();
-      auto off = v.at("data_offsets").get<std::vector<size_t>>();
-      if (off.size() != 2) throw std::runtime_error("data_offsets must have 2 entries");
-      e.begin = off[0];
-      e.end = off[1];
-    } catch (const std::exception& ex) {
-      fail(path, ": corrupt safetensors entry '", name, "': ", ex.what());
-    }
-    const size_t es = safetensor_dtype_size(e.dtype);
-    if (es == 0) fail(path, ": tensor '", name, "' has unknown dtype ", e.dtype);
-    if (e.begin > e.end || e.end > data_size || (e.end - e.begin) != e.numel() * es)
-      fail(path, ": tensor '", name, "' has data offsets [", e.begin, ", ", e.end,
-           ") that do not fit its shape or the file (", data_size, " data bytes); truncated?");
+    e.dtype = entry["dtype"].string();
+    const uint64_t es = safetensor_dtype_size(e.dtype);
+    if (es == 0) entry["dtype"].error("unknown dtype '" + printable(e.dtype, 16) + "'");
+    e.shape = entry["shape"].integers(0, kMaxDims, 0, INT64_MAX);
+    int64_t numel = 0, nbytes = 0;
+    const auto offsets = entry["data_offsets"].integers(2, 2, 0, INT64_MAX);
+    if (!numel_within(e.shape, INT64_MAX, &numel) || !mul_within(numel, static_cast<int64_t>(es), INT64_MAX, &nbytes) ||
+        offsets[0] > offsets[1] || static_cast<uint64_t>(offsets[1]) > data_size || offsets[1] - offsets[0] != nbytes)
+      fail(path, ": tensor '", printable(name, 60), "' has data offsets [", offsets[0], ", ", offsets[1],
+           ") that do not fit its shape ", Shape(e.shape).str(), " or the file (", data_size,
+           " data bytes); truncated?");
+    e.begin = static_cast<size_t>(offsets[0]);
+    e.end = static_cast<size_t>(offsets[1]);
     entries_[name] = std::move(e);
   }
 }
@@ -93,10 +106,15 @@ SafetensorsReader::~SafetensorsReader() {
   if (map_) ::munmap(map_, map_size_);
 }
 
-const SafetensorEntry& SafetensorsReader::entry(const std::string& name) const {
+const SafetensorEntry* SafetensorsReader::find(const std::string& name) const {
   auto it = entries_.find(name);
-  if (it == entries_.end()) fail(path_, ": has no tensor named '", name, "'");
-  return it->second;
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+const SafetensorEntry& SafetensorsReader::entry(const std::string& name) const {
+  const SafetensorEntry* e = find(name);
+  if (!e) fail(path_, ": has no tensor named '", printable(name), "'");
+  return *e;
 }
 
 std::vector<float> SafetensorsReader::read_f32(const std::string& name) const {
@@ -119,7 +137,7 @@ std::vector<float> SafetensorsReader::read_f32(const std::string& name) const {
       out[i] = static_cast<float>(d);
     }
   } else {
-    fail(path_, ": tensor '", name, "' is ", e.dtype, ", expected a float type");
+    fail(path_, ": tensor '", printable(name), "' is ", e.dtype, ", expected a float type");
   }
   return out;
 }
@@ -137,7 +155,7 @@ std::vector<int32_t> SafetensorsReader::read_i32(const std::string& name) const 
       out[i] = static_cast<int32_t>(v);
     }
   } else {
-    fail(path_, ": tensor '", name, "' is ", e.dtype, ", expected I32 or I64");
+    fail(path_, ": tensor '", printable(name), "' is ", e.dtype, ", expected I32 or I64");
   }
   return out;
 }

@@ -1,9 +1,12 @@
 #include "lns/config.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "lns/errors.h"
+#include "lns/files.h"
+#include "lns/json_in.h"
 
 namespace lns {
 namespace {
@@ -25,7 +28,7 @@ const char* norm_scheme_name(NormScheme s) {
 NormScheme parse_norm_scheme(const std::string& s, const std::string& flag) {
   for (auto& [k, v] : kSchemes)
     if (s == v) return k;
-  fail(flag, "=", s, " is not a normalization scheme; expected one of pre, lns, post, mix, ",
+  fail(flag, "=", printable(s), " is not a normalization scheme; expected one of pre, lns, post, mix, ",
        "sandwich, deepnorm, scaled_init");
 }
 
@@ -34,29 +37,46 @@ const char* norm_type_name(NormType t) { return t == NormType::RMSNorm ? "rmsnor
 NormType parse_norm_type(const std::string& s, const std::string& flag) {
   if (s == "rmsnorm") return NormType::RMSNorm;
   if (s == "layernorm") return NormType::LayerNorm;
-  fail(flag, "=", s, " is not a norm type; expected rmsnorm or layernorm");
+  fail(flag, "=", printable(s), " is not a norm type; expected rmsnorm or layernorm");
 }
 
 void LlamaConfig::validate() const {
-  auto positive = [](int v, const char* flag) {
+  auto positive = [](int64_t v, int64_t cap, const char* flag) {
     LNS_REQUIRE(v > 0, "--", flag, " must be positive, got ", v);
+    LNS_REQUIRE(v <= cap, "--", flag, "=", v, " is larger than the supported ", cap);
   };
-  positive(vocab_size, "vocab_size");
-  positive(hidden_size, "hidden_size");
-  positive(intermediate_size, "intermediate_size");
-  positive(num_layers, "num_layers");
-  positive(num_heads, "num_heads");
-  positive(num_kv_heads, "num_kv_heads");
+  // Each dimension first, so that the products below cannot overflow int64.
+  positive(vocab_size, kMaxModelDim, "vocab_size");
+  positive(hidden_size, kMaxModelDim, "hidden_size");
+  positive(intermediate_size, kMaxModelDim, "intermediate_size");
+  positive(num_layers, kMaxLayers, "num_layers");
+  positive(num_heads, kMaxModelDim, "num_heads");
+  positive(num_kv_heads, kMaxModelDim, "num_kv_heads");
   LNS_REQUIRE(hidden_size % num_heads == 0, "--hidden_size=", hidden_size,
               " must be divisible by --num_heads=", num_heads);
   LNS_REQUIRE(num_heads % num_kv_heads == 0, "--num_heads=", num_heads,
               " must be divisible by --num_kv_heads=", num_kv_heads);
   LNS_REQUIRE(head_dim() % 2 == 0, "head dimension --hidden_size/--num_heads = ", head_dim(),
               " must be even for rotary embeddings");
-  LNS_REQUIRE(rope_theta > 0, "--rope_theta must be positive, got ", rope_theta);
-  LNS_REQUIRE(norm_eps > 0, "--norm_eps must be positive, got ", norm_eps);
-  LNS_REQUIRE(init_std > 0 && embed_init_std > 0,
+  const int64_t C = hidden_size, F = intermediate_size, V = vocab_size;
+  auto matrix = [&](int64_t rows, int64_t cols, const char* what) {
+    LNS_REQUIRE(rows * cols <= kMaxTensorElements, what, " has ", rows, " x ", cols,
+                " elements, more than the supported ", kMaxTensorElements, " per tensor");
+  };
+  matrix(V, C, "the embedding (--vocab_size x --hidden_size)");
+  matrix(F, C, "an MLP matrix (--intermediate_size x --hidden_size)");
+  matrix(C, C, "an attention matrix (--hidden_size x --hidden_size)");
+  const int64_t per_layer = 2 * C * C + 2 * C * int64_t{kv_dim()} + 3 * C * F + 8 * C;
+  const int64_t total = int64_t{num_layers} * per_layer + 2 * V * C + 2 * C;
+  LNS_REQUIRE(total <= kMaxModelParams, "the model would have ", total,
+              " parameters, more than the supported ", kMaxModelParams);
+  LNS_REQUIRE(std::isfinite(rope_theta) && rope_theta > 0, "--rope_theta must be positive, got ", rope_theta);
+  LNS_REQUIRE(std::isfinite(norm_eps) && norm_eps > 0, "--norm_eps must be positive, got ", norm_eps);
+  LNS_REQUIRE(std::isfinite(init_std) && init_std > 0 && std::isfinite(embed_init_std) && embed_init_std > 0,
               "--init_std and --embed_init_std must be positive");
+  LNS_REQUIRE(trained_num_layers == 0 || (trained_num_layers >= num_layers && trained_num_layers <= kMaxLayers),
+              "trained_num_layers=", trained_num_layers, " must be 0 or in [--num_layers=", num_layers, ", ",
+              kMaxLayers, "]");
   LNS_REQUIRE(post_layers >= 0 && post_layers <= depth_layers(), "--post_layers=", post_layers,
               " must be in [0, --num_layers=", depth_layers(), "]");
   LNS_REQUIRE(layer_depths.empty() || static_cast<int>(layer_depths.size()) == num_layers,
@@ -86,32 +106,37 @@ nlohmann::json LlamaConfig::to_json() const {
 }
 
 LlamaConfig LlamaConfig::from_json(const nlohmann::json& j, const std::string& source) {
+  // Every field type- and range-checked (naming it), then the model as a whole.
+  const JsonIn in(j, source, "");
+  in.require_object();
   LlamaConfig c;
+  auto integer = [&](const char* key, int& field, int64_t lo, int64_t hi) {
+    if (in.has(key)) field = static_cast<int>(in[key].integer(lo, hi));
+  };
+  integer("vocab_size", c.vocab_size, 1, kMaxModelDim);
+  integer("hidden_size", c.hidden_size, 1, kMaxModelDim);
+  integer("intermediate_size", c.intermediate_size, 1, kMaxModelDim);
+  integer("num_layers", c.num_layers, 1, kMaxLayers);
+  integer("num_heads", c.num_heads, 1, kMaxModelDim);
+  integer("num_kv_heads", c.num_kv_heads, 1, kMaxModelDim);
+  integer("post_layers", c.post_layers, 0, kMaxLayers);
+  integer("trained_num_layers", c.trained_num_layers, 0, kMaxLayers);
+  if (in.has("rope_theta")) c.rope_theta = in["rope_theta"].number(1e-30, 1e30);
+  if (in.has("norm_eps")) c.norm_eps = static_cast<float>(in["norm_eps"].number(1e-30, 1.0));
+  if (in.has("init_std")) c.init_std = static_cast<float>(in["init_std"].number(1e-30, 1e3));
+  if (in.has("embed_init_std")) c.embed_init_std = static_cast<float>(in["embed_init_std"].number(1e-30, 1e3));
+  if (in.has("tie_embeddings")) c.tie_embeddings = in["tie_embeddings"].boolean();
+  if (in.has("layer_depths")) {
+    for (int64_t d : in["layer_depths"].integers(0, kMaxLayers, 0, kMaxLayers - 1))
+      c.layer_depths.push_back(static_cast<int>(d));
+  }
+  if (in.has("norm_type")) c.norm_type = parse_norm_type(in["norm_type"].string(), source + ": norm_type");
+  if (in.has("norm_scheme"))
+    c.norm_scheme = parse_norm_scheme(in["norm_scheme"].string(), source + ": norm_scheme");
   try {
-    auto get = [&](const char* key, auto& field) {
-      if (j.contains(key)) field = j.at(key).get<std::remove_reference_t<decltype(field)>>();
-    };
-    get("vocab_size", c.vocab_size);
-    get("hidden_size", c.hidden_size);
-    get("intermediate_size", c.intermediate_size);
-    get("num_layers", c.num_layers);
-    get("num_heads", c.num_heads);
-    get("num_kv_heads", c.num_kv_heads);
-    get("rope_theta", c.rope_theta);
-    get("norm_eps", c.norm_eps);
-    get("post_layers", c.post_layers);
-    get("tie_embeddings", c.tie_embeddings);
-    get("init_std", c.init_std);
-    get("embed_init_std", c.embed_init_std);
-    get("layer_depths", c.layer_depths);
-    get("trained_num_layers", c.trained_num_layers);
-    if (j.contains("norm_type"))
-      c.norm_type = parse_norm_type(j.at("norm_type").get<std::string>(), source + ": norm_type");
-    if (j.contains("norm_scheme"))
-      c.norm_scheme =
-          parse_norm_scheme(j.at("norm_scheme").get<std::string>(), source + ": norm_scheme");
-  } catch (const nlohmann::json::exception& e) {
-    fail(source, ": model config is malformed: ", e.what());
+    c.validate();
+  } catch (const UserError& e) {
+    fail(source, ": ", e.what());
   }
   return c;
 }

@@ -116,6 +116,8 @@ class Resume(unittest.TestCase):
         self.run_train(saved, "--steps=12", "--save_every=4", np=8, tp=2, pp=2)
         for late in ("step_0000008", "step_0000012"):
             shutil.rmtree(os.path.join(saved, "checkpoints", late))
+        with open(os.path.join(saved, "checkpoints", "latest"), "w") as f:  # a rollback names its step
+            f.write("step_0000004\n")
         for name, np, tp, pp in (("111", 1, 1, 1), ("142", 8, 1, 4)):
             out = os.path.join(self.dir, "layout_to_" + name)
             shutil.copytree(saved, out)

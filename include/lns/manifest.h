@@ -1,0 +1,93 @@
+// manifest.json of a checkpoint (docs/checkpoints.md): written and read here, in one
+// place. Reading validates the whole document before anything else uses it: every
+// field's type and range, file names that are plain names listed with size and CRC32,
+// pieces whose shapes, shard ranges and element ranges lie inside their tensor and
+// shard (overflow-safe), and the model config. Everything afterwards works on the
+// typed, validated Manifest, never on the raw JSON.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lns/config.h"
+#include "lns/optim.h"
+
+namespace lns {
+
+constexpr const char* kCheckpointFormat = "lns-checkpoint-v1";
+// No tensor or shard of a checkpoint is larger than this many elements.
+constexpr int64_t kMaxCheckpointElements = int64_t{1} << 40;
+
+// How the checkpoint was trained (lns_eval defaults to it); 0 / "" = not recorded
+// (checkpoints written before it was, or imported weights).
+struct TrainingRecord {
+  int64_t seq_len = 0;
+  std::string data_mode;  // "packed" | "document"
+  int64_t micro_batch = 0, global_batch = 0;
+};
+
+// What the trainer needs back, besides tensors.
+struct RunState {
+  int64_t step = 0;             // optimizer steps taken
+  int64_t tokens_seen = 0;
+  uint64_t consumed_samples = 0;  // the data sampler's position
+  uint64_t seed = 0;
+  TrainingRecord training;
+};
+
+struct CheckpointLayout {
+  int tp = 1, pp = 1, dp = 1;
+  bool zero = false;
+  int tp_rank = 0, pp_rank = 0, dp_rank = 0;
+  std::vector<std::pair<int, int>> stage_layers;
+};
+
+struct ManifestFile {
+  std::string name;  // a plain file name inside the checkpoint directory
+  int rank = 0;
+  int64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
+// One contiguous run of elements [elem_begin, elem_end) of a rank's local (padded)
+// copy of a logical tensor, stored flat under `key` in `file`.
+struct ManifestPiece {
+  std::string tensor, kind, file, key;  // kind: "param", "exp_avg", "exp_avg_sq"
+  std::vector<int64_t> logical, local;
+  int split_dim = -1;  // -1 replicated; 0 rows or 1 columns split (2-D tensors)
+  int64_t shard_begin = 0, shard_valid = 0;
+  int64_t elem_begin = 0, elem_end = 0;
+  int64_t numel() const { return elem_end - elem_begin; }
+};
+
+struct OptimizerRecord {
+  AdamWConfig adam;
+  int64_t steps_taken = 0;
+};
+
+struct Manifest {
+  RunState state;
+  LlamaConfig model;
+  CheckpointLayout layout;
+  std::optional<OptimizerRecord> optimizer;  // absent for imported weights
+  std::vector<ManifestFile> files;
+  std::vector<ManifestPiece> pieces;
+};
+
+// The manifest document for rank files described by `shards` (each: rank, name,
+// bytes, crc32, pieces, as write_rank_shard returns), with its own CRC32.
+nlohmann::json make_manifest(const std::vector<nlohmann::json>& shards, const LlamaConfig& cfg,
+                             const CheckpointLayout& layout, const RunState& state,
+                             const std::optional<OptimizerRecord>& optim);
+
+// Validates `m` (read from `path`) completely; UserError naming `path` and the field.
+Manifest parse_manifest(const nlohmann::json& m, const std::string& path);
+
+// The CRC32 a manifest carries: of its compact dump without "manifest_crc32".
+uint32_t manifest_crc(const nlohmann::json& m);
+
+}  // namespace lns
