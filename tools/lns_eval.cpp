@@ -8,7 +8,10 @@
 #include <gflags/gflags.h>
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +24,7 @@
 #include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/evaluator.h"
+#include "lns/files.h"
 #include "lns/hf_llama.h"
 #include "lns/layer_removal.h"
 #include "lns/train_flags.h"
@@ -33,10 +37,10 @@ DEFINE_string(drop_layers, "",
               "their trained depth.");
 DEFINE_bool(diag, false, "Per-block depth diagnostics over the evaluation tokens.");
 DEFINE_string(out, "", "Output prefix: OUT.json (always), OUT.csv and OUT.png for a sweep.");
+DECLARE_int32(seq_len);
 DEFINE_bool(plot, true, "Draw the sweep's PNG with tools/plot_layer_drop.py (needs matplotlib).");
 DECLARE_string(data);
 DECLARE_string(data_mode);
-DECLARE_int32(seq_len);
 DECLARE_int32(micro_batch_size);
 DECLARE_int64(eval_tokens);
 DECLARE_string(device);
@@ -54,6 +58,50 @@ struct Result {
   std::vector<std::string> lines;
 };
 
+bool is_rank0() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank == 0;
+}
+
+void warn(const std::string& w) {
+  if (is_rank0()) std::fprintf(stderr, "lns_eval: warning: %s\n", w.c_str());
+}
+
+// --out's directory exists (created) and takes files, checked before the evaluation.
+void check_output_prefix(const std::string& out) {
+  if (out.empty()) return;
+  const std::filesystem::path parent =
+      std::filesystem::path(out).parent_path().empty() ? "." : std::filesystem::path(out).parent_path();
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  if (ec) fail("--out=", out, ": cannot create ", parent.string(), ": ", ec.message());
+  if (!std::filesystem::is_directory(parent, ec) || ::access(parent.c_str(), W_OK) != 0)
+    fail("--out=", out, ": cannot write into ", parent.string());
+}
+
+// The sequence length and sampling mode: the checkpoint's training values unless the
+// flags say otherwise (docs/evaluation.md).
+EvalOptions eval_options(const Checkpoint* ck) {
+  EvalOptions opt{FLAGS_seq_len, FLAGS_micro_batch_size, FLAGS_eval_tokens, parse_sample_mode(FLAGS_data_mode)};
+  if (!ck) return opt;
+  const bool seq_default = gflags::GetCommandLineFlagInfoOrDie("seq_len").is_default;
+  const bool mode_default = gflags::GetCommandLineFlagInfoOrDie("data_mode").is_default;
+  const TrainingRecord& t = ck->run_state().training;
+  if (t.seq_len == 0) {
+    if (seq_default)
+      warn(absl::StrCat(ck->dir(), " does not record the sequence length it was trained at (an older or imported ",
+                        "checkpoint); evaluating at --seq_len=", opt.seq_len));
+    return opt;
+  }
+  if (seq_default) opt.seq_len = t.seq_len;
+  else if (opt.seq_len > t.seq_len)
+    warn(absl::StrCat("--seq_len=", opt.seq_len, " is longer than the ", t.seq_len,
+                      " the checkpoint was trained at: positions past ", t.seq_len, " were never trained"));
+  if (mode_default) opt.mode = parse_sample_mode(t.data_mode);
+  return opt;
+}
+
 Result evaluate_all(ProcessGrid& grid) {
   std::unique_ptr<Checkpoint> ck;
   std::unique_ptr<HfDirectory> hf;
@@ -63,6 +111,7 @@ Result evaluate_all(ProcessGrid& grid) {
   const TensorSource& src = ck ? static_cast<const TensorSource&>(*ck) : *hf;
   const LlamaConfig cfg = ck ? ck->config() : hf->config();
   LNS_REQUIRE(FLAGS_data != "random" && !FLAGS_data.empty(), "--data: give the evaluation token file");
+  LNS_REQUIRE(FLAGS_seq_len > 0 && FLAGS_micro_batch_size > 0, "--seq_len and --micro_batch_size must be positive");
   validate_layout(cfg, grid.tp, grid.pp);
   const auto layers = stage_layer_ranges(cfg.num_layers, grid.pp, "");
   const auto corpus = TokenCorpus::open(FLAGS_data);
@@ -73,14 +122,22 @@ Result evaluate_all(ProcessGrid& grid) {
   } else if (!FLAGS_drop_layers.empty()) {
     skip_set = parse_layer_list(FLAGS_drop_layers, cfg.num_layers, "--drop_layers");
   }
-  const EvalOptions opt{FLAGS_seq_len, FLAGS_micro_batch_size, FLAGS_eval_tokens,
-                        parse_sample_mode(FLAGS_data_mode)};
+  const EvalOptions opt = eval_options(ck.get());
   const auto [first, last] = layers[grid.pp_rank];
   LlamaStage stage(cfg, {first, last, grid.first_stage(), grid.last_stage()}, opt.micro_batch,
                    opt.seq_len, 1, grid.tensor_parallel(), parse_device(FLAGS_device));
   load_from_source(src, stage.params(), nullptr);
+  for (int i = 0; i < stage.params().size(); ++i) {  // the host copies load_from_source wrote
+    const Tensor w = stage.params().host_param(i);
+    if (first_non_finite(w.f32(), w.numel()) >= 0)
+      fail(src.where(), ": weight '", stage.params().info(i).name, "' holds inf or NaN; this model cannot be ",
+           "evaluated (was it saved by a run that diverged?)");
+  }
   PipelineSchedule1F1B pipeline(grid, stage, 1);
   Evaluator ev(grid, stage, pipeline, *corpus, opt);
+  if (ev.requested_tokens() > 0)
+    warn(absl::StrCat("--eval_tokens=", opt.eval_tokens, " is more than ", FLAGS_data, " holds; evaluating all of ",
+                      "it once: ", ev.eval_tokens(), " target positions"));
 
   Result r;
   const std::string model = ck ? FLAGS_checkpoint : FLAGS_hf_dir;
@@ -89,11 +146,15 @@ Result evaluate_all(ProcessGrid& grid) {
             {"layout", absl::StrFormat("tp=%d pp=%d dp=%d", grid.tp, grid.pp, grid.dp)}};
   double t0 = now();
   const EvalStats intact = ev.evaluate();
+  if (!std::isfinite(intact.loss) || !std::isfinite(intact.ppl))
+    fail("the perplexity on ", FLAGS_data, " is not finite (loss ", intact.loss, "): the model's outputs overflow on ",
+         "this data; no perplexity to report");
   r.json["tokens"] = intact.tokens;
+  r.json["data_mode"] = opt.mode == SampleMode::Packed ? "packed" : "document";
   r.json["loss"] = intact.loss;
   r.json["ppl"] = intact.ppl;
-  r.lines.push_back(absl::StrFormat("perplexity %.4f (loss %.6f) over %d tokens of %s (%.1f s)", intact.ppl,
-                                    intact.loss, intact.tokens, FLAGS_data, now() - t0));
+  r.lines.push_back(absl::StrFormat("perplexity %.4f (loss %.6f) over %d tokens of %s at --seq_len=%d (%.1f s)",
+                                    intact.ppl, intact.loss, intact.tokens, FLAGS_data, opt.seq_len, now() - t0));
   if (!skip_set.empty()) {
     stage.set_skipped_layers({skip_set.begin(), skip_set.end()});
     const EvalStats e = ev.evaluate();
@@ -151,15 +212,16 @@ int run() {
   try {
     grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
     if (parse_device(FLAGS_device) == Device::CUDA) bind_local_gpu(local_rank_from_env());
-  } catch (const UserError& e) {
-    error = e.what();
+    if (grid->rank == 0) check_output_prefix(FLAGS_out);
+  } catch (...) {
+    error = current_exception_message();
   }
   if (!all_ranks_started("lns_eval", error)) return 1;
   try {
     if (parse_device(FLAGS_device) == Device::CUDA) grid->use_device_communicators(comm_flag());
     r = evaluate_all(*grid);
-  } catch (const UserError& e) {
-    error = e.what();
+  } catch (...) {
+    error = current_exception_message();
   }
   if (!all_ranks_started("lns_eval", error)) return 1;
   int rank = 0;
@@ -167,13 +229,10 @@ int run() {
   if (rank != 0) return 0;
   for (const std::string& l : r.lines) std::printf("%s\n", l.c_str());
   if (!FLAGS_out.empty()) {
-    std::filesystem::create_directories(std::filesystem::path(FLAGS_out).parent_path().empty()
-                                            ? "."
-                                            : std::filesystem::path(FLAGS_out).parent_path());
-    std::ofstream(FLAGS_out + ".json") << r.json.dump(2) << "\n";
+    write_file_atomically(FLAGS_out + ".json", r.json.dump(2) + "\n");
     std::printf("wrote %s.json\n", FLAGS_out.c_str());
     if (!r.csv.empty()) {
-      std::ofstream(FLAGS_out + ".csv") << r.csv;
+      write_file_atomically(FLAGS_out + ".csv", r.csv);
       std::printf("wrote %s.csv\n", FLAGS_out.c_str());
       if (FLAGS_plot) {
         const std::string cmd = "python3 " + std::string(LNS_SOURCE_DIR) + "/tools/plot_layer_drop.py " +
@@ -199,7 +258,8 @@ int main(int argc, char** argv) {
   FLAGS_minloglevel = 1;
   google::InitGoogleLogging(argv[0]);
   MPI_Init(&argc, &argv);
-  const int code = lns::run();
+  // Failures on rank 0 after the collective part (writing --out) end up here.
+  const int code = lns::main_guard("lns_eval", lns::run);
   MPI_Finalize();
   return code;
 }

@@ -1,5 +1,6 @@
-// Evaluation: perplexity over exactly --eval_tokens target positions, the
-// layer-removal sweep, and the curse-of-depth diagnostics, under any layout.
+// Evaluation: perplexity over exactly --eval_tokens target positions (or all the
+// data holds, when that is less: no sample is read twice), the layer-removal sweep,
+// and the curse-of-depth diagnostics, under any layout.
 #pragma once
 #include <vector>
 
@@ -47,6 +48,10 @@ class Evaluator {
   std::vector<LayerDiagnostics> diagnostics(int max_batches = 0);
 
   int num_batches() const { return static_cast<int>(batches_); }
+  // Target positions evaluated: --eval_tokens, or all the data holds when that is
+  // less (each sample once); then requested_tokens() is the larger request, else 0.
+  int64_t eval_tokens() const { return opt_.eval_tokens; }
+  int64_t requested_tokens() const { return requested_tokens_; }
 
  private:
   int64_t my_batches() const;
@@ -59,6 +64,7 @@ class Evaluator {
   BatchSampler sampler_;
   EvalOptions opt_;
   int64_t batches_;
+  int64_t requested_tokens_ = 0;
   OwnedTensor in_, tg_;
 };
 

@@ -39,6 +39,9 @@ struct ParamInfo {
   bool to_logical(int64_t i, int64_t j, int64_t* li, int64_t* lj) const;
 };
 
+// Index of the first element of p[0, n) that is inf or NaN, or -1.
+int64_t first_non_finite(const float* p, int64_t n);
+
 class ParamSet {
  public:
   // Registers a parameter; only before finalize().

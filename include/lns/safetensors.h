@@ -62,7 +62,8 @@ class SafetensorsWriter {
   void add(const std::string& name, const Tensor& t);
   void add_f32(const std::string& name, const std::vector<int64_t>& shape, const float* data);
   void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
-  // Writes `path` (via `path.tmp` and a rename, so readers never see half a file).
+  // Writes `path` atomically (write_file_atomically: a unique temporary file, fsync,
+  // rename), so readers never see half a file.
   void write(const std::string& path) const;
 
  private:

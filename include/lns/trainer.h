@@ -89,9 +89,11 @@ class Trainer {
   // step's gradients are given (grads = true: after reduce, before clipping).
   std::vector<LayerDiagnostics> diagnostics(bool grads);
   // The whole run: steps, logs, metrics, validation, checkpoints. Returns true when
-  // it stopped early on SIGTERM/SIGUSR1 (after saving a checkpoint).
+  // it stopped early on SIGTERM/SIGUSR1 (after saving a checkpoint). A resumed run
+  // first drops the metrics records after its checkpoint's step (one per step).
   bool run();
   // Collective: writes a checkpoint of the current state; returns its directory.
+  // Refuses (CollectiveError on every rank) a state with inf or NaN in it.
   std::string save_checkpoint();
   // Forward/backward of the first global batch, reduced across ranks and written by
   // rank 0 as a step-state dump with logical (single-rank) names and shapes.
@@ -109,6 +111,7 @@ class Trainer {
   // overlap: start the data-parallel gradient reduction during the last backward.
   BatchResult run_global_batch(const std::function<void(int, Tensor)>& on_logits, bool overlap = false);
   void resume_from(const std::string& dir);
+  void check_finite_state();  // collective; CollectiveError naming the cause
 
   LlamaConfig model_cfg_;
   TrainConfig cfg_;
@@ -126,6 +129,7 @@ class Trainer {
   std::unique_ptr<Evaluator> evaluator_, diag_;
   std::vector<double> last_block_grad_norms_;
   OwnedTensor inputs_, targets_;  // [M * B, T]: this dp rank's share of the global batch
+  int64_t resumed_step_ = -1;     // the checkpoint's step when resumed, else -1
 };
 
 }  // namespace lns

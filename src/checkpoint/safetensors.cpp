@@ -194,20 +194,13 @@ void SafetensorsWriter::write(const std::string& path) const {
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // pad so the data starts 8-byte aligned
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail(path, ": cannot write: ", std::strerror(errno));
-  const uint64_t len = h.size();
-  bool ok = std::fwrite(&len, 8, 1, f) == 1 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
-  for (const auto& [name, it] : items_)
-    ok = ok && std::fwrite(it.bytes.data(), 1, it.bytes.size(), f) == it.bytes.size();
-  ok = (std::fflush(f) == 0) && ok;
-  ok = (::fsync(::fileno(f)) == 0) && ok;  // durable before the rename makes it visible
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    fail(path, ": write failed: ", std::strerror(errno));
-  }
+  write_file_atomically(path, [&](std::FILE* f) {  // readers never see half a file
+    const uint64_t len = h.size();
+    bool ok = std::fwrite(&len, 8, 1, f) == 1 && std::fwrite(h.data(), 1, h.size(), f) == h.size();
+    for (const auto& [name, it] : items_)
+      ok = ok && std::fwrite(it.bytes.data(), 1, it.bytes.size(), f) == it.bytes.size();
+    return ok;
+  });
 }
 
 }  // namespace lns

@@ -1,5 +1,6 @@
 #include "lns/param_set.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "lns/device.h"
@@ -7,6 +8,12 @@
 #include "lns/ops.h"
 
 namespace lns {
+
+int64_t first_non_finite(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) return i;
+  return -1;
+}
 
 int ParamSet::add(std::string name, Shape shape, ParamKind kind, int layer) {
   LNS_CHECK(!finalized_) << "ParamSet::add after finalize";

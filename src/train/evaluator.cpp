@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "lns/errors.h"
+#include "lns/json_in.h"
 #include "lns/ops.h"
 
 namespace lns {
@@ -18,7 +19,14 @@ Evaluator::Evaluator(ProcessGrid& grid, LlamaStage& stage, PipelineSchedule1F1B&
       opt_(opt), in_(DType::I32, {opt.micro_batch, opt.seq_len}),
       tg_(DType::I32, {opt.micro_batch, opt.seq_len}) {
   LNS_REQUIRE(opt.eval_tokens > 0, "--eval_tokens must be positive, got ", opt.eval_tokens);
-  const int64_t num_seq = (opt.eval_tokens + opt.seq_len - 1) / opt.seq_len;
+  // Never more than the data holds: each sample once, none read twice.
+  int64_t available = 0;
+  if (!mul_within(sampler_.samples_per_epoch(), opt.seq_len, INT64_MAX, &available)) available = INT64_MAX;
+  if (opt_.eval_tokens > available) {
+    requested_tokens_ = opt_.eval_tokens;
+    opt_.eval_tokens = available;
+  }
+  const int64_t num_seq = (opt_.eval_tokens + opt.seq_len - 1) / opt.seq_len;
   batches_ = (num_seq + opt.micro_batch - 1) / opt.micro_batch;
 }
 

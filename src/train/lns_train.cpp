@@ -15,7 +15,9 @@
 
 #include "lns/cpu_info.h"
 #include "lns/errors.h"
+#include "lns/files.h"
 #include "lns/model_flags.h"
+#include "lns/run_dir.h"
 #include "lns/train_flags.h"
 #include "lns/trainer.h"
 #include "lns/device.h"
@@ -41,26 +43,25 @@ std::string source_revision() {
   return s.empty() ? "unknown" : s;
 }
 
-// run.json in the run directory: what ran, from which source, where.
-void write_run_record(ProcessGrid& grid, const std::string& out_dir,
-                      const std::vector<std::pair<int, int>>& layers) {
+// run.json: what ran, from which source, where. Collective (gathers every rank's
+// host); the record on rank 0.
+nlohmann::json run_record(ProcessGrid& grid, const std::vector<std::pair<int, int>>& layers) {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   const std::string mine(host);
   const auto all = grid.world().gather_bytes(std::vector<char>(mine.begin(), mine.end()));
-  if (grid.rank != 0 || out_dir.empty()) return;
+  if (grid.rank != 0) return {};
   nlohmann::json hosts = nlohmann::json::array();
   for (const auto& h : all) hosts.push_back(std::string(h.begin(), h.end()));
   const std::time_t now = std::time(nullptr);
   char when[64];
   std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  const nlohmann::json run = {{"source_revision", source_revision()},
-                              {"command", g_command_line},
-                              {"started", when},
-                              {"layout", {{"world", grid.world_size}, {"tp", grid.tp}, {"pp", grid.pp},
-                                          {"dp", grid.dp}, {"stage_layers", layers}}},
-                              {"hosts", hosts}};
-  std::ofstream(out_dir + "/run.json") << run.dump(2) << "\n";
+  return {{"source_revision", source_revision()},
+          {"command", g_command_line},
+          {"started", when},
+          {"layout", {{"world", grid.world_size}, {"tp", grid.tp}, {"pp", grid.pp},
+                      {"dp", grid.dp}, {"stage_layers", layers}}},
+          {"hosts", hosts}};
 }
 
 int world_rank() {
@@ -79,12 +80,14 @@ void log_prefix(std::ostream& s, const google::LogMessageInfo& m, void*) {
 
 int run() {
   std::unique_ptr<ProcessGrid> grid;
+  std::unique_ptr<RunDirLock> lock;  // rank 0 holds the run directory for the whole run
   std::unique_ptr<Trainer> trainer;
+  LlamaConfig model_cfg;
   TrainConfig cfg;
   std::vector<std::pair<int, int>> layers;
-  std::string error;
+  std::string error, flags;
   try {
-    const LlamaConfig model_cfg = config_from_flags();
+    model_cfg = config_from_flags();
     cfg = train_config_from_flags();
     grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
     validate_layout(model_cfg, grid->tp, grid->pp);
@@ -96,23 +99,18 @@ int run() {
     }
     layers = stage_layer_ranges(model_cfg.num_layers, grid->pp, cfg.pp_layers);
     if (grid->rank == 0) {
-      const std::string flags = resolved_flags();
+      flags = resolved_flags();
       LOG(INFO) << "configuration:\n" << flags;
       LOG(INFO) << "layout: " << grid->describe(layers);
       if (cfg.device == Device::CPU) {
         LOG(INFO) << "CPU backend: " << cpu_blas_info();
         if (const std::string w = cpu_blas_warning(); !w.empty()) LOG(WARNING) << w;
       }
-      if (!cfg.out_dir.empty()) {
-        std::error_code ec;
-        std::filesystem::create_directories(cfg.out_dir, ec);
-        if (ec) fail("--out_dir=", cfg.out_dir, ": cannot create directory: ", ec.message());
-        std::ofstream(cfg.out_dir + "/config.flags") << flags;
-        std::ofstream(cfg.out_dir + "/model_config.json") << model_cfg.to_json().dump(2) << "\n";
-      }
+      // One run per directory; refused here, on every rank, before anything is read.
+      if (!cfg.out_dir.empty()) lock = std::make_unique<RunDirLock>(cfg.out_dir);
     }
-  } catch (const UserError& e) {
-    error = e.what();
+  } catch (...) {
+    error = current_exception_message();
   }
   if (!all_ranks_started("lns_train", error)) return 1;
   // Device communicators (NCCL starts collectively) only once every rank has its GPU,
@@ -120,13 +118,24 @@ int run() {
   // leaves the others waiting inside a collective.
   try {
     if (cfg.device == Device::CUDA) grid->use_device_communicators(comm_flag());
-    trainer = std::make_unique<Trainer>(config_from_flags(), cfg, grid.get());
-  } catch (const UserError& e) {
-    error = e.what();
+    trainer = std::make_unique<Trainer>(model_cfg, cfg, grid.get());
+  } catch (...) {
+    error = current_exception_message();
   }
   if (!all_ranks_started("lns_train", error)) return 1;
-  // Collective: only after every rank has started (a failed rank is not listening).
-  write_run_record(*grid, cfg.out_dir, layers);
+  // The run is accepted (its resume checked against the flags): only now does the run
+  // directory change. Collective first: every rank has started and is listening.
+  const nlohmann::json record = run_record(*grid, layers);
+  try {
+    if (grid->rank == 0 && !cfg.out_dir.empty()) {
+      write_file_atomically(cfg.out_dir + "/config.flags", flags);
+      write_file_atomically(cfg.out_dir + "/model_config.json", model_cfg.to_json().dump(2) + "\n");
+      write_file_atomically(cfg.out_dir + "/run.json", record.dump(2) + "\n");
+    }
+  } catch (...) {
+    error = current_exception_message();
+  }
+  if (!all_ranks_started("lns_train", error)) return 1;
 
   if (!dump_step_state_flag().empty()) {
     trainer->dump_step_state(dump_step_state_flag());
@@ -166,15 +175,20 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0], &lns::log_prefix);
   MPI_Init(&argc, &argv);
   int code = 0;
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const std::string rank_note = world > 1 ? " (rank " + std::to_string(lns::world_rank()) + ")" : "";
   try {
     code = lns::run();
-  } catch (const lns::UserError& e) {
-    // A failure after start-up (bad data mid-run, divergence): the other ranks may be
-    // inside a collective, so end them all.
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    std::fprintf(stderr, "lns_train: error: %s%s\n", e.what(),
-                 world > 1 ? (" (rank " + std::to_string(lns::world_rank()) + ")").c_str() : "");
+  } catch (const lns::CollectiveError& e) {
+    // Every rank found the same fault at the same point (e.g. non-finite weights after
+    // an all-reduce): one line, and every rank exits cleanly with status 1.
+    if (lns::world_rank() == 0) std::fprintf(stderr, "lns_train: error: %s\n", e.what());
+    code = 1;
+  } catch (...) {
+    // A failure after start-up on some ranks (bad data mid-run, a full disk): the others
+    // may be inside a collective, so end them all.
+    std::fprintf(stderr, "lns_train: error: %s%s\n", lns::current_exception_message().c_str(), rank_note.c_str());
     std::fflush(stderr);
     if (world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     code = 1;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/param_io.h"
+#include "lns/run_dir.h"
 #include "lns/safetensors.h"
 #include "parallel/gather.h"
 
@@ -57,20 +59,33 @@ void TrainConfig::validate() const {
   LNS_REQUIRE(global_batch % micro_batch == 0, "--global_batch_size=", global_batch,
               " must be a multiple of --micro_batch_size=", micro_batch);
   LNS_REQUIRE(steps >= 0, "--steps must be >= 0, got ", steps);
-  LNS_REQUIRE(lr > 0, "--lr must be positive, got ", lr);
+  LNS_REQUIRE(std::isfinite(lr) && lr > 0 && lr <= std::numeric_limits<float>::max(),
+              "--lr must be a positive number that f32 can hold, got ", lr);
   LNS_REQUIRE(min_lr_ratio >= 0 && min_lr_ratio <= 1, "--min_lr_ratio must be in [0, 1], got ",
               min_lr_ratio);
   LNS_REQUIRE(warmup_steps >= 0, "--warmup_steps must be >= 0, got ", warmup_steps);
-  LNS_REQUIRE(adam.beta1 >= 0 && adam.beta1 < 1 && adam.beta2 >= 0 && adam.beta2 < 1,
-              "--beta1 and --beta2 must be in [0, 1)");
-  LNS_REQUIRE(grad_clip >= 0, "--grad_clip must be >= 0 (0 = off), got ", grad_clip);
+  LNS_REQUIRE(adam.beta1 >= 0 && adam.beta1 < 1, "--beta1 must be in [0, 1), got ", adam.beta1);
+  LNS_REQUIRE(adam.beta2 >= 0 && adam.beta2 < 1, "--beta2 must be in [0, 1), got ", adam.beta2);
+  // As the f32 AdamW uses it: 1e-50 would be 0 there, and 0 divides 0 by 0 for any
+  // parameter without gradient (v = 0).
+  LNS_REQUIRE(std::isfinite(adam.eps) && adam.eps > 0, "--adam_eps must be a positive number that f32 can ",
+              "hold (>= 1.4e-45), got ", adam.eps);
+  LNS_REQUIRE(std::isfinite(adam.weight_decay) && adam.weight_decay >= 0,
+              "--weight_decay must be >= 0, got ", adam.weight_decay);
+  LNS_REQUIRE(std::isfinite(grad_clip) && grad_clip >= 0, "--grad_clip must be >= 0 (0 = off), got ", grad_clip);
+  LNS_REQUIRE(std::isfinite(peak_tflops) && peak_tflops >= 0, "--peak_tflops must be >= 0, got ", peak_tflops);
+  LNS_REQUIRE(diag_every >= 0, "--diag_every must be >= 0 (0 = off), got ", diag_every);
   LNS_REQUIRE(log_every > 0, "--log_every must be positive, got ", log_every);
   LNS_REQUIRE(eval_every >= 0, "--eval_every must be >= 0 (0 = only at the end), got ", eval_every);
   LNS_REQUIRE(eval_tokens > 0, "--eval_tokens must be positive, got ", eval_tokens);
-  LNS_REQUIRE(dp_bucket_mb > 0, "--dp_bucket_mb must be positive, got ", dp_bucket_mb);
+  LNS_REQUIRE(std::isfinite(dp_bucket_mb) && dp_bucket_mb > 0 && dp_bucket_mb <= 1 << 20,
+              "--dp_bucket_mb must be in (0, 1048576], got ", dp_bucket_mb);
   LNS_REQUIRE(save_every >= 0, "--save_every must be >= 0, got ", save_every);
   LNS_REQUIRE(keep_checkpoints >= 0, "--keep_checkpoints must be >= 0, got ", keep_checkpoints);
   LNS_REQUIRE(resume != "auto" || !out_dir.empty(), "--resume=auto needs --out_dir");
+  LNS_REQUIRE(save_every == 0 || !out_dir.empty(), "--save_every=", save_every,
+              " needs --out_dir (where the checkpoints go)");
+  LNS_REQUIRE(keep_checkpoints == 0 || !out_dir.empty(), "--keep_checkpoints needs --out_dir");
 }
 
 Trainer::~Trainer() = default;
@@ -84,6 +99,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   grid_ = grid;
   cfg_.validate();
   model_cfg_.validate();
+  if (cfg_.resume.empty()) check_fresh_run_dir(cfg_.out_dir);  // before anything is allocated
   validate_layout(model_cfg_, grid_->tp, grid_->pp);
   stage_layers_ = stage_layer_ranges(model_cfg_.num_layers, grid_->pp, cfg_.pp_layers);
   const int dp = grid_->dp;
@@ -123,7 +139,12 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   }
   pipeline_ = std::make_unique<PipelineSchedule1F1B>(*grid_, *model_, num_micro_);
   const EvalOptions eval{cfg_.seq_len, cfg_.micro_batch, cfg_.eval_tokens, cfg_.data_mode};
-  if (val_data_) evaluator_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, *val_data_, eval);
+  if (val_data_) {
+    evaluator_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, *val_data_, eval);
+    if (evaluator_->requested_tokens() > 0 && is_root())
+      LOG(WARNING) << "--eval_tokens=" << cfg_.eval_tokens << " is more than " << cfg_.val_data << " holds; "
+                   << "each evaluation covers all of it once (" << evaluator_->eval_tokens() << " target positions)";
+  }
   // Diagnostics read one fixed micro-batch, so steps compare like with like.
   EvalOptions one = eval;
   one.eval_tokens = cfg_.micro_batch * cfg_.seq_len;
@@ -139,7 +160,10 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   targets_ = OwnedTensor(DType::I32, {num_micro_ * cfg_.micro_batch, cfg_.seq_len});
 
   if (!cfg_.resume.empty()) {
-    const std::string dir = cfg_.resume == "auto" ? find_latest_checkpoint(cfg_.out_dir) : cfg_.resume;
+    std::vector<std::string> notes;
+    const std::string dir = cfg_.resume == "auto" ? find_latest_checkpoint(cfg_.out_dir, &notes) : cfg_.resume;
+    if (is_root())
+      for (const std::string& n : notes) LOG(WARNING) << "--resume=auto: " << n;
     if (dir.empty()) {
       if (is_root()) LOG(INFO) << "--resume=auto: no complete checkpoint in " << cfg_.out_dir << "/checkpoints; starting fresh";
     } else {
@@ -159,10 +183,10 @@ void Trainer::resume_from(const std::string& dir) {
   ck.load_into(model_->params(), optim_.get());
   const RunState st = ck.run_state();
   train_sampler_->set_consumed(st.consumed_samples);
+  resumed_step_ = optim_->steps_taken();
   if (is_root())
     LOG(INFO) << "resumed from " << dir << " at step " << st.step << " (saved under layout tp="
-              << ck.manifest()["layout"]["tp"] << " pp=" << ck.manifest()["layout"]["pp"]
-              << " dp=" << ck.manifest()["layout"]["dp"] << ")";
+              << ck.layout().tp << " pp=" << ck.layout().pp << " dp=" << ck.layout().dp << ")";
 }
 
 std::string Trainer::save_checkpoint() {
@@ -174,9 +198,12 @@ std::string Trainer::save_checkpoint() {
   st.tokens_seen = st.step * cfg_.global_batch * cfg_.seq_len;
   st.consumed_samples = train_sampler_->consumed();
   st.seed = cfg_.seed;
+  st.training = {cfg_.seq_len, cfg_.data_mode == SampleMode::Packed ? "packed" : "document", cfg_.micro_batch,
+                 cfg_.global_batch};
   const double t0 = now_seconds();
   model_->params().download();  // CUDA: checkpoints read the host mirrors
   optim_->download();
+  check_finite_state();  // a non-finite state is never saved
   const std::string dir = lns::save_checkpoint(cfg_.out_dir, grid_->world(), model_->params(), *optim_,
                                                model_cfg_, layout, st, cfg_.keep_checkpoints,
                                                cfg_.checkpoint_test_pause_ms);
@@ -234,9 +261,10 @@ StepStats Trainer::train_step() {
   s.grad_norm = sync_->global_norm();
   if (cfg_.diag_every > 0 && (optim_->steps_taken() + 1) % cfg_.diag_every == 0)
     last_block_grad_norms_ = block_grad_norms(*grid_, model_->params(), *sync_, model_cfg_.num_layers);
-  if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm))
-    fail("training diverged at step ", optim_->steps_taken() + 1, ": loss ", s.loss,
-         ", gradient norm ", s.grad_norm, " (lower --lr or set --grad_clip)");
+  if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm))  // the same on every rank (all-reduced)
+    throw CollectiveError(absl::StrCat("training diverged at step ", optim_->steps_taken() + 1, ": loss ", s.loss,
+                                       ", gradient norm ", s.grad_norm, "; nothing was saved. Likely cause: --lr=",
+                                       cfg_.lr, " too large (lower it or set --grad_clip), or the data"));
   if (cfg_.grad_clip > 0 && s.grad_norm > cfg_.grad_clip)
     sync_->scale(static_cast<float>(cfg_.grad_clip / (s.grad_norm + 1e-6)));
   optim_->step(static_cast<float>(s.lr));
@@ -245,6 +273,31 @@ StepStats Trainer::train_step() {
   s.step = optim_->steps_taken();
   s.seconds = now_seconds() - t0;
   return s;
+}
+
+// Collective. Every rank checks its host copies of the weights and its AdamW moments
+// (after download()); if any rank finds inf or NaN, every rank throws the same
+// CollectiveError naming the likely cause.
+void Trainer::check_finite_state() {
+  const ParamSet& ps = model_->params();
+  std::string where;
+  for (int i = 0; i < ps.size() && where.empty(); ++i) {
+    const Tensor t = ps.host_param(i);
+    if (first_non_finite(t.f32(), t.numel()) >= 0) where = "weight '" + ps.info(i).name + "'";
+  }
+  for (const Tensor& m : {optim_->exp_avg(), optim_->exp_avg_sq()})
+    if (where.empty() && first_non_finite(m.f32(), m.numel()) >= 0) where = "AdamW moments";
+  double bad = where.empty() ? 0 : 1;
+  grid_->world().all_reduce(&bad, 1, ReduceOp::Max);
+  if (bad == 0) return;
+  const std::string cause =
+      cfg_.adam.eps < 1e-12f
+          ? absl::StrCat("--adam_eps=", cfg_.adam.eps, " is too small (AdamW divides by sqrt(v) + eps)")
+          : absl::StrCat("--lr=", cfg_.lr, " too large for this model, or data that drives the loss to extremes");
+  throw CollectiveError(absl::StrCat(
+      "step ", optim_->steps_taken(), " left non-finite training state (", where.empty() ? "on another rank" : where,
+      " holds inf or NaN); nothing was saved and checkpoints/latest still names the last good checkpoint. ",
+      "Likely cause: ", cause));
 }
 
 EvalStats Trainer::evaluate() { return evaluator_ ? evaluator_->evaluate() : EvalStats{}; }
@@ -301,7 +354,19 @@ void Trainer::dump_step_state(const std::string& path) {
 }
 
 bool Trainer::run() {
-  MetricsLog metrics(cfg_.out_dir.empty() || !is_root() ? "" : cfg_.out_dir + "/metrics.jsonl");
+  const std::string metrics_path = cfg_.out_dir.empty() ? "" : cfg_.out_dir + "/metrics.jsonl";
+  if (is_root() && !metrics_path.empty()) {
+    // One record per step: those after the checkpoint are about to be redone.
+    const int64_t from = std::max<int64_t>(resumed_step_, 0);
+    if (const int64_t dropped = truncate_metrics(metrics_path, from); dropped > 0)
+      LOG(INFO) << "metrics.jsonl: dropped " << dropped << " record(s) after step " << from
+                << " (the checkpoint this run continues from)";
+  }
+  if (resumed_step_ >= cfg_.steps) {
+    if (is_root()) LOG(INFO) << "nothing to do: resumed at step " << resumed_step_ << ", --steps=" << cfg_.steps;
+    return false;
+  }
+  MetricsLog metrics(is_root() ? metrics_path : "");
   const int64_t tokens_per_step = cfg_.global_batch * cfg_.seq_len;
   const double flops_per_step = double(flops_per_token()) * tokens_per_step;
   if (is_root())
@@ -375,7 +440,13 @@ bool Trainer::run() {
       save_checkpoint();
   }
   do_eval(optim_->steps_taken());
-  if (saves) save_checkpoint();
+  if (saves) {
+    save_checkpoint();
+  } else {  // nothing is saved, but a run that ends non-finite still fails
+    model_->params().download();
+    optim_->download();
+    check_finite_state();
+  }
   return false;
 }
 

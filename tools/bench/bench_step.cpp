@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;  // quiet: the numbers are the output
   google::InitGoogleLogging(argv[0]);
-  try {
+  return lns::main_guard("lns_bench_step", [&] {
     const lns::LlamaConfig mc = lns::config_from_flags();
     lns::TrainConfig tc = lns::train_config_from_flags();
     tc.data = "random";
@@ -79,9 +79,6 @@ int main(int argc, char** argv) {
                   "\"tokens_per_s\": %.1f, \"peak_mem_gib\": %.3f, \"mfu\": %.4f, \"peak_tflops\": %.1f}\n",
                   median, mean, tps, gib, mfu, tc.peak_tflops);
     }
-  } catch (const lns::UserError& e) {
-    std::fprintf(stderr, "lns_bench_step: error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }
