@@ -22,6 +22,8 @@ std::string tmp(const std::string& name) {
   return ::testing::TempDir() + "/lns_data_" + std::to_string(::getpid()) + "_" + name;
 }
 
+std::string fs_name(const std::string& p) { return p.substr(p.rfind('/') + 1); }
+
 std::string slurp(const std::string& p) {
   std::ifstream f(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), {}};
@@ -169,6 +171,78 @@ TEST(MegatronDataset, ReadsTokensAndDocuments) {
   std::string idx = slurp(prefix + ".idx");
   spit(prefix + ".idx", idx.substr(0, idx.size() - 4));
   EXPECT_NE(user_error([&] { TokenCorpus::open(prefix); }).find("truncated Megatron index"),
+            std::string::npos);
+}
+
+// Counts in a header that overflow 64 bits must not pass for the file's size: the old
+// reader computed 34 + 12*S + 8*D, which wraps to the real size for S + 2^62, and then
+// read 2^62 sequences past its mapping.
+TEST(MegatronDataset, HostileCountsAreRefused) {
+  const std::string prefix = tmp("mega_hostile");
+  write_megatron(prefix, {{1, 2, 3}, {4, 5}, {6, 7, 8, 9}}, {0, 2, 3});
+  const std::string good = slurp(prefix + ".idx");
+  auto with = [&](size_t at, uint64_t v) {
+    std::string b = good;
+    std::memcpy(&b[at], &v, 8);
+    spit(prefix + ".idx", b);
+    return user_error([&] { TokenCorpus::open(prefix); });
+  };
+  EXPECT_NE(with(18, 3 + (uint64_t{1} << 62)).find("corrupt or truncated Megatron index (4611686018427387907 sequences"),
+            std::string::npos);
+  EXPECT_NE(with(26, 3 + (uint64_t{1} << 61)).find("corrupt or truncated Megatron index"), std::string::npos);
+  EXPECT_NE(with(18, ~uint64_t{0}).find("corrupt or truncated Megatron index"), std::string::npos);
+  // Sequence pointers and lengths consistent with the .bin, document starts in order.
+  EXPECT_NE(with(34 + 12, 2).find("sequence 0 is not stored contiguously"), std::string::npos);
+  EXPECT_NE(with(34 + 12 + 8, 4).find("sequence 1 is not stored contiguously"), std::string::npos);
+  const size_t doc_idx = 34 + 3 * 12;
+  EXPECT_NE(with(doc_idx + 8, 9).find("document index entry 1 (9) is out of range or out of order"), std::string::npos);
+  std::string order = good;
+  const int64_t two = 2, one = 1;
+  std::memcpy(&order[doc_idx], &two, 8);
+  std::memcpy(&order[doc_idx + 8], &one, 8);
+  spit(prefix + ".idx", order);
+  EXPECT_NE(user_error([&] { TokenCorpus::open(prefix); }).find("out of range or out of order"), std::string::npos);
+  // A length that makes the sequences outrun the .bin.
+  std::string len = good;
+  const int32_t big = INT32_MAX;
+  std::memcpy(&len[34 + 8], &big, 4);
+  spit(prefix + ".idx", len);
+  EXPECT_NE(user_error([&] { TokenCorpus::open(prefix); }).find(".bin: has 18 bytes, the index describes at least"),
+            std::string::npos);
+}
+
+TEST(TokenFile, HostileCountsAreRefused) {
+  const std::string p = tmp("tok_hostile");
+  write_token_file(p, {1, 2, 3, 4, 5}, {0, 2, 5}, 2, 10);
+  const std::string good = slurp(p);
+  auto with = [&](size_t at, uint64_t v) {
+    std::string b = good;
+    std::memcpy(&b[at], &v, 8);
+    spit(p, b);
+    return user_error([&] { TokenCorpus::open(p); });
+  };
+  // n * 2 wraps to 10 bytes for n = 2^63 + 5.
+  EXPECT_NE(with(16, (uint64_t{1} << 63) + 5).find("corrupt or truncated token file (header says 9223372036854775813 tokens"),
+            std::string::npos);
+  EXPECT_NE(with(24, (uint64_t{1} << 61) - 1).find("corrupt or truncated token file"), std::string::npos);
+  EXPECT_NE(with(24, ~uint64_t{0}).find("corrupt or truncated token file"), std::string::npos);
+  EXPECT_NE(with(32, uint64_t{1} << 40).find("corrupt header (vocabulary size 1099511627776)"), std::string::npos);
+  // Document starts outside the tokens.
+  EXPECT_NE(with(64 + 16, 3).find("must span tokens 0..5"), std::string::npos);
+  EXPECT_NE(with(64 + 16 + 16, 9).find("must span tokens 0..5"), std::string::npos);
+  // index.json names only files in its own directory.
+  const std::string dir = tmp("tok_index");
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  write_token_file(tmp("outside.tok"), {1, 2, 3}, {0, 3}, 2, 10);
+  for (const std::string bad : std::vector<std::string>{"../" + fs_name(tmp("outside.tok")), "/etc/passwd", ".."}) {
+    std::ofstream(dir + "/index.json") << R"({"shards": [{"file": ")" << bad << R"("}]})";
+    EXPECT_NE(user_error([&] { TokenCorpus::open(dir + "/index.json"); })
+                  .find("index.json: shards[0].file: '" + bad + "' is not a plain file name"),
+              std::string::npos)
+        << bad;
+  }
+  std::ofstream(dir + "/index.json") << "\x01\x02garbage";
+  EXPECT_NE(user_error([&] { TokenCorpus::open(dir + "/index.json"); }).find("index.json: not valid JSON (syntax error at byte offset 0)"),
             std::string::npos);
 }
 

@@ -121,6 +121,58 @@ TEST(Safetensors, DamagedFilesAreClearErrors) {
   expect_user_error([&] { r.entry("nope"); }, "no tensor named 'nope'");
 }
 
+// A file written by hand: 8-byte length, `header` verbatim, `data_bytes` zero bytes.
+std::string handmade(const std::string& name, const std::string& header, size_t data_bytes = 16) {
+  const uint64_t n = header.size();
+  std::string file(reinterpret_cast<const char*>(&n), 8);
+  file += header;
+  file.append(data_bytes, '\0');
+  const std::string p = tmp_path(name);
+  write_all(p, file);
+  return p;
+}
+
+TEST(Safetensors, HostileHeadersAreOneLineWithoutTheirBytes) {
+  // Binary garbage where the JSON header should be: the error names the byte offset,
+  // never the bytes themselves.
+  const std::string garbage = handmade("garbage", std::string("\x01\x02\xff{\x1b[2J\n", 8));
+  try {
+    SafetensorsReader r(garbage);
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m, garbage + ": not a safetensors file (its header is not JSON: syntax error at byte offset 8)");
+  }
+  const std::string ok = R"("dtype":"F32","shape":[4],"data_offsets":[0,16])";
+  expect_user_error([&] { SafetensorsReader r(handmade("neg", R"({"t":{"dtype":"F32","shape":[-2,-2],"data_offsets":[0,16]}})")); },
+                    "header['t'].shape[0]: expected an integer in [0, 9223372036854775807], got -2");
+  // 2^32 x 2^32 x 2^32 elements: the product overflows int64; it must not wrap to a
+  // size that matches the data.
+  expect_user_error([&] { SafetensorsReader r(handmade("wrap", R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,0]}})")); },
+                    "tensor 't' has data offsets [0, 0) that do not fit its shape [4294967296, 4294967296, 4294967296]");
+  expect_user_error([&] { SafetensorsReader r(handmade("past", R"({"t":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})")); },
+                    "has data offsets [8, 24) that do not fit its shape [4] or the file (16 data bytes)");
+  expect_user_error([&] { SafetensorsReader r(handmade("offneg", R"({"t":{"dtype":"F32","shape":[4],"data_offsets":[-16,0]}})")); },
+                    "data_offsets[0]: expected an integer");
+  expect_user_error([&] { SafetensorsReader r(handmade("offstr", R"({"t":{"dtype":"F32","shape":[4],"data_offsets":"0,16"}})")); },
+                    "header['t'].data_offsets: expected an array");
+  expect_user_error([&] { SafetensorsReader r(handmade("dtype", R"({"t":{"dtype":"Q4","shape":[4],"data_offsets":[0,16]}})")); },
+                    "header['t'].dtype: unknown dtype 'Q4'");
+  expect_user_error([&] { SafetensorsReader r(handmade("entry", R"({"t":5})")); }, "header['t']: expected an object, got 5");
+  expect_user_error([&] { SafetensorsReader r(handmade("meta", R"({"__metadata__":[1]})")); },
+                    "header['__metadata__']: expected an object, got an array");
+  expect_user_error([&] { SafetensorsReader r(handmade("rank", R"({"t":{"dtype":"F32","shape":[1,1,1,1,4],"data_offsets":[0,16]}})")); },
+                    "shape: expected 0 to 4 integers, got 5");
+  expect_user_error([&] { SafetensorsReader r(handmade("name", "{\"a\\nb\":{\"dtype\":\"X\",\"shape\":[4],\"data_offsets\":[0,16]}}")); },
+                    "header['a\\x0ab'].dtype: unknown dtype 'X'");
+  // A header length that the file cannot hold, or beyond any real header.
+  uint64_t huge = uint64_t{1} << 62;
+  std::string f(reinterpret_cast<const char*>(&huge), 8);
+  write_all(tmp_path("huge"), f + "{}");
+  expect_user_error([&] { SafetensorsReader r(tmp_path("huge")); }, "header length 4611686018427387904 exceeds the file size");
+  EXPECT_NO_THROW(SafetensorsReader(handmade("fine", "{\"t\":{" + ok + "}}")));
+}
+
 TEST(ParamIo, LoadChecksNamesAndShapes) {
   LlamaConfig c;
   c.vocab_size = 11, c.hidden_size = 8, c.intermediate_size = 12, c.num_layers = 2;

@@ -35,7 +35,7 @@ bool is_plain_file_name(std::string_view name);
 std::string read_file(const std::string& path, uint64_t max_bytes, const std::string& what);
 
 // A JSON document from a file of at most max_bytes. A syntax error is reported as
-// "<path>: not valid JSON (syntax error at byte N)", without the offending bytes.
+// "<path>: not valid JSON (syntax error at byte offset N)", without the offending bytes.
 nlohmann::json parse_json_file(const std::string& path, uint64_t max_bytes, const std::string& what);
 nlohmann::json parse_json_text(std::string_view text, const std::string& path);
 

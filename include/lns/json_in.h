@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <absl/strings/str_cat.h>
 #include <nlohmann/json.hpp>
 
 namespace lns {
@@ -31,8 +32,12 @@ class JsonIn {
 
   const nlohmann::json& raw() const { return v_; }
   const std::string& field() const { return field_; }
-  // "<file>: <field>: <message>" as a UserError.
-  [[noreturn]] void error(const std::string& message) const;
+  // "<file>: <field>: <message>" as a UserError; the message is absl::StrCat(args...).
+  template <typename... Args>
+  [[noreturn]] void error(const Args&... args) const {
+    fail_with(absl::StrCat(args...));
+  }
+  [[noreturn]] void fail_with(const std::string& message) const;
 
  private:
   std::string describe() const;  // the value, briefly, for "got ..."

@@ -293,16 +293,16 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   std::set<std::string> model_names;
   for (const ParamInfo& p : LlamaStage::model_params(info_.model)) {
     model_names.insert(p.name);
-    for (const char* kind : {"exp_avg", "exp_avg_sq"})
-      if (has(p.name, kind) != has_optimizer_state())
-        fail(mpath, ": ", has_optimizer_state() ? "has no " : "has optimizer state ", kind, " for '", p.name,
-             has_optimizer_state() ? "' although it records optimizer state" : "' but no optimizer record");
     auto it = pieces_.find("param/" + p.name);
     if (it == pieces_.end()) fail(mpath, ": has no weight '", p.name, "', which its model config implies");
     const auto& shape = info_.pieces[it->second].logical;
     if (Shape(shape) != p.logical)
       fail(mpath, ": tensor '", p.name, "' has shape ", Shape(shape).str(), ", its model config implies ",
            p.logical.str());
+    for (const char* kind : {"exp_avg", "exp_avg_sq"})
+      if (has(p.name, kind) != has_optimizer_state())
+        fail(mpath, ": ", has_optimizer_state() ? "has no " : "has optimizer state ", kind, " for '", p.name,
+             has_optimizer_state() ? "' although it records optimizer state" : "' but no optimizer record");
   }
   for (const ManifestPiece& pc : info_.pieces)
     if (!model_names.count(pc.tensor))
@@ -394,8 +394,9 @@ void load_from_source(const TensorSource& src, ParamSet& params, AdamW* optim) {
     for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
       const std::vector<float> mom = src.logical(p.name, kind);
       float* out = (std::string(kind) == "exp_avg" ? optim->exp_avg() : optim->exp_avg_sq()).f32();
-      for (int64_t k = lo - p.offset; k < hi - p.offset; ++k)
-        out[p.offset + k - optim->begin()] = logical_index(k) >= 0 ? mom[logical_index(k)] : 0.0f;
+      const int64_t off = static_cast<int64_t>(p.offset);
+      for (int64_t k = lo - off; k < hi - off; ++k)
+        out[off + k - optim->begin()] = logical_index(k) >= 0 ? mom[logical_index(k)] : 0.0f;
     }
   }
   params.upload();  // CUDA: the host mirrors written above go to the device

@@ -210,7 +210,7 @@ HfDirectory::HfDirectory(const std::string& dir) : dir_(dir) {
       const JsonIn f(file, index, "weight_map['" + printable(name, 60) + "']");
       const std::string fname = f.string();
       if (!is_plain_file_name(fname))
-        f.error("'" + printable(fname) + "' is not a plain file name inside " + dir);
+        f.error("'", printable(fname), "' is not a plain file name inside ", dir);
       file_of_[name] = dir + "/" + fname;
     }
   } else if (fs::exists(single)) {

@@ -23,17 +23,17 @@ void parse_layout(const JsonIn& j, int num_layers, CheckpointLayout* l) {
   l->zero = j["zero"].boolean();
   const JsonIn stages = j["stage_layers"];
   if (stages.size() != static_cast<size_t>(l->pp))
-    stages.error("has " + std::to_string(stages.size()) + " stages, layout.pp is " + std::to_string(l->pp));
+    stages.error("has ", std::to_string(stages.size()), " stages, layout.pp is ", std::to_string(l->pp));
   int next = 0;
   for (size_t s = 0; s < stages.size(); ++s) {
     const auto r = stages.at(s).integers(2, 2, 0, num_layers);
     if (r[0] != next || r[1] <= r[0])
-      stages.at(s).error("stages must cover layers 0.." + std::to_string(num_layers) +
+      stages.at(s).error("stages must cover layers 0..", std::to_string(num_layers),
                          " in order, each at least one layer");
     l->stage_layers.emplace_back(static_cast<int>(r[0]), static_cast<int>(r[1]));
     next = static_cast<int>(r[1]);
   }
-  if (next != num_layers) stages.error("covers " + std::to_string(next) + " of " + std::to_string(num_layers) + " layers");
+  if (next != num_layers) stages.error("covers ", std::to_string(next), " of ", std::to_string(num_layers), " layers");
 }
 
 OptimizerRecord parse_optimizer(const JsonIn& j) {
@@ -69,20 +69,20 @@ ManifestPiece parse_piece(const JsonIn& p, const std::set<std::string>& files) {
   if (pc.tensor.empty()) p["tensor"].error("empty tensor name");
   pc.kind = p["kind"].string();
   if (pc.kind != "param" && pc.kind != "exp_avg" && pc.kind != "exp_avg_sq")
-    p["kind"].error("'" + printable(pc.kind) + "', expected param, exp_avg or exp_avg_sq");
+    p["kind"].error("'", printable(pc.kind), "', expected param, exp_avg or exp_avg_sq");
   pc.file = p["file"].string();
   if (!files.count(pc.file))
-    p["file"].error("'" + printable(pc.file) + "' is not listed in files (every file a piece reads must be " +
+    p["file"].error("'", printable(pc.file), "' is not listed in files (every file a piece reads must be ",
                     "listed with its size and CRC32)");
   pc.key = p["key"].string();
   const int64_t cap = kMaxCheckpointElements;
   int64_t logical_n = 0, local_n = 0;
   pc.logical = p["logical"].integers(1, 4, 0, cap);
   if (!numel_within(pc.logical, cap, &logical_n))
-    p["logical"].error("shape " + shape_str(pc.logical) + " has more than " + std::to_string(cap) + " elements");
+    p["logical"].error("shape ", shape_str(pc.logical), " has more than ", std::to_string(cap), " elements");
   pc.local = p["local"].integers(pc.logical.size(), pc.logical.size(), 0, cap);
   if (!numel_within(pc.local, cap, &local_n))
-    p["local"].error("shape " + shape_str(pc.local) + " has more than " + std::to_string(cap) + " elements");
+    p["local"].error("shape ", shape_str(pc.local), " has more than ", std::to_string(cap), " elements");
   pc.split_dim = static_cast<int>(p["split_dim"].integer(-1, 1));
   pc.shard_begin = p["shard_begin"].integer(0, cap);
   pc.shard_valid = p["shard_valid"].integer(0, cap);
@@ -90,19 +90,19 @@ ManifestPiece parse_piece(const JsonIn& p, const std::set<std::string>& files) {
   pc.elem_end = p["elem_end"].integer(pc.elem_begin, local_n);
   if (pc.split_dim < 0) {
     if (pc.local != pc.logical)
-      p["local"].error("shape " + shape_str(pc.local) + " of a replicated tensor differs from its logical shape " +
+      p["local"].error("shape ", shape_str(pc.local), " of a replicated tensor differs from its logical shape ",
                        shape_str(pc.logical));
     return pc;
   }
   const size_t d = static_cast<size_t>(pc.split_dim);
-  if (pc.logical.size() != 2) p["split_dim"].error("only 2-D tensors are split, this one is " + shape_str(pc.logical));
+  if (pc.logical.size() != 2) p["split_dim"].error("only 2-D tensors are split, this one is ", shape_str(pc.logical));
   if (pc.local[1 - d] != pc.logical[1 - d])
-    p["local"].error("shape " + shape_str(pc.local) + " does not match logical shape " + shape_str(pc.logical) +
-                     " outside split dimension " + std::to_string(d));
+    p["local"].error("shape ", shape_str(pc.local), " does not match logical shape ", shape_str(pc.logical),
+                     " outside split dimension ", std::to_string(d));
   if (pc.shard_valid > pc.local[d] || pc.shard_begin + pc.shard_valid > pc.logical[d])
-    p["shard_valid"].error("shard [" + std::to_string(pc.shard_begin) + ", +" + std::to_string(pc.shard_valid) +
-                           ") does not fit the local " + shape_str(pc.local) + " or logical " +
-                           shape_str(pc.logical) + " shape");
+    p["shard_valid"].error("shard [", std::to_string(pc.shard_begin), ", +", std::to_string(pc.shard_valid),
+                           ") does not fit the local ", shape_str(pc.local), " or logical ",
+                           shape_str(pc.logical), " shape");
   return pc;
 }
 
@@ -157,7 +157,7 @@ Manifest parse_manifest(const nlohmann::json& m, const std::string& path) {
   in.require_object();
   const std::string format = in["format"].string();
   if (format != kCheckpointFormat)
-    in["format"].error("'" + printable(format) + "', expected " + kCheckpointFormat);
+    in["format"].error("'", printable(format), "', expected ", kCheckpointFormat);
   if (in["manifest_crc32"].uinteger(UINT32_MAX) != manifest_crc(m))
     fail(path, ": checksum mismatch: the manifest was edited or is corrupt");
   Manifest out;
@@ -177,8 +177,8 @@ Manifest parse_manifest(const nlohmann::json& m, const std::string& path) {
     ManifestFile mf;
     mf.name = f["name"].string();
     if (!is_plain_file_name(mf.name))
-      f["name"].error("'" + printable(mf.name) + "' is not a plain file name inside the checkpoint directory");
-    if (!names.insert(mf.name).second) f["name"].error("'" + printable(mf.name) + "' is listed twice");
+      f["name"].error("'", printable(mf.name), "' is not a plain file name inside the checkpoint directory");
+    if (!names.insert(mf.name).second) f["name"].error("'", printable(mf.name), "' is listed twice");
     mf.rank = static_cast<int>(f["rank"].integer(0, kMaxRanks));
     mf.bytes = f["bytes"].integer(0, kMaxCount);
     mf.crc32 = static_cast<uint32_t>(f["crc32"].uinteger(UINT32_MAX));
@@ -190,8 +190,8 @@ Manifest parse_manifest(const nlohmann::json& m, const std::string& path) {
     ManifestPiece pc = parse_piece(tensors.at(i), names);
     const auto [it, fresh] = logical_of.emplace(pc.tensor, pc.logical);
     if (!fresh && it->second != pc.logical)
-      tensors.at(i)["logical"].error("shape " + shape_str(pc.logical) + " of '" + printable(pc.tensor) +
-                                     "' differs from " + shape_str(it->second) + " in its other pieces");
+      tensors.at(i)["logical"].error("shape ", shape_str(pc.logical), " of '", printable(pc.tensor),
+                                     "' differs from ", shape_str(it->second), " in its other pieces");
     out.pieces.push_back(std::move(pc));
   }
   return out;

@@ -71,7 +71,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   } catch (const nlohmann::json::exception& e) {
     // e.what() would quote the file's bytes; a binary file must not reach the terminal.
     fail(path, ": not a safetensors file (its header is not JSON",
-         e.id == 101 ? absl::StrCat(": syntax error at byte ", 8 + static_cast<const nlohmann::json::parse_error&>(e).byte - 1) : "",
+         e.id == 101 ? absl::StrCat(": syntax error at byte offset ", 8 + static_cast<const nlohmann::json::parse_error&>(e).byte - 1) : "",
          ")");
   }
   const JsonIn in(header, path, "header");
@@ -87,7 +87,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     SafetensorEntry e;
     e.dtype = entry["dtype"].string();
     const uint64_t es = safetensor_dtype_size(e.dtype);
-    if (es == 0) entry["dtype"].error("unknown dtype '" + printable(e.dtype, 16) + "'");
+    if (es == 0) entry["dtype"].error("unknown dtype '", printable(e.dtype, 16), "'");
     e.shape = entry["shape"].integers(0, kMaxDims, 0, INT64_MAX);
     int64_t numel = 0, nbytes = 0;
     const auto offsets = entry["data_offsets"].integers(2, 2, 0, INT64_MAX);

@@ -98,7 +98,7 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& path) {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
     // e.what() quotes the bytes around the error; the offset is enough.
-    fail(path, ": not valid JSON (syntax error at byte ", e.byte, ")");
+    fail(path, ": not valid JSON (syntax error at byte offset ", e.byte > 0 ? e.byte - 1 : 0, ")");
   } catch (const nlohmann::json::exception&) {
     fail(path, ": not valid JSON");
   }

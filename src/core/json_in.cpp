@@ -10,7 +10,7 @@ namespace lns {
 JsonIn::JsonIn(const nlohmann::json& v, std::string file, std::string field)
     : v_(v), file_(std::move(file)), field_(std::move(field)) {}
 
-void JsonIn::error(const std::string& message) const {
+void JsonIn::fail_with(const std::string& message) const {
   fail(file_, ": ", field_.empty() ? "" : field_ + ": ", message);
 }
 

@@ -15,6 +15,8 @@
 
 #include "lns/data.h"
 #include "lns/errors.h"
+#include "lns/files.h"
+#include "lns/json_in.h"
 #include "lns/rng.h"
 
 namespace lns {
@@ -24,6 +26,7 @@ constexpr char kMagic[8] = {'L', 'N', 'S', 'T', 'O', 'K', 'E', 'N'};
 constexpr uint32_t kVersion = 1;
 constexpr size_t kHeaderBytes = 64;
 constexpr char kMegatronMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
+constexpr uint64_t kMaxTokens = uint64_t{1} << 40;
 
 // A read-only memory map of a whole file; UserError naming the file on failure.
 class MappedFile {
@@ -81,23 +84,29 @@ class LnsTokenFile : public TokenCorpus {
     token_bytes_ = static_cast<int>(load<uint32_t>(p + 12));
     if (token_bytes_ != 2 && token_bytes_ != 4)
       fail(path, ": corrupt header (token width ", token_bytes_, " bytes, expected 2 or 4)");
-    const uint64_t n = load<uint64_t>(p + 16), docs = load<uint64_t>(p + 24);
-    vocab_size_ = static_cast<int64_t>(load<uint64_t>(p + 32));
-    const uint64_t tok_end = kHeaderBytes + n * token_bytes_;
-    const uint64_t idx_begin = (tok_end + 7) / 8 * 8;
-    const uint64_t want = idx_begin + (docs + 1) * 8;
-    if (n > (uint64_t{1} << 40) || docs > n + 1 || want != file_.size())
-      fail(path, ": corrupt or truncated token file (header says ", n, " tokens and ", docs,
-           " documents = ", want, " bytes, file has ", file_.size(), ")");
+    const uint64_t n = load<uint64_t>(p + 16), docs = load<uint64_t>(p + 24), vocab = load<uint64_t>(p + 32);
+    if (vocab > INT32_MAX) fail(path, ": corrupt header (vocabulary size ", vocab, ")");
+    vocab_size_ = static_cast<int64_t>(vocab);
+    // 64 + n * width, padded to 8, + (docs + 1) * 8 bytes, each step overflow-checked.
+    const int64_t size = static_cast<int64_t>(file_.size());
+    int64_t tok_bytes = 0, tok_end = 0, idx_bytes = 0, want = 0;
+    const bool fits = n <= kMaxTokens && docs < kMaxTokens &&
+                      mul_within(static_cast<int64_t>(n), token_bytes_, size, &tok_bytes) &&
+                      add_within(tok_bytes, int64_t{kHeaderBytes} + 7, INT64_MAX, &tok_end) &&
+                      mul_within(static_cast<int64_t>(docs) + 1, 8, size, &idx_bytes) &&
+                      add_within(tok_end / 8 * 8, idx_bytes, INT64_MAX, &want);
+    if (!fits || want != size)
+      fail(path, ": corrupt or truncated token file (header says ", n, " tokens and ", docs, " documents",
+           fits ? absl::StrCat(" = ", want, " bytes") : "", ", file has ", size, " bytes)");
     num_tokens_ = static_cast<int64_t>(n);
     tokens_ = p + kHeaderBytes;
     doc_starts_.resize(docs + 1);
-    std::memcpy(doc_starts_.data(), p + idx_begin, (docs + 1) * 8);
+    std::memcpy(doc_starts_.data(), p + want - idx_bytes, idx_bytes);
+    if (doc_starts_.front() != 0 || doc_starts_.back() != num_tokens_)
+      fail(path, ": corrupt document index (must span tokens 0..", num_tokens_, ")");
     for (uint64_t d = 0; d < docs; ++d)
       if (doc_starts_[d] > doc_starts_[d + 1])
         fail(path, ": corrupt document index (document ", d, " ends before it starts)");
-    if (doc_starts_.front() != 0 || doc_starts_.back() != num_tokens_)
-      fail(path, ": corrupt document index (must span tokens 0..", num_tokens_, ")");
   }
 
  private:
@@ -121,34 +130,46 @@ class MegatronCorpus : public TokenCorpus {
     else if (code == 4) token_bytes_ = 4;  // int32
     else fail(ip, ": token dtype code ", int(code), " not supported (expected 8 = uint16 or 4 = int32)");
     const uint64_t S = load<uint64_t>(p + 18), D = load<uint64_t>(p + 26);
-    const uint64_t want = 34 + S * 4 + S * 8 + D * 8;
-    if (want != idx_.size())
-      fail(ip, ": corrupt or truncated Megatron index (", S, " sequences, ", D,
-           " document entries = ", want, " bytes, file has ", idx_.size(), ")");
+    // 34 + 12 * S + 8 * D bytes: a count that wraps 64 bits must not pass for a size.
+    const int64_t size = static_cast<int64_t>(idx_.size());
+    int64_t seq_bytes = 0, doc_bytes = 0, want = 0;
+    const bool fits = S < static_cast<uint64_t>(size) && D < static_cast<uint64_t>(size) &&
+                      mul_within(static_cast<int64_t>(S), 12, size, &seq_bytes) &&
+                      mul_within(static_cast<int64_t>(D), 8, size, &doc_bytes) &&
+                      add_within(34 + seq_bytes, doc_bytes, INT64_MAX, &want);
+    if (!fits || want != size)
+      fail(ip, ": corrupt or truncated Megatron index (", S, " sequences, ", D, " document entries",
+           fits ? absl::StrCat(" = ", want, " bytes") : "", ", file has ", size, " bytes)");
     const uint8_t* sizes = p + 34;
     const uint8_t* ptrs = sizes + S * 4;
     const uint8_t* doc_idx = ptrs + S * 8;
     num_tokens_ = static_cast<int64_t>(bin_.size() / token_bytes_);
     tokens_ = bin_.data();
     // Sequences are stored back to back; a document is a run of sequences.
+    const int64_t bin_size = static_cast<int64_t>(bin_.size());
     int64_t expect_ptr = 0;
     for (uint64_t s = 0; s < S; ++s) {
       const int64_t ptr = load<int64_t>(ptrs + s * 8), len = load<int32_t>(sizes + s * 4);
       if (ptr != expect_ptr || len < 0)
         fail(ip, ": sequence ", s, " is not stored contiguously after the previous one");
-      expect_ptr = ptr + len * token_bytes_;
+      expect_ptr = ptr + len * token_bytes_;  // <= bin_size + 2^33: no overflow
+      if (expect_ptr > bin_size)
+        fail(prefix, ".bin: has ", bin_size, " bytes, the index describes at least ", expect_ptr);
     }
-    if (static_cast<uint64_t>(expect_ptr) != bin_.size())
-      fail(prefix, ".bin: has ", bin_.size(), " bytes, the index describes ", expect_ptr);
+    if (expect_ptr != bin_size)
+      fail(prefix, ".bin: has ", bin_size, " bytes, the index describes ", expect_ptr);
     auto seq_start = [&](uint64_t s) {
       return s == S ? num_tokens_ : load<int64_t>(ptrs + s * 8) / token_bytes_;
     };
     if (D == 0) {
       doc_starts_ = {0, num_tokens_};
     } else {
+      int64_t prev = 0;
       for (uint64_t d = 0; d < D; ++d) {
         const int64_t s = load<int64_t>(doc_idx + d * 8);
-        if (s < 0 || static_cast<uint64_t>(s) > S) fail(ip, ": document index entry ", d, " out of range");
+        if (s < 0 || static_cast<uint64_t>(s) > S || s < prev)
+          fail(ip, ": document index entry ", d, " (", s, ") is out of range or out of order (sequences 0..", S, ")");
+        prev = s;
         doc_starts_.push_back(seq_start(s));
       }
       if (doc_starts_.back() != num_tokens_) doc_starts_.push_back(num_tokens_);
@@ -216,14 +237,14 @@ class ConcatCorpus : public TokenCorpus {
 std::unique_ptr<TokenCorpus> TokenCorpus::open(const std::string& spec) {
   std::vector<std::string> paths;
   if (spec.size() > 11 && spec.substr(spec.size() - 11) == "/index.json") {
-    std::ifstream f(spec);
-    if (!f) fail(spec, ": cannot read the shard index");
-    try {
-      const auto j = nlohmann::json::parse(f);
-      const std::string dir = spec.substr(0, spec.size() - 10);
-      for (const auto& s : j.at("shards")) paths.push_back(dir + s.at("file").get<std::string>());
-    } catch (const nlohmann::json::exception& e) {
-      fail(spec, ": not a shard index (", e.what(), ")");
+    const nlohmann::json j = parse_json_file(spec, 256 << 20, "shard index");
+    const std::string dir = spec.substr(0, spec.size() - 10);
+    const JsonIn shards = JsonIn(j, spec)["shards"];
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string file = shards.at(i)["file"].string();
+      if (!is_plain_file_name(file))
+        shards.at(i)["file"].error("'", printable(file), "' is not a plain file name in the index's directory");
+      paths.push_back(dir + file);
     }
   } else {
     for (absl::string_view part : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
