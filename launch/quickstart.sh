@@ -2,7 +2,8 @@
 # From a fresh clone to a model learning real text on the CPU:
 #   installs dependencies, builds lns_train, prepares the default corpus (the English
 #   text of Debian's `fortunes` package, byte-level), trains configs/tiny_lns.flags
-#   through mpirun, and plots the loss. Idempotent: a second run skips what is done.
+#   through mpirun, and plots the loss. Idempotent: a second run skips what is done
+#   (the training resumes from runs/tiny_lns's last checkpoint: --resume=auto).
 # Extra arguments go to lns_train, e.g.  bash launch/quickstart.sh --steps=100
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +28,8 @@ else
 fi
 
 echo "== train (configs/tiny_lns.flags)"
-rm -f runs/tiny_lns/metrics.jsonl
 # --bind-to none: one rank uses every core through OpenBLAS threads (the default binds to one)
-mpirun -np 1 --bind-to none ./build/lns_train --flagfile=configs/tiny_lns.flags "$@"
+mpirun -np 1 --bind-to none ./build/lns_train --flagfile=configs/tiny_lns.flags --resume=auto "$@"
 
 echo "== plot"
 python3 tools/plot_metrics.py runs/tiny_lns --out runs/tiny_lns/loss.png
