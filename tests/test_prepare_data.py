@@ -214,5 +214,96 @@ class PrepareData(unittest.TestCase):
             self.assertEqual(tgt[:n], doc[1:n + 1])
 
 
+class PrepareDataErrors(unittest.TestCase):
+    """Every failure is one line "prepare_data: ..." with exit status 1, no traceback,
+    and no partial output (.tmp) left behind."""
+
+    TOOL = os.path.join(HERE, "..", "tools", "prepare_data.py")
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="lns_prep_err_")
+        self.good = os.path.join(self.dir, "good.txt")
+        with open(self.good, "w") as f:
+            f.write("\n\n".join(DOCS))
+
+    def run_tool(self, *args):
+        return subprocess.run([sys.executable, self.TOOL, "--no_progress", *args], capture_output=True, text=True,
+                              timeout=120)
+
+    def leftovers(self):
+        return [os.path.join(r, n) for r, _, files in os.walk(self.dir) for n in files if ".tmp" in n]
+
+    def assert_one_line(self, r, needle):
+        self.assertEqual(r.returncode, 1, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertTrue(lines[0].startswith("prepare_data: "), r.stderr)
+        self.assertIn(needle, lines[0])
+        self.assertEqual(self.leftovers(), [])
+
+    def test_each_failure_is_one_line_and_leaves_nothing(self):
+        out = os.path.join(self.dir, "out")
+        import gzip
+        corrupt = os.path.join(self.dir, "corrupt.txt.gz")
+        with open(corrupt, "wb") as f:
+            f.write(b"\x00\x01 this is not gzip data at all " * 20)
+        truncated = os.path.join(self.dir, "truncated.txt.gz")
+        with gzip.open(truncated, "wt") as f:
+            f.write("\n\n".join(DOCS * 50))
+        with open(truncated, "rb") as f:
+            data = f.read()
+        with open(truncated, "wb") as f:
+            f.write(data[:len(data) // 2])
+        for shards in ([], ["--shards", "--workers", "2"]):
+            r = self.run_tool("--input", self.good, corrupt, "--out", out, *shards)
+            self.assert_one_line(r, corrupt + ": corrupt or truncated gzip file (BadGzipFile)")
+            r = self.run_tool("--input", self.good, truncated, "--out", out, *shards)
+            self.assert_one_line(r, truncated + ": corrupt or truncated gzip file (EOFError)")
+        # Reading /proc/self/mem at offset 0 fails (EIO): an input that cannot be read.
+        self.assert_one_line(self.run_tool("--input", "/proc/self/mem", "--out", out),
+                             "/proc/self/mem: cannot read (Input/output error)")
+        self.assert_one_line(self.run_tool("--input", self.dir, "--out", out), "--input %s: not a file" % self.dir)
+        self.assert_one_line(self.run_tool("--input", self.good, "--out", out, "--shards", "--workers", "0"),
+                             "--workers must be >= 1, got 0")
+        for bad in ("1", "1.5", "-0.1", "nan"):
+            self.assert_one_line(self.run_tool("--input", self.good, "--out", out, "--val_fraction", bad),
+                                 "--val_fraction must be in [0, 1), got")
+        empty = os.path.join(self.dir, "empty.txt")
+        with open(empty, "w") as f:
+            f.write("\n \n\t\n")
+        for shards in ([], ["--shards", "--workers", "1"]):
+            self.assert_one_line(self.run_tool("--input", empty, "--out", out, *shards), "no documents in " + empty)
+        self.assertFalse(os.path.exists(out + ".train.tok"))
+        self.assertFalse(os.path.exists(out))
+
+    def test_bad_tokenizer_files(self):
+        garbage = os.path.join(self.dir, "garbage")
+        with open(garbage + ".json", "wb") as f:
+            f.write(b"\x89PNG not a tokenizer")
+        with open(garbage + ".model", "wb") as f:
+            f.write(b"\x89PNG not a model")
+        out = os.path.join(self.dir, "out")
+        for ext, what, package in ((".json", "not a Hugging Face tokenizer.json", "tokenizers"),
+                                   (".model", "not a SentencePiece model", "sentencepiece")):
+            try:
+                __import__(package)
+            except ImportError:
+                what = "needs the '%s' package" % package
+            self.assert_one_line(self.run_tool("--input", self.good, "--out", out, "--tokenizer", garbage + ext),
+                                 "--tokenizer=%s%s: %s" % (garbage, ext, what) if "needs" not in what else what)
+
+    def test_binary_input_is_tokenized_with_a_warning(self):
+        binary = os.path.join(self.dir, "blob.txt")
+        with open(binary, "wb") as f:
+            f.write(b"text then \xff\xfe\x80 bytes\n\nand \xc3( more\n")
+        out = os.path.join(self.dir, "blob")
+        r = self.run_tool("--input", binary, "--out", out, "--val_fraction", "0")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("prepare_data: warning: %s: 4 byte(s) are not valid UTF-8 (each replaced by U+FFFD); "
+                      "is it a text file?" % binary, r.stderr)
+        toks, starts, _ = prepare_data.read_token_file(out + ".train.tok")
+        self.assertEqual(bytes(toks[:starts[1] - 1]).decode("utf-8"), "text then \ufffd\ufffd\ufffd bytes\n")
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -11,10 +11,17 @@ UTF-8 bytes 0..255 plus end-of-document 256, needs nothing), a Hugging Face
 tokenizer.json (package `tokenizers`), or a SentencePiece .model (`sentencepiece`).
 Each document ends with the end-of-document token, so packed sequences see the
 boundary; the document index keeps exact boundaries for --data_mode=document.
+
+Every failure (an unreadable or corrupt input, a bad tokenizer, a bad flag, an empty
+corpus) is one line "prepare_data: ..." and exit status 1, and leaves no partial
+output (.tmp) behind.
 """
 import argparse
+import codecs
+import glob
 import gzip
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -26,6 +33,22 @@ import zlib
 MAGIC = b"LNSTOKEN"
 VERSION = 1
 HEADER_BYTES = 64
+
+
+class PrepareError(Exception):
+    """A user-facing failure: printed as one line "prepare_data: <message>", exit 1."""
+
+
+# Bytes of the current input file that were not valid UTF-8 (each replaced by U+FFFD).
+_bad_utf8 = [0]
+
+
+def _count_and_replace(err):
+    _bad_utf8[0] += err.end - err.start
+    return "\ufffd", err.end
+
+
+codecs.register_error("prepare_data_count", _count_and_replace)
 
 
 class ByteTokenizer:
@@ -42,15 +65,18 @@ class HFTokenizer:
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            sys.exit("prepare_data: --tokenizer=%s needs the 'tokenizers' package (pip install tokenizers)" % path)
-        self.tok = Tokenizer.from_file(path)
+            raise PrepareError("--tokenizer=%s needs the 'tokenizers' package (pip install tokenizers)" % path)
+        try:
+            self.tok = Tokenizer.from_file(path)
+        except Exception as e:  # the library raises plain Exception for a bad file
+            raise PrepareError("--tokenizer=%s: not a Hugging Face tokenizer.json (%s)" % (path, first_line(e)))
         self.name = os.path.abspath(path)
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         candidates = [eos_token] if eos_token else ["</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>"]
         ids = [self.tok.token_to_id(t) for t in candidates]
         ids = [i for i in ids if i is not None]
         if not ids:
-            sys.exit("prepare_data: %s: no end-of-document token among %s; name one with --eos_token" % (path, candidates))
+            raise PrepareError("%s: no end-of-document token among %s; name one with --eos_token" % (path, candidates))
         self.eos_id = ids[0]
 
     def encode(self, text):
@@ -62,23 +88,31 @@ class SentencePieceTokenizer:
         try:
             import sentencepiece as spm
         except ImportError:
-            sys.exit("prepare_data: --tokenizer=%s needs the 'sentencepiece' package (pip install sentencepiece)" % path)
-        self.sp = spm.SentencePieceProcessor(model_file=path)
+            raise PrepareError("--tokenizer=%s needs the 'sentencepiece' package (pip install sentencepiece)" % path)
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=path)
+        except Exception as e:
+            raise PrepareError("--tokenizer=%s: not a SentencePiece model (%s)" % (path, first_line(e)))
         self.name = os.path.abspath(path)
         self.vocab_size = self.sp.get_piece_size()
         self.eos_id = self.sp.eos_id()
         if self.eos_id < 0:
-            sys.exit("prepare_data: %s: the SentencePiece model has no end-of-sequence id" % path)
+            raise PrepareError("%s: the SentencePiece model has no end-of-sequence id" % path)
 
     def encode(self, text):
         return self.sp.encode(text)
+
+
+def first_line(e):
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
 
 
 def make_tokenizer(spec, eos_token):
     if spec == "byte":
         return ByteTokenizer()
     if not os.path.exists(spec):
-        sys.exit("prepare_data: --tokenizer=%s: file not found (expected 'byte', a tokenizer.json or a .model)" % spec)
+        raise PrepareError("--tokenizer=%s: file not found (expected 'byte', a tokenizer.json or a .model)" % spec)
     if spec.endswith(".json"):
         return HFTokenizer(spec, eos_token)
     return SentencePieceTokenizer(spec)
@@ -88,9 +122,12 @@ class TokenFileWriter:
     """Writes one token file: placeholder header, tokens as they come, then the
     document index and the real header."""
 
+    open_writers = set()  # writers whose .tmp exists: abort_all() removes them
+
     def __init__(self, path, token_bytes, vocab_size):
         self.path, self.tmp = path, path + ".tmp"
         self.f = open(self.tmp, "wb")
+        TokenFileWriter.open_writers.add(self)
         self.f.write(b"\0" * HEADER_BYTES)
         self.fmt = "<%d" + ("H" if token_bytes == 2 else "I")
         self.token_bytes, self.vocab_size = token_bytes, vocab_size
@@ -111,6 +148,31 @@ class TokenFileWriter:
                                          len(self.doc_starts) - 1, self.vocab_size))
         self.f.close()
         os.replace(self.tmp, self.path)
+        TokenFileWriter.open_writers.discard(self)
+
+    def abort(self):
+        """Closes and removes the temporary file: a failed run leaves no partial output."""
+        try:
+            self.f.close()
+        except OSError:
+            pass
+        try:
+            os.remove(self.tmp)
+        except FileNotFoundError:
+            pass
+        TokenFileWriter.open_writers.discard(self)
+
+    @classmethod
+    def abort_all(cls):
+        for w in list(cls.open_writers):
+            w.abort()
+
+
+def write_json(path, obj, **kw):
+    """path, replaced atomically (a failure leaves the old file, or none, never half)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, **kw)
+    os.replace(path + ".tmp", path)
 
 
 def read_token_file(path):
@@ -129,14 +191,30 @@ def read_token_file(path):
 
 def open_text(path):
     if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    return open(path, "r", encoding="utf-8", errors="replace")
+        return gzip.open(path, "rt", encoding="utf-8", errors="prepare_data_count")
+    return open(path, "r", encoding="utf-8", errors="prepare_data_count")
 
 
-def iter_file_documents(path, fmt, text_key, doc_sep, on_error, progress, bad):
+def iter_file_documents(path, fmt, text_key, doc_sep, on_error, progress, bad, warn=True):
     """Yields (text, line) per document of one file, streaming line by line. A JSONL
     line that is not an object with a `text_key` string stops the run with file:line
-    (on_error == "fatal") or is skipped and recorded in `bad`."""
+    (on_error == "fatal") or is skipped and recorded in `bad`. An unreadable or corrupt
+    file is a PrepareError; bytes that are not UTF-8 are replaced, with a warning."""
+    _bad_utf8[0] = 0
+    try:
+        yield from _file_documents(path, fmt, text_key, doc_sep, on_error, progress, bad)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise PrepareError("%s: corrupt or truncated gzip file (%s)" % (path, type(e).__name__))
+    except UnicodeError as e:
+        raise PrepareError("%s: cannot decode (%s)" % (path, type(e).__name__))
+    except OSError as e:
+        raise PrepareError("%s: cannot read (%s)" % (path, e.strerror or type(e).__name__))
+    if warn and _bad_utf8[0]:
+        sys.stderr.write("prepare_data: warning: %s: %d byte(s) are not valid UTF-8 (each replaced by U+FFFD); "
+                         "is it a text file?\n" % (path, _bad_utf8[0]))
+
+
+def _file_documents(path, fmt, text_key, doc_sep, on_error, progress, bad):
     plain = path[:-3] if path.endswith(".gz") else path
     is_jsonl = fmt == "jsonl" or (fmt == "auto" and (plain.endswith(".jsonl") or plain.endswith(".json")))
     with open_text(path) as f:
@@ -152,7 +230,7 @@ def iter_file_documents(path, fmt, text_key, doc_sep, on_error, progress, bad):
                 except (json.JSONDecodeError, KeyError, TypeError) as e:
                     where = "%s:%d: not a JSON object with a '%s' string (%s)" % (path, lineno, text_key, e)
                     if on_error == "fatal":
-                        sys.exit("prepare_data: " + where + "; --on_error=skip to skip such lines")
+                        raise PrepareError(where + "; --on_error=skip to skip such lines")
                     bad.append(where)
                     continue
                 yield text, lineno
@@ -215,14 +293,14 @@ class Quiet:
         pass
 
 
-def file_documents(path, args, progress, bad):
-    return iter_file_documents(path, args.format, args.text_key, args.doc_sep, args.on_error, progress, bad)
+def file_documents(path, args, progress, bad, warn=True):
+    return iter_file_documents(path, args.format, args.text_key, args.doc_sep, args.on_error, progress, bad, warn)
 
 
 def count_documents(job):
     """Pass 1 of sharded mode: documents per file (no tokenizing)."""
     path, args = job
-    return sum(1 for _ in file_documents(path, args, Quiet(), []))
+    return sum(1 for _ in file_documents(path, args, Quiet(), [], warn=False))
 
 
 _worker_tok = None
@@ -256,18 +334,20 @@ def make_shard(job):
     val = TokenFileWriter(val_path, token_bytes, tok.vocab_size)
     bad = []
     k = offset
-    for text, _ in file_documents(path, args, Quiet(), bad):
-        ids = tok.encode(text) + [tok.eos_id]
-        (val if is_validation(k, args.val_fraction) else train).add_doc(ids)
-        k += 1
-    train.close()
-    val.close()
+    try:
+        for text, _ in file_documents(path, args, Quiet(), bad):
+            ids = tok.encode(text) + [tok.eos_id]
+            (val if is_validation(k, args.val_fraction) else train).add_doc(ids)
+            k += 1
+        train.close()
+        val.close()
+    except BaseException:
+        TokenFileWriter.abort_all()
+        raise
     rec = dict(input_stamp(path), offset=offset, documents=k - offset,
                train={"tokens": train.n, "documents": len(train.doc_starts) - 1},
                val={"tokens": val.n, "documents": len(val.doc_starts) - 1}, bad_lines=bad)
-    with open(done + ".tmp", "w") as f:
-        json.dump(rec, f)
-    os.replace(done + ".tmp", done)
+    write_json(done, rec)
     return i, rec
 
 
@@ -289,11 +369,13 @@ def is_done(i, path, offset, args):
 def run_sharded(paths, args, tok):
     """One shard per input file under OUT/{train,val}/, in parallel over --workers,
     resumable: a shard whose done-marker matches its input is not redone."""
-    for sub in ("train", "val", ".done"):
-        os.makedirs(os.path.join(args.out, sub), exist_ok=True)
     t0 = time.time()
     with multiprocessing.Pool(args.workers) as pool:
         counts = pool.map(count_documents, [(p, args) for p in paths])
+    if sum(counts) == 0:
+        raise PrepareError("no documents in %s (empty, or only whitespace)" % ", ".join(paths))
+    for sub in ("train", "val", ".done"):
+        os.makedirs(os.path.join(args.out, sub), exist_ok=True)
     offsets = [sum(counts[:i]) for i in range(len(paths))]
     records = {}
     todo = []
@@ -322,16 +404,15 @@ def run_sharded(paths, args, tok):
         shards = [{"file": "shard_%05d.tok" % i, "tokens": records[i][split]["tokens"],
                    "documents": records[i][split]["documents"], "input": records[i]["input"]}
                   for i in range(len(paths))]
-        with open(os.path.join(args.out, split, "index.json"), "w") as f:
-            json.dump({"shards": shards, "tokens": sum(s["tokens"] for s in shards),
-                       "documents": sum(s["documents"] for s in shards), "vocab_size": tok.vocab_size}, f, indent=1)
+        write_json(os.path.join(args.out, split, "index.json"),
+                   {"shards": shards, "tokens": sum(s["tokens"] for s in shards),
+                    "documents": sum(s["documents"] for s in shards), "vocab_size": tok.vocab_size}, indent=1)
     manifest = {"tokenizer": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
                 "inputs": [os.path.abspath(p) for p in paths], "shards": len(paths),
                 "train": {"index": os.path.abspath(os.path.join(args.out, "train", "index.json"))},
                 "val": {"index": os.path.abspath(os.path.join(args.out, "val", "index.json"))},
                 "skipped_lines": bad}
-    with open(os.path.join(args.out, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=2)
+    write_json(os.path.join(args.out, "manifest.json"), manifest, indent=2)
     report_bad(bad)
     print("prepare_data: %d shards, %d documents -> %s/{train,val}/index.json (use as --data)" % (
         len(paths), sum(counts), args.out))
@@ -342,7 +423,7 @@ def report_bad(bad):
         sys.stderr.write("prepare_data: skipped %d bad line(s), first: %s\n" % (len(bad), "; ".join(bad[:3])))
 
 
-def main(argv=None):
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--input", nargs="+", required=True, help="text, JSONL or .gz files")
     ap.add_argument("--out", required=True,
@@ -362,11 +443,22 @@ def main(argv=None):
                     help="processes for --shards")
     ap.add_argument("--no_progress", action="store_true")
     args = ap.parse_args(argv)
+    if args.workers < 1:
+        raise PrepareError("--workers must be >= 1, got %d" % args.workers)
+    if not (math.isfinite(args.val_fraction) and 0 <= args.val_fraction < 1):
+        raise PrepareError("--val_fraction must be in [0, 1), got %s" % args.val_fraction)
+    return args
+
+
+def run(argv):
+    args = parse_args(argv)
 
     paths = []
     for p in args.input:
         if not os.path.isfile(p):
-            sys.exit("prepare_data: --input %s: not a file" % p)
+            raise PrepareError("--input %s: not a file" % p)
+        if not os.access(p, os.R_OK):
+            raise PrepareError("--input %s: not readable (permission denied)" % p)
         paths.append(p)
     tok = make_tokenizer(args.tokenizer, args.eos_token)
     if args.shards:
@@ -386,6 +478,8 @@ def main(argv=None):
             progress.docs += 1
             progress.tokens += len(ids)
             i += 1
+    if i == 0:
+        raise PrepareError("no documents in %s (empty, or only whitespace)" % ", ".join(paths))
     train.close()
     val.close()
     if progress.enabled:
@@ -397,11 +491,37 @@ def main(argv=None):
         "val": {"path": os.path.abspath(val.path), "tokens": val.n, "documents": len(val.doc_starts) - 1},
         "skipped_lines": bad,
     }
-    with open(args.out + ".json", "w") as f:
-        json.dump(manifest, f, indent=2)
+    write_json(args.out + ".json", manifest, indent=2)
     report_bad(bad)
     print("prepare_data: %d documents, %d train tokens, %d validation tokens, vocabulary %d -> %s.{train,val}.tok"
           % (progress.docs, train.n, val.n, tok.vocab_size, args.out))
+
+
+def remove_partial_shards(argv):
+    """After a failed --shards run: the temporary files its workers left (killed when
+    the pool stopped). Only names this script writes, in its own output directory."""
+    try:
+        out = parse_args(argv).out
+    except (PrepareError, SystemExit):
+        return
+    for pattern in ("train/shard_*.tok.tmp", "val/shard_*.tok.tmp", ".done/shard_*.json.tmp", "*/index.json.tmp",
+                    "manifest.json.tmp"):
+        for p in glob.glob(os.path.join(glob.escape(out), pattern)):
+            os.remove(p)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        run(argv)
+    except (PrepareError, OSError, KeyboardInterrupt) as e:
+        TokenFileWriter.abort_all()
+        remove_partial_shards(argv)
+        if isinstance(e, KeyboardInterrupt):
+            sys.exit("prepare_data: interrupted")
+        if isinstance(e, OSError):  # writing the output: a full disk, a read-only directory
+            sys.exit("prepare_data: %s%s" % (e.strerror or type(e).__name__, ": %s" % e.filename if e.filename else ""))
+        sys.exit("prepare_data: " + str(e))
 
 
 if __name__ == "__main__":
