@@ -5,6 +5,8 @@
 # hosts.txt: one node per line ("node01 slots=8"). GPUS_PER_NODE ranks start on each
 # node, each bound to its GPU by launch/bind_rank.sh; the run resumes from the newest
 # checkpoint in OUT_DIR, which must be on a filesystem every node sees.
+# SIGTERM to this script reaches the ranks as SIGUSR1: they finish the step, save and
+# exit (docs/cluster.md: mpirun itself would kill them 1 s after a SIGTERM).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLAGFILE=${1:?usage: mpirun_multinode.sh FLAGFILE [extra lns_train flags]}
@@ -31,4 +33,15 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   done
   exit 0
 fi
-exec "${MPI[@]}"
+# Open MPI's mpirun answers SIGTERM by killing the job (SIGTERM to every rank, SIGKILL
+# odls_base_sigkill_timeout = 1 s later, exit status 1): too soon for a step and a save.
+# SIGUSR1 it forwards to every rank and then exits with the ranks' status.
+"${MPI[@]}" &
+pid=$!
+trap 'echo "mpirun_multinode: SIGTERM: asking every rank to save and stop (SIGUSR1 to mpirun)" >&2; kill -USR1 "$pid"' TERM
+while :; do
+  status=0
+  wait "$pid" || status=$?
+  kill -0 "$pid" 2>/dev/null || break  # still running: wait was interrupted by the trap
+done
+exit "$status"

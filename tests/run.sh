@@ -13,6 +13,12 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)"
 
+# ---- sanitizers: the file-format tests under ASan/UBSan (build-asan/) --------------
+# LNS_SANITIZE=OFF skips this part.
+if [ "${LNS_SANITIZE:-ON}" != "OFF" ]; then
+  bash tests/sanitize.sh
+fi
+
 # The CUDA backend (-DLNS_CUDA=ON), built wherever the toolkit is so that it never
 # rots, then its `gpu` tests: they run on a machine with a GPU and report "skipped"
 # (with the reason) on one without. LNS_CUDA=OFF skips this part; LNS_CUDA=ON makes a

@@ -234,7 +234,7 @@ TEST(TokenFile, HostileCountsAreRefused) {
   const std::string dir = tmp("tok_index");
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   write_token_file(tmp("outside.tok"), {1, 2, 3}, {0, 3}, 2, 10);
-  for (const std::string bad : std::vector<std::string>{"../" + fs_name(tmp("outside.tok")), "/etc/passwd", ".."}) {
+  for (const std::string& bad : std::vector<std::string>{"../" + fs_name(tmp("outside.tok")), "/etc/passwd", ".."}) {
     std::ofstream(dir + "/index.json") << R"({"shards": [{"file": ")" << bad << R"("}]})";
     EXPECT_NE(user_error([&] { TokenCorpus::open(dir + "/index.json"); })
                   .find("index.json: shards[0].file: '" + bad + "' is not a plain file name"),

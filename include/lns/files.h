@@ -39,6 +39,26 @@ std::string read_file(const std::string& path, uint64_t max_bytes, const std::st
 nlohmann::json parse_json_file(const std::string& path, uint64_t max_bytes, const std::string& what);
 nlohmann::json parse_json_text(std::string_view text, const std::string& path);
 
+// A read-only memory map of a whole file, followed by an inaccessible guard page: a
+// read past the end faults at once instead of returning the bytes of whatever mapping
+// happens to follow (so a missed bounds check cannot go unnoticed, in the fuzz tests
+// or in use). UserError naming the file (`what` says what it should be).
+class MappedFile {
+ public:
+  MappedFile(const std::string& path, const std::string& what);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void* base_ = nullptr;  // the reservation: file pages + guard page
+  size_t reserved_ = 0;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 // `s` for an error message: control and non-ASCII bytes escaped as \xNN, at most
 // max_chars characters ("..." appended when cut). Names read from hostile files go
 // through this so an error stays one printable line.

@@ -7,12 +7,15 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "lns/tensor.h"
 
 namespace lns {
+
+class MappedFile;
 
 // A header longer than this is refused (real ones are kilobytes to a few megabytes).
 constexpr uint64_t kMaxSafetensorsHeaderBytes = uint64_t{100} << 20;
@@ -49,8 +52,7 @@ class SafetensorsReader {
 
  private:
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_size_ = 0;
+  std::unique_ptr<MappedFile> file_;
   const uint8_t* data_ = nullptr;
   std::map<std::string, SafetensorEntry> entries_;
   std::map<std::string, std::string> metadata_;

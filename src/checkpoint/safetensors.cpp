@@ -36,35 +36,20 @@ int64_t SafetensorEntry::numel() const {
   return n;
 }
 
-SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, ": cannot open safetensors file: ", std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, ": not a safetensors file (not a regular file)");
-  }
-  map_size_ = static_cast<size_t>(st.st_size);
-  if (map_size_ < 8) {
-    ::close(fd);
-    fail(path, ": not a safetensors file (", map_size_, " bytes, shorter than the 8-byte header)");
-  }
-  map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    fail(path, ": cannot map file: ", std::strerror(errno));
-  }
-  const auto* bytes = static_cast<const uint8_t*>(map_);
+SafetensorsReader::SafetensorsReader(const std::string& path)
+    : path_(path), file_(std::make_unique<MappedFile>(path, "safetensors file")) {
+  const size_t size = file_->size();
+  if (size < 8) fail(path, ": not a safetensors file (", size, " bytes, shorter than the 8-byte header)");
+  const uint8_t* bytes = file_->data();
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes, 8);  // little-endian host (x86-64, aarch64)
-  if (header_len > map_size_ - 8 || header_len > kMaxSafetensorsHeaderBytes)
+  if (header_len > size - 8 || header_len > kMaxSafetensorsHeaderBytes)
     fail(path, ": not a safetensors file (header length ", header_len, " exceeds ",
-         header_len > map_size_ - 8 ? absl::StrCat("the file size ", map_size_)
+         header_len > size - 8 ? absl::StrCat("the file size ", size)
                                     : absl::StrCat("the limit of ", kMaxSafetensorsHeaderBytes, " bytes"),
          ")");
   data_ = bytes + 8 + header_len;
-  const uint64_t data_size = map_size_ - 8 - header_len;
+  const uint64_t data_size = size - 8 - header_len;
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
@@ -102,9 +87,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   }
 }
 
-SafetensorsReader::~SafetensorsReader() {
-  if (map_) ::munmap(map_, map_size_);
-}
+SafetensorsReader::~SafetensorsReader() = default;
 
 const SafetensorEntry* SafetensorsReader::find(const std::string& name) const {
   auto it = entries_.find(name);

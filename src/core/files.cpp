@@ -1,6 +1,7 @@
 #include "lns/files.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -106,6 +107,36 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& path) {
 
 nlohmann::json parse_json_file(const std::string& path, uint64_t max_bytes, const std::string& what) {
   return parse_json_text(read_file(path, max_bytes, what), path);
+}
+
+MappedFile::MappedFile(const std::string& path, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, ": cannot open ", what, ": ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, ": not a ", what, " (not a regular file)");
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  reserved_ = (size_ + page - 1) / page * page + page;
+  // Reserve the file's pages and one more, inaccessible; map the file over the start.
+  base_ = ::mmap(nullptr, reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* file = base_ == MAP_FAILED || size_ == 0
+                   ? base_
+                   : ::mmap(base_, size_, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (base_ == MAP_FAILED || file == MAP_FAILED) {
+    if (base_ != MAP_FAILED) ::munmap(base_, reserved_);
+    base_ = nullptr;
+    fail(path, ": cannot map ", what, ": ", std::strerror(err));
+  }
+  data_ = static_cast<const uint8_t*>(base_);
+}
+
+MappedFile::~MappedFile() {
+  if (base_) ::munmap(base_, reserved_);
 }
 
 std::string printable(std::string_view s, size_t max_chars) {

@@ -28,36 +28,6 @@ constexpr size_t kHeaderBytes = 64;
 constexpr char kMegatronMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
 constexpr uint64_t kMaxTokens = uint64_t{1} << 40;
 
-// A read-only memory map of a whole file; UserError naming the file on failure.
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY);
-    if (fd < 0) fail(path, ": cannot open data file: ", std::strerror(errno));
-    struct stat st {};
-    ::fstat(fd, &st);
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) {
-        ::close(fd);
-        fail(path, ": cannot map data file: ", std::strerror(errno));
-      }
-      data_ = static_cast<const uint8_t*>(p);
-    }
-    ::close(fd);
-  }
-  ~MappedFile() {
-    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
-  }
-  const uint8_t* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
-  const uint8_t* data_ = nullptr;
-  size_t size_ = 0;
-};
-
 template <typename T>
 T load(const uint8_t* p) {
   T v;
@@ -73,7 +43,7 @@ bool file_exists(const std::string& p) {
 // Our format (docs/data.md): 64-byte header, tokens, padding to 8, doc offsets.
 class LnsTokenFile : public TokenCorpus {
  public:
-  explicit LnsTokenFile(const std::string& path) : file_(path) {
+  explicit LnsTokenFile(const std::string& path) : file_(path, "data file") {
     path_ = path;
     const uint8_t* p = file_.data();
     if (file_.size() < kHeaderBytes || std::memcmp(p, kMagic, 8) != 0)
@@ -118,7 +88,8 @@ class LnsTokenFile : public TokenCorpus {
 // pointers[S], i64 doc_idx[D] (sequence index where each document starts, then S).
 class MegatronCorpus : public TokenCorpus {
  public:
-  explicit MegatronCorpus(const std::string& prefix) : idx_(prefix + ".idx"), bin_(prefix + ".bin") {
+  explicit MegatronCorpus(const std::string& prefix)
+      : idx_(prefix + ".idx", "Megatron index"), bin_(prefix + ".bin", "Megatron data file") {
     path_ = prefix;
     const std::string ip = prefix + ".idx";
     const uint8_t* p = idx_.data();
