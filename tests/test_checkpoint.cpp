@@ -124,5 +124,46 @@ TEST(Checkpoint, ConfigThatContradictsTheFlagsIsNamed) {
             dir + "/manifest.json: the checkpoint's norm_scheme is \"lns\" but the flags say \"pre\"");
 }
 
+// --keep_checkpoints removes only older complete checkpoints that hold nothing but
+// their own files; a leftover .tmp of this step is removed only when it holds nothing
+// but what a save writes. Nothing else is ever deleted.
+TEST(Checkpoint, PruningAndCleanupDeleteOnlyTheirOwnFiles) {
+  const std::string out = fresh_dir("prune");
+  TrainConfig t = run_config(out);
+  t.keep_checkpoints = 2;
+  Trainer a(small(), t);
+  const std::string ck = out + "/checkpoints";
+  a.train_step();
+  a.save_checkpoint();  // step 1
+  std::ofstream(ck + "/step_0000001/notes.txt") << "mine";
+  a.train_step();
+  a.save_checkpoint();  // step 2
+  a.train_step();
+  a.save_checkpoint();  // step 3: step 1 would go, but it holds notes.txt
+  EXPECT_TRUE(fs::exists(ck + "/step_0000001/notes.txt"));
+  EXPECT_TRUE(fs::exists(ck + "/step_0000001/manifest.json"));
+  fs::remove(ck + "/step_0000001/notes.txt");
+  a.train_step();
+  a.save_checkpoint();  // step 4: steps 1 and 2 go, 3 and 4 stay
+  EXPECT_FALSE(fs::exists(ck + "/step_0000001"));
+  EXPECT_FALSE(fs::exists(ck + "/step_0000002"));
+  EXPECT_TRUE(fs::exists(ck + "/step_0000003/manifest.json"));
+  EXPECT_EQ(find_latest_checkpoint(out), ck + "/step_0000004");
+  // A .tmp left by a save of step 5 that died: removed when it holds only a save's files,
+  // refused (naming the stranger) when it holds anything else.
+  fs::create_directories(ck + "/step_0000005.tmp");
+  std::ofstream(ck + "/step_0000005.tmp/rank_00000.safetensors") << "partial";
+  std::ofstream(ck + "/step_0000005.tmp/rank_00000.safetensors.tmp-abc123") << "partial";
+  a.train_step();
+  EXPECT_EQ(a.save_checkpoint(), ck + "/step_0000005");
+  fs::create_directories(ck + "/step_0000006.tmp");
+  std::ofstream(ck + "/step_0000006.tmp/thesis.pdf") << "precious";
+  a.train_step();
+  EXPECT_EQ(error_of([&] { a.save_checkpoint(); }),
+            ck + "/step_0000006.tmp: left over from an interrupted save, but it holds 'thesis.pdf', which a save "
+                 "does not write; move it away and restart");
+  EXPECT_TRUE(fs::exists(ck + "/step_0000006.tmp/thesis.pdf"));
+}
+
 }  // namespace
 }  // namespace lns

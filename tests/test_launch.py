@@ -109,6 +109,39 @@ class Launch(unittest.TestCase):
         for step in range(stopped + 1, 41):
             self.assertEqual(got[step], want[step], "step %d" % step)
 
+    @unittest.skipUnless(TRAIN, "LNS_TRAIN_BIN not set (ctest sets it)")
+    def test_mpirun_launcher_turns_sigterm_into_a_save(self):
+        # mpirun answers SIGTERM by killing the job 1 s later with status 1; the launcher
+        # hands it on as SIGUSR1, which mpirun forwards: every rank saves and the job ends
+        # with --exit_code_on_signal.
+        d = tempfile.mkdtemp()
+        with open(os.path.join(d, "hosts"), "w") as f:
+            f.write("localhost slots=1\n")
+        with open(os.path.join(d, "tiny.flags"), "w") as f:
+            f.write("\n".join(["--vocab_size=64", "--hidden_size=16", "--intermediate_size=24", "--num_layers=2",
+                               "--num_heads=2", "--num_kv_heads=1", "--seq_len=8", "--micro_batch_size=2",
+                               "--global_batch_size=4", "--steps=1000000", "--data=random", "--log_every=1"]) + "\n")
+        out = os.path.join(d, "out")
+        env = dict(os.environ, HOSTFILE=os.path.join(d, "hosts"), GPUS_PER_NODE="1", OUT_DIR=out,
+                   LNS_TRAIN_BIN=TRAIN, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        p = subprocess.Popen(["bash", os.path.join(ROOT, "launch/mpirun_multinode.sh"), os.path.join(d, "tiny.flags"),
+                              "--exit_code_on_signal=75"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        metrics = os.path.join(out, "metrics.jsonl")
+        deadline = time.time() + 60
+        while time.time() < deadline and p.poll() is None and not (os.path.exists(metrics) and os.path.getsize(metrics)):
+            time.sleep(0.02)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 75, err[-2000:])
+        self.assertIn("mpirun_multinode: SIGTERM: asking every rank to save and stop", err)
+        with open(os.path.join(out, "checkpoints", "latest")) as f:
+            latest = f.read().strip()
+        with open(metrics) as f:
+            last = max(json.loads(l)["step"] for l in f)
+        self.assertEqual(latest, "step_%07d" % last)  # saved at the step it stopped
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
