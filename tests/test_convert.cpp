@@ -124,7 +124,9 @@ TEST(Convert, RemoveLayersEqualsSkippingBlocks) {
     // Depth, not position: kept layer 1 sits at position 1 < post_layers = 2 but was
     // trained at depth 2, so Mix-LN keeps it Pre-LN, and LNS keeps its 1/sqrt(3).
     EXPECT_EQ(block_plan(removed.config(), 1).effective, s == NormScheme::Mix ? NormScheme::Pre : NormScheme::LNS);
-    if (s == NormScheme::LNS) EXPECT_FLOAT_EQ(block_plan(removed.config(), 1).attn.pre_scale, 1.0f / std::sqrt(3.0f));
+    if (s == NormScheme::LNS) {
+      EXPECT_FLOAT_EQ(block_plan(removed.config(), 1).attn.pre_scale, 1.0f / std::sqrt(3.0f));
+    }
   }
 }
 
