@@ -160,7 +160,7 @@ int run() {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("lns_train --flagfile=configs/tiny_lns.flags [--flag=value ...]");
-  for (int i = 0; i < argc; ++i) lns::g_command_line += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 0; i < argc; ++i) absl::StrAppend(&lns::g_command_line, i ? " " : "", argv[i]);
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   if (!FLAGS_out_dir.empty()) {  // every rank's log also goes to OUT_DIR/logs/
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
   int code = 0;
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const std::string rank_note = world > 1 ? " (rank " + std::to_string(lns::world_rank()) + ")" : "";
+  const std::string rank_note = world > 1 ? absl::StrCat(" (rank ", lns::world_rank(), ")") : "";
   try {
     code = lns::run();
   } catch (const lns::CollectiveError& e) {

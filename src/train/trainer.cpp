@@ -295,7 +295,8 @@ void Trainer::check_finite_state() {
           ? absl::StrCat("--adam_eps=", cfg_.adam.eps, " is too small (AdamW divides by sqrt(v) + eps)")
           : absl::StrCat("--lr=", cfg_.lr, " too large for this model, or data that drives the loss to extremes");
   throw CollectiveError(absl::StrCat(
-      "step ", optim_->steps_taken(), " left non-finite training state (", where.empty() ? "on another rank" : where,
+      "step ", optim_->steps_taken(), " left non-finite training state (",
+      where.empty() ? "a weight or moment on another rank" : where,
       " holds inf or NaN); nothing was saved and checkpoints/latest still names the last good checkpoint. ",
       "Likely cause: ", cause));
 }
