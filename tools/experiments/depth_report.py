@@ -246,7 +246,7 @@ def plots(report, out_dir):
                                        ("variance", "variance", "residual variance after the block", True)):
         fig, axes = plt.subplots(1, max(1, len(depths)), figsize=(4 * max(1, len(depths)), 3.4), squeeze=False)
         for ax, L in zip(axes[0], depths):
-            for c in shared:
+            for c in sorted(shared, key=lambda c: c["scheme"] != "pre"):  # pre first
                 if c["layers"] == L and c["scheme"] in ("pre", "lns"):
                     ax.plot(range(L), c[metric], marker=".", color=colors[c["scheme"]],
                             label="%s (n=%d)" % (c["scheme"], c["n"]))
