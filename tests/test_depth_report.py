@@ -92,6 +92,15 @@ class DepthReportTest(unittest.TestCase):
         self.assertAlmostEqual(mix["diff"], 0.05, places=12)
         self.assertAlmostEqual(mix["se"], math.sqrt(0.01 / 3 + 0.02 / 2), places=12)
         self.assertFalse(mix["beyond_spread"])  # [5.05, 5.25] overlaps [5.0, 5.2]
+        # paired by seed: lns - pre = -0.2, -0.3, -0.4; mix - pre = +0.05, +0.05
+        self.assertEqual(lns["paired"]["n"], 3)
+        self.assertAlmostEqual(lns["paired"]["mean"], -0.3, places=12)
+        self.assertAlmostEqual(lns["paired"]["std"], 0.1, places=12)
+        self.assertTrue(lns["paired"]["same_sign"])
+        self.assertEqual(mix["paired"]["n"], 2)
+        self.assertAlmostEqual(mix["paired"]["mean"], 0.05, places=12)
+        self.assertAlmostEqual(mix["paired"]["std"], 0.0, places=12)
+        self.assertTrue(mix["paired"]["same_sign"])  # consistent by seed though the ranges overlap
         self.assertNotIn(self.cells[("lns", 4e-3)]["name"], by)  # no Pre-LN at that learning rate
 
     def test_per_block(self):
@@ -119,7 +128,8 @@ class DepthReportTest(unittest.TestCase):
 
     def test_doc_tables(self):
         md = depth_doc.tables(self.report, missing=["L06_x"], projected_s=7200)
-        self.assertIn("| 4 | 5.1000 +- 0.1000 (3) | 4.8000 +- 0.1000 (3) | -0.3000 | 0.0816 | yes |", md)
+        self.assertIn("| 4 | 5.1000 +- 0.1000 (3) | 4.8000 +- 0.1000 (3) | -0.3000 | 0.0816 | yes | "
+                      "-0.3000 +- 0.1000, all 3 same sign | 164.0 | 121.5 | x5.00 | x2.00 | 20.00 | 10.00 |", md)
         self.assertIn("| post | diverged (1) |", md)
         self.assertIn("Best learning rate of those tried: lns 0.004 (loss 4.7500, 1 seed)", md)
         self.assertIn("Projected time for them at the measured rate: 2.0 h.", md)

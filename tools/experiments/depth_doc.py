@@ -61,6 +61,14 @@ def diff_cells(cmp):
     return "%+.4f" % cmp["diff"], se, beyond
 
 
+def paired_cell(cmp):
+    """Per-seed differences: '-0.0700 +- 0.0100, all 3 same sign'."""
+    p = (cmp or {}).get("paired")
+    if not p or p["n"] < 2:
+        return "-"
+    return "%+.4f +- %.4f, %s" % (p["mean"], p["std"], "all %d same sign" % p["n"] if p["same_sign"] else "mixed signs")
+
+
 def fmt(x, spec):
     return spec % x if x is not None else "-"
 
@@ -73,16 +81,17 @@ def tables(report, missing=None, projected_s=None):
                      and c["steps"] == STEPS and close(c["embed_std"], EMB)})
     w("### Depth, shared learning rate %g, %d steps\n" % (SHARED_LR, STEPS))
     w("Validation loss: mean +- sample std over seeds (seeds). Difference = LNS - Pre-LN; "
-      "\"beyond spread\": the seed ranges do not overlap.\n")
-    w("| blocks | pre | lns | lns - pre | std error | beyond spread | ppl pre | ppl lns |"
+      "\"beyond spread\": the seed ranges do not overlap; paired: the per-seed differences.\n")
+    w("| blocks | pre | lns | lns - pre | std error | beyond spread | paired by seed | ppl pre | ppl lns |"
       " variance growth pre | lns | skip cost deep half pre (%) | lns |")
-    w("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for L in depths:
         p, l = find(cells, L, "pre"), find(cells, L, "lns")
-        d, se, beyond = diff_cells(comparison(report, p, l))
+        cmp = comparison(report, p, l)
+        d, se, beyond = diff_cells(cmp)
         g = lambda c, k, spec: fmt(c.get(k), spec) if c and c["n"] else "-"
-        w("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            L, loss_cell(p), loss_cell(l), d, se, beyond, g(p, "ppl", "%.1f"), g(l, "ppl", "%.1f"),
+        w("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            L, loss_cell(p), loss_cell(l), d, se, beyond, paired_cell(cmp), g(p, "ppl", "%.1f"), g(l, "ppl", "%.1f"),
             g(p, "variance_growth", "x%.2f"), g(l, "variance_growth", "x%.2f"),
             g(p, "drop_deep_half", "%.2f"), g(l, "drop_deep_half", "%.2f")))
     w("")

@@ -17,7 +17,9 @@ lns_train) and writes one JSON report:
 - comparisons: LNS against Pre-LN (and each other scheme against Pre-LN) in the same
   configuration: difference of mean losses, its standard error
   sqrt(s_a^2/n_a + s_b^2/n_b), and whether it exceeds the spread: the two seed ranges
-  [min, max] do not overlap (needs >= 2 seeds on each side).
+  [min, max] do not overlap (needs >= 2 seeds on each side); and paired by seed (same
+  initial shared weights, same batches): mean and std of the per-seed differences and
+  whether they all have the same sign.
 - best_lr: per (blocks, scheme, steps, embedding std), the learning rate of the lowest
   mean loss among those tried.
 
@@ -177,6 +179,13 @@ def compare(a, b):
     else:
         out["se"] = None
         out["beyond_spread"] = None  # one seed: no spread to compare against
+    # Paired by seed (same initialisation of the shared weights, same batches): the
+    # per-seed differences, and whether they all have the same sign.
+    la, lb = dict(zip(a["seeds"], a["losses"])), dict(zip(b["seeds"], b["losses"]))
+    d = [lb[s] - la[s] for s in sorted(set(la) & set(lb))]
+    if d:
+        out["paired"] = dict(n=len(d), mean=mean(d), std=sample_std(d),
+                             same_sign=len(d) > 1 and (all(x < 0 for x in d) or all(x > 0 for x in d)))
     return out
 
 
