@@ -30,17 +30,17 @@ bool gap_counted(int64_t from, int64_t to, const ParamSet& params) {
 
 GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool zero,
                            double bucket_mb)
-    : grid_(grid), params_(params), tied_(tied), zero_(zero && grid.dp > 1),
+    : grid_(grid), params_(params), tied_(tied), zero_(zero && grid.layout.dp > 1),
       bucket_floats_(std::max<int64_t>(1024, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4))) {
-  const ShardRange s = shard_range(params.numel(), grid.dp, grid.dp_rank);
+  const ShardRange s = grid.layout.zero_shard(params.numel(), grid.coords.dp);
   begin_ = s.begin;
-  end_ = s.begin + s.valid;
+  end_ = s.end();
   shard_size_ = s.size;
   // The counted parameters within this rank's share, merged into runs of adjacent
   // tensors: one reduction (one GPU synchronisation) per run instead of per tensor.
   // Gaps between tensors of a run are alignment padding, whose gradients are zero.
   for (const ParamInfo& p : params.infos()) {
-    if ((p.replicated() && grid.tp_rank != 0) || p.tied_copy) continue;
+    if (!p.counted_on(grid.coords.tp)) continue;
     const int64_t lo = std::max<int64_t>(begin_, p.offset), hi = std::min<int64_t>(end_, p.offset + p.shape.numel());
     if (lo >= hi) continue;
     if (!norm_ranges_.empty() && norm_ranges_.back().second <= lo && !gap_counted(norm_ranges_.back().second, lo, params))
@@ -48,24 +48,24 @@ GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool 
     else
       norm_ranges_.push_back({lo, hi});
   }
-  if (tied && grid.pp > 1 && (grid.first_stage() || grid.last_stage())) {
+  if (tied && grid.layout.pp > 1 && (grid.first_stage() || grid.last_stage())) {
     const int i = params.find("model.embed_tokens.weight");
     if (i >= 0) hold_lo_ = params.info(i).offset, hold_hi_ = hold_lo_ + params.info(i).shape.numel();
   }
   if (zero_) {
-    padded_ = OwnedTensor(DType::F32, Shape{shard_size_ * grid.dp}, params.device());
+    padded_ = OwnedTensor(DType::F32, Shape{shard_size_ * grid.layout.dp}, params.device());
     shard_ = OwnedTensor(DType::F32, Shape{shard_size_}, params.device());
   }
 }
 
 void GradientSync::reduce(bool full) {
   // 1. Tied embedding copies on the first and last stage.
-  if (tied_ && grid_.pp > 1 && (grid_.first_stage() || grid_.last_stage())) {
+  if (tied_ && grid_.layout.pp > 1 && (grid_.first_stage() || grid_.last_stage())) {
     const int i = params_.find("model.embed_tokens.weight");
     LNS_CHECK(i >= 0) << "tied embeddings: the first and last stage both hold the embedding";
     grid_.embed_comm().all_reduce(params_.grad(i), ReduceOp::Sum);
   }
-  if (grid_.dp == 1) return;
+  if (grid_.layout.dp == 1) return;
   const Tensor g = params_.flat_grads();
   const int64_t n = params_.numel();
   if (armed_) {  // 2a, overlapped: start what backward has not, then wait for all
@@ -92,7 +92,7 @@ void GradientSync::reduce(bool full) {
 }
 
 void GradientSync::arm_overlap() {
-  if (grid_.dp == 1 || zero_) return;  // ZeRO's reduce-scatter needs the whole buffer
+  if (grid_.layout.dp == 1 || zero_) return;  // ZeRO's reduce-scatter needs the whole buffer
   armed_ = true;
   next_bucket_ = (params_.numel() + bucket_floats_ - 1) / bucket_floats_ - 1;
 }

@@ -117,7 +117,6 @@ class Trainer {
   TrainConfig cfg_;
   std::unique_ptr<ProcessGrid> own_grid_;
   ProcessGrid* grid_;
-  std::vector<std::pair<int, int>> stage_layers_;
   int num_micro_ = 1;
   LrSchedule schedule_;
   std::unique_ptr<LlamaStage> model_;

@@ -17,10 +17,10 @@
 #include "lns/errors.h"
 #include "lns/files.h"
 #include "lns/json_in.h"
+#include "lns/model_layout.h"
 #include "lns/output_dir.h"
 #include "lns/safetensors.h"
 #include "lns/stage.h"
-#include "parallel/process_grid.h"
 
 namespace fs = std::filesystem;
 
@@ -102,7 +102,7 @@ void prune_checkpoints(const fs::path& root, const std::string& newest, int keep
 }
 
 void write_manifest(const std::string& dir, const std::vector<nlohmann::json>& shards, const LlamaConfig& cfg,
-                    const CheckpointLayout& layout, const RunState& state,
+                    const Layout& layout, const RunState& state,
                     const std::optional<OptimizerRecord>& optim) {
   write_file_atomically(dir + "/manifest.json", make_manifest(shards, cfg, layout, state, optim).dump(1));
   fsync_path(dir);
@@ -130,8 +130,9 @@ uint32_t file_crc32(const std::string& path) {
   return crc;
 }
 
-nlohmann::json write_rank_shard(const std::string& dir, int rank, const ParamSet& params,
-                                const AdamW* optim, const CheckpointLayout& layout) {
+nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, const AdamW* optim,
+                                const Layout& layout, RankCoords at) {
+  const int rank = layout.rank_of(at);
   // This rank's pieces: parameters from dp rank 0 (replicas are equal), moments from
   // every rank that owns an optimizer range (all dp ranks under ZeRO).
   SafetensorsWriter w;
@@ -139,7 +140,7 @@ nlohmann::json write_rank_shard(const std::string& dir, int rank, const ParamSet
   const std::string file = absl::StrFormat("rank_%05d.safetensors", rank);
   for (int i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params.info(i);
-    if (p.tied_copy || (p.replicated() && layout.tp_rank != 0)) continue;
+    if (!p.counted_on(at.tp)) continue;
     const int64_t n = p.shape.numel();
     auto add = [&](const std::string& kind, const float* data, int64_t eb, int64_t ee) {
       const std::string key = absl::StrFormat("%s/%s@%d", kind, p.name, eb);
@@ -149,8 +150,8 @@ nlohmann::json write_rank_shard(const std::string& dir, int rank, const ParamSet
                         {"split_dim", p.split_dim}, {"shard_begin", p.shard_begin},
                         {"shard_valid", p.shard_valid}, {"elem_begin", eb}, {"elem_end", ee}});
     };
-    if (layout.dp_rank == 0) add("param", params.host_param(i).f32(), 0, n);
-    if (optim && (layout.zero || layout.dp_rank == 0)) {
+    if (at.dp == 0) add("param", params.host_param(i).f32(), 0, n);
+    if (optim && (layout.zero || at.dp == 0)) {
       const int64_t lo = std::max<int64_t>(optim->begin(), p.offset),
                     hi = std::min<int64_t>(optim->end(), p.offset + n);
       if (lo < hi) {
@@ -166,8 +167,8 @@ nlohmann::json write_rank_shard(const std::string& dir, int rank, const ParamSet
 }
 
 std::string save_checkpoint(const std::string& out_dir, Communicator& world, const ParamSet& params,
-                            const AdamW& optim, const LlamaConfig& cfg, const CheckpointLayout& layout,
-                            const RunState& state, int keep, int pause_ms) {
+                            const AdamW& optim, const LlamaConfig& cfg, const Layout& layout,
+                            RankCoords at, const RunState& state, int keep, int pause_ms) {
   const fs::path root = fs::path(out_dir) / "checkpoints";
   const std::string name = absl::StrFormat("step_%07d", state.step);
   const std::string final_dir = (root / name).string();
@@ -181,7 +182,7 @@ std::string save_checkpoint(const std::string& out_dir, Communicator& world, con
     if (ec) fail(tmp_dir, ": cannot create: ", ec.message());
   }
   world.barrier();
-  const nlohmann::json mine = write_rank_shard(tmp_dir, world.rank(), params, &optim, layout);
+  const nlohmann::json mine = write_rank_shard(tmp_dir, params, &optim, layout, at);
   if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
   const std::string text = mine.dump();
   const auto all = world.gather_bytes(std::vector<char>(text.begin(), text.end()));
@@ -404,41 +405,34 @@ void load_from_source(const TensorSource& src, ParamSet& params, AdamW* optim) {
 }
 
 std::vector<std::string> write_checkpoint_from_source(const TensorSource& src, const LlamaConfig& cfg,
-                                                      const CheckpointLayout& target,
+                                                      const Layout& target,
                                                       const std::string& pp_layers,
                                                       const RunState& state,
                                                       const AdamWConfig& adam, int64_t optim_steps,
                                                       const std::string& out_dir, bool overwrite) {
-  validate_layout(cfg, target.tp, target.pp);
-  CheckpointLayout layout = target;
-  layout.stage_layers = stage_layer_ranges(cfg.num_layers, target.pp, pp_layers);
+  const Layout layout = layout_for_model(cfg, target, pp_layers);
   StagedDir out(out_dir, "--out", overwrite, checkpoint_inventory, "an lns checkpoint");
   const bool with_optim = src.has(LlamaStage::model_params(cfg).front().name, "exp_avg");
   std::vector<nlohmann::json> shards;
   std::vector<std::string> summary;
-  for (int pr = 0; pr < layout.pp; ++pr)
-    for (int dr = 0; dr < layout.dp; ++dr)
-      for (int tr = 0; tr < layout.tp; ++tr) {
-        layout.tp_rank = tr, layout.dp_rank = dr, layout.pp_rank = pr;
-        const int rank = tr + dr * layout.tp + pr * layout.tp * layout.dp;
-        const auto [first, last] = layout.stage_layers[pr];
-        ParamSet ps = LlamaStage::stage_params(cfg, {first, last, pr == 0, pr == layout.pp - 1},
-                                               {tr, layout.tp, nullptr});
-        ps.finalize();
-        std::unique_ptr<AdamW> optim;
-        if (with_optim) {
-          const ShardRange s = shard_range(ps.numel(), layout.dp, dr);
-          optim = layout.zero ? std::make_unique<AdamW>(ps, adam, s.begin, s.begin + s.valid)
-                              : std::make_unique<AdamW>(ps, adam);
-          optim->set_steps_taken(optim_steps);
-        }
-        load_from_source(src, ps, optim.get());
-        shards.push_back(write_rank_shard(out.path(), rank, ps, optim.get(), layout));
-        summary.push_back(absl::StrFormat("rank %d (tp %d, dp %d, pp %d: layers %d..%d): %s, %d bytes",
-                                          rank, tr, dr, pr, first, last - 1,
-                                          shards.back()["name"].get<std::string>(),
-                                          shards.back()["bytes"].get<int64_t>()));
-      }
+  for (int rank = 0; rank < layout.world_size(); ++rank) {
+    const RankCoords at = layout.coords_of(rank);
+    const StageSpec spec = stage_spec(layout, at.pp);
+    ParamSet ps = LlamaStage::stage_params(cfg, spec, {at.tp, layout.tp, nullptr});
+    ps.finalize();
+    std::unique_ptr<AdamW> optim;
+    if (with_optim) {
+      const ShardRange s = layout.zero_shard(ps.numel(), at.dp);
+      optim = layout.zero ? std::make_unique<AdamW>(ps, adam, s.begin, s.end()) : std::make_unique<AdamW>(ps, adam);
+      optim->set_steps_taken(optim_steps);
+    }
+    load_from_source(src, ps, optim.get());
+    shards.push_back(write_rank_shard(out.path(), ps, optim.get(), layout, at));
+    summary.push_back(absl::StrFormat("rank %d (tp %d, dp %d, pp %d: layers %d..%d): %s, %d bytes", rank, at.tp,
+                                      at.dp, at.pp, spec.first_layer, spec.last_layer - 1,
+                                      shards.back()["name"].get<std::string>(),
+                                      shards.back()["bytes"].get<int64_t>()));
+  }
   std::optional<OptimizerRecord> optim;
   if (with_optim) optim = OptimizerRecord{adam, optim_steps};
   write_manifest(out.path(), shards, cfg, layout, state, optim);
