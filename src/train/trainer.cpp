@@ -14,11 +14,11 @@
 #include "lns/checkpoint.h"
 #include "lns/device.h"
 #include "lns/errors.h"
+#include "lns/gather.h"
 #include "lns/model_layout.h"
 #include "lns/param_io.h"
 #include "lns/run_dir.h"
 #include "lns/safetensors.h"
-#include "parallel/gather.h"
 
 namespace lns {
 namespace {

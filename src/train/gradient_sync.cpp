@@ -1,4 +1,4 @@
-#include "parallel/gradient_sync.h"
+#include "lns/gradient_sync.h"
 
 #include <algorithm>
 #include <cmath>

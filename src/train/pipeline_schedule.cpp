@@ -1,4 +1,4 @@
-#include "parallel/pipeline_schedule.h"
+#include "lns/pipeline_schedule.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "parallel/gather.h"
+#include "lns/gather.h"
 
 #include <cstring>
 
