@@ -47,6 +47,12 @@ std::string save_checkpoint(const std::string& out_dir, Communicator& world, con
 nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, const AdamW* optim,
                                 const Layout& layout, RankCoords at);
 
+// Writes dir/manifest.json (atomically, then syncs the directory) for the rank files
+// described by `shards`.
+void write_manifest(const std::string& dir, const std::vector<nlohmann::json>& shards, const LlamaConfig& cfg,
+                    const Layout& layout, const RunState& state, const std::optional<OptimizerRecord>& optim);
+
+// Resharding (src/checkpoint/reshard.cpp).
 // Writes the whole model from `src` as a checkpoint at out_dir for `layout` (sizes and
 // zero; split by layout_for_model with pp_layers), rank by rank in this process, with
 // optimizer state when the source has it. out_dir must
@@ -80,8 +86,9 @@ class TensorSource {
   virtual std::string where() const = 0;  // for errors
 };
 
-// Fills params (a stage/shard of any layout) from the source's logical tensors, and
-// the optimizer's moments when optim is given and the source has them.
+// Resharding (src/checkpoint/reshard.cpp): fills params (a stage/shard of any layout)
+// from the source's logical tensors, and the optimizer's moments when optim is given
+// and the source has them.
 void load_from_source(const TensorSource& src, ParamSet& params, AdamW* optim);
 
 // A checkpoint opened for reading. Before anything is read: the manifest is validated
