@@ -152,10 +152,7 @@ std::vector<double> block_grad_norms(ProcessGrid& grid, const ParamSet& params,
     const int64_t lo = std::max<int64_t>(sync.shard_begin(), p.offset),
                   hi = std::min<int64_t>(sync.shard_end(), p.offset + p.shape.numel());
     if (lo >= hi) continue;
-    Tensor t = g;
-    t.data = g.f32() + lo;
-    t.shape = Shape{hi - lo};
-    sq[p.layer] += sum_squares(t);
+    sq[p.layer] += sum_squares(g.rows(lo, hi));
   }
   grid.world().all_reduce(sq.data(), num_layers, ReduceOp::Sum);
   for (double& v : sq) v = std::sqrt(v);

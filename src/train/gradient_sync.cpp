@@ -11,13 +11,6 @@
 namespace lns {
 namespace {
 
-Tensor flat_slice(Tensor flat, int64_t begin, int64_t end) {
-  Tensor t = flat;
-  t.data = flat.f32() + begin;
-  t.shape = Shape{end - begin};
-  return t;
-}
-
 // True when [from, to) of the flat buffer overlaps a tensor (not just padding): an
 // uncounted tensor lies between two counted ones, so they cannot be merged.
 bool gap_counted(int64_t from, int64_t to, const ParamSet& params) {
@@ -72,7 +65,7 @@ void GradientSync::reduce(bool full) {
     grads_ready(0);
     for (int64_t k : deferred_) {
       const int64_t b = k * bucket_floats_;
-      grid_.dp_comm().all_reduce_start(flat_slice(g, b, std::min(n, b + bucket_floats_)));
+      grid_.dp_comm().all_reduce_start(g.rows(b, std::min(n, b + bucket_floats_)));
     }
     deferred_.clear();
     grid_.dp_comm().all_reduce_wait();
@@ -81,14 +74,14 @@ void GradientSync::reduce(bool full) {
   }
   if (!zero_ || full) {  // 2a. all-reduce in buckets
     for (int64_t b = 0; b < n; b += bucket_floats_)
-      grid_.dp_comm().all_reduce(flat_slice(g, b, std::min(n, b + bucket_floats_)), ReduceOp::Sum);
+      grid_.dp_comm().all_reduce(g.rows(b, std::min(n, b + bucket_floats_)), ReduceOp::Sum);
     return;
   }
   // 2b. reduce-scatter: this rank receives the sum of its shard.
-  copy_tensor(flat_slice(padded_, 0, n), g);
-  zero_tensor(flat_slice(padded_, n, padded_.t.numel()));
+  copy_tensor(padded_.t.rows(0, n), g);
+  zero_tensor(padded_.t.rows(n, padded_.t.numel()));
   grid_.dp_comm().reduce_scatter(shard_, padded_);
-  copy_tensor(flat_slice(g, begin_, end_), flat_slice(shard_, 0, end_ - begin_));
+  copy_tensor(g.rows(begin_, end_), shard_.t.rows(0, end_ - begin_));
 }
 
 void GradientSync::arm_overlap() {
@@ -108,14 +101,14 @@ void GradientSync::grads_ready(int64_t from) {
     if (b < hold_hi_ && e > hold_lo_)
       deferred_.push_back(next_bucket_);
     else
-      grid_.dp_comm().all_reduce_start(flat_slice(g, b, e));
+      grid_.dp_comm().all_reduce_start(g.rows(b, e));
   }
 }
 
 double GradientSync::global_norm() {
   const Tensor g = params_.flat_grads();
   double sum = 0.0;
-  for (const auto& [lo, hi] : norm_ranges_) sum += sum_squares(flat_slice(g, lo, hi));
+  for (const auto& [lo, hi] : norm_ranges_) sum += sum_squares(g.rows(lo, hi));
   return std::sqrt(grid_.world().all_reduce_sum(sum));
 }
 
@@ -123,7 +116,7 @@ void GradientSync::scale(float f) {
   if (f == 1.0f) return;
   const Tensor g = params_.flat_grads();
   if (zero_)
-    scale_inplace(flat_slice(g, begin_, end_), f);
+    scale_inplace(g.rows(begin_, end_), f);
   else
     scale_inplace(g, f);
 }
@@ -133,9 +126,9 @@ void GradientSync::gather_params() {
   const Tensor p = params_.flat_params();
   const int64_t n = params_.numel();
   zero_tensor(shard_);
-  copy_tensor(flat_slice(shard_, 0, end_ - begin_), flat_slice(p, begin_, end_));
+  copy_tensor(shard_.t.rows(0, end_ - begin_), p.rows(begin_, end_));
   grid_.dp_comm().all_gather(padded_, shard_);
-  copy_tensor(p, flat_slice(padded_, 0, n));
+  copy_tensor(p, padded_.t.rows(0, n));
   params_.refresh_compute();  // CUDA: the bf16 weights of the other ranks' shards
 }
 

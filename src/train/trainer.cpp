@@ -266,8 +266,7 @@ StepStats Trainer::train_step() {
     throw CollectiveError(absl::StrCat("training diverged at step ", optim_->steps_taken() + 1, ": loss ", s.loss,
                                        ", gradient norm ", s.grad_norm, "; nothing was saved. Likely cause: --lr=",
                                        cfg_.lr, " too large (lower it or set --grad_clip), or the data"));
-  if (cfg_.grad_clip > 0 && s.grad_norm > cfg_.grad_clip)
-    sync_->scale(static_cast<float>(cfg_.grad_clip / (s.grad_norm + 1e-6)));
+  sync_->scale(clip_factor(s.grad_norm, cfg_.grad_clip));
   optim_->step(static_cast<float>(s.lr));
   sync_->gather_params();
   device_synchronize(cfg_.device);  // the step's time includes its queued GPU work
