@@ -26,8 +26,9 @@ GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool 
     : grid_(grid), params_(params), tied_(tied), zero_(zero && grid.layout.dp > 1),
       bucket_floats_(std::max<int64_t>(1024, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4))) {
   const ShardRange s = grid.layout.zero_shard(params.numel(), grid.coords.dp);
-  begin_ = s.begin;
-  end_ = s.end();
+  // Clamped: with more dp ranks than elements a share can lie past the buffer's end.
+  begin_ = std::min(s.begin, params.numel());
+  end_ = std::min(s.end(), params.numel());
   shard_size_ = s.size;
   // The counted parameters within this rank's share, merged into runs of adjacent
   // tensors: one reduction (one GPU synchronisation) per run instead of per tensor.
