@@ -94,8 +94,8 @@ void compare_files(const std::string& got_path, const std::string& want_path) {
     EXPECT_LE(err / scale, kTol) << name;
     worst = std::max(worst, err / scale);
   }
-  std::printf("[ layout ] tp=%d pp=%d dp=%d: worst relative error %.2e over %zu tensors\n",
-              g_grid->layout.tp, g_grid->layout.pp, g_grid->layout.dp, worst, want.entries().size());
+  std::printf("[ layout ] %s: worst relative error %.2e over %zu tensors\n", g_grid->layout.brief().c_str(), worst,
+              want.entries().size());
 }
 
 struct Case {
