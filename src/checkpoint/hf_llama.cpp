@@ -24,14 +24,26 @@ void check_hf_exportable(const LlamaConfig& cfg) {
   if (cfg.norm_type != NormType::RMSNorm)
     fail("export-hf: LlamaForCausalLM has RMSNorm only; this model uses --norm_type=layernorm ",
          "(mean subtraction and norm biases would be lost)");
+  if (cfg.norm_scheme == NormScheme::Hybrid) {
+    for (int i = 0; i < cfg.num_layers; ++i) {
+      const NormScheme e = block_plan(cfg, i).effective;
+      if (e != NormScheme::Pre && e != NormScheme::LNS)  // scale_res_pre_norm: learned residual scales
+        fail("export-hf: --norm_scheme=hybrid layer ", i, " is ", norm_scheme_name(e),
+             "; LlamaForCausalLM expresses pre-norm (pre, lns) blocks only");
+    }
+    return;
+  }
   switch (cfg.norm_scheme) {
     case NormScheme::Pre:
     case NormScheme::LNS:
     case NormScheme::ScaledInit:
+    case NormScheme::Hybrid:
       return;
     case NormScheme::Post:
     case NormScheme::Mix:
     case NormScheme::DeepNorm:
+    case NormScheme::DeepPost:
+    case NormScheme::ScalePostPre:
       fail("export-hf: --norm_scheme=", norm_scheme_name(cfg.norm_scheme),
            " normalizes after the residual add (x = N(alpha*x + F(x))), which LlamaForCausalLM ",
            "cannot express; exporting would silently change the model");
@@ -40,6 +52,9 @@ void check_hf_exportable(const LlamaConfig& cfg) {
            "(post_attention_layernorm, post_feedforward_layernorm), which LlamaForCausalLM lacks; ",
            "Gemma 2 has such norms but also scales embeddings and soft-caps logits, so no exact ",
            "format exists");
+    case NormScheme::ScaleResPre:
+      fail("export-hf: --norm_scheme=scale_res_pre_norm multiplies each residual by a learned scale, which ",
+           "LlamaForCausalLM cannot express");
   }
 }
 
@@ -171,10 +186,11 @@ std::vector<std::string> export_hf(const TensorSource& src, const LlamaConfig& c
   SafetensorsWriter w;
   for (const ParamInfo& p : LlamaStage::model_params(cfg)) {
     std::vector<float> t = src.logical(p.name, "param");
-    if (cfg.norm_scheme == NormScheme::LNS && p.layer >= 0 && p.kind == ParamKind::NormGain) {
+    if (p.layer >= 0 && p.kind == ParamKind::NormGain) {
       // y = s * (xhat * g) = xhat * (s * g): the LNS scale of this block's depth moves
-      // into the gain, and the model becomes a plain Pre-LN LLaMA.
-      const float s = lns_scale(cfg.depth_of(p.layer));
+      // into the gain, and the model becomes a plain Pre-LN LLaMA (s = 1 elsewhere;
+      // check_hf_exportable() allows pre-norm blocks only, whose norms share one s).
+      const float s = block_plan(cfg, p.layer).attn.pre_scale;
       for (float& v : t) v *= s;
     }
     w.add_f32(p.name, p.logical.to_vector(), t.data());

@@ -401,7 +401,8 @@ TEST_P(ModelStep, GpuStepMatchesCpuStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schemes, ModelStep,
-                         ::testing::Values(NormScheme::Pre, NormScheme::LNS, NormScheme::Post, NormScheme::Sandwich),
+                         ::testing::Values(NormScheme::Pre, NormScheme::LNS, NormScheme::Post, NormScheme::Sandwich,
+                                           NormScheme::ScaleResPre, NormScheme::Hybrid),
                          [](const auto& info) { return std::string(norm_scheme_name(info.param)); });
 
 TEST(ModelStep, TwoIdenticalGpuStepsAreBitwiseEqual) {
