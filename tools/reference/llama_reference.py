@@ -170,13 +170,14 @@ def weight_shapes(cfg):
             if ln:
                 shapes[p + n + ".bias"] = (C,)
         plan = block_plan(cfg, i)
-        for sub in ("attn", "mlp"):
-            if plan[sub]["res"]:
-                shapes[p + plan[sub]["res"]] = (1,)
+        if plan["attn"]["res"]:  # each residual scale first in its sublayer's module
+            shapes[p + plan["attn"]["res"]] = (1,)
         shapes[p + "self_attn.q_proj.weight"] = (Hq * D, C)
         shapes[p + "self_attn.k_proj.weight"] = (Hkv * D, C)
         shapes[p + "self_attn.v_proj.weight"] = (Hkv * D, C)
         shapes[p + "self_attn.o_proj.weight"] = (C, Hq * D)
+        if plan["mlp"]["res"]:
+            shapes[p + plan["mlp"]["res"]] = (1,)
         shapes[p + "mlp.gate_proj.weight"] = (I, C)
         shapes[p + "mlp.up_proj.weight"] = (I, C)
         shapes[p + "mlp.down_proj.weight"] = (C, I)
