@@ -50,6 +50,22 @@ TEST(LayerSchemes, BadPatternsNameTheFlag) {
   EXPECT_NE(error_of([&] { c.validate(); }).find("but the model has 5"), std::string::npos);
 }
 
+TEST(LayerSchemes, LnsTrainRefusesABadPatternInOneLine) {
+  const std::string model = "--vocab_size=53 --hidden_size=32 --intermediate_size=45 --num_layers=5 "
+                            "--num_heads=4 --num_kv_heads=2 --seq_len=8 --micro_batch_size=2 "
+                            "--global_batch_size=2 --steps=1";
+  const RunResult bad = run_binary(LNS_TRAIN_BIN, model + " --norm_scheme=hybrid --layer_schemes=pre:3,post:3");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.last_line().find("--layer_schemes=pre:3,post:3 describes 6 layers but the model has 5"),
+            std::string::npos)
+      << bad.err;
+  const RunResult stray = run_binary(LNS_TRAIN_BIN, model + " --norm_scheme=pre --layer_schemes=pre:3,post");
+  EXPECT_EQ(stray.code, 1);
+  EXPECT_NE(stray.last_line().find("needs --norm_scheme=hybrid"), std::string::npos) << stray.err;
+  const RunResult ok = run_binary(LNS_TRAIN_BIN, model + " --norm_scheme=hybrid --layer_schemes=pre:3,post,*");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
 std::vector<float> logits_of(const LlamaConfig& cfg, uint64_t seed, std::vector<std::string>* names) {
   const int64_t B = 2, T = 5;
   LlamaStage m(cfg, StageSpec::whole(cfg), B, T);
