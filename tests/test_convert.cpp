@@ -99,7 +99,8 @@ TEST(Convert, FoldedLnsExportComputesTheSameFunction) {
 }
 
 TEST(Convert, RemoveLayersEqualsSkippingBlocks) {
-  for (NormScheme s : {NormScheme::LNS, NormScheme::Mix}) {
+  // hybrid: lns, scale_res_pre_norm, deeppost, sandwich, lns (test_util.h small_model)
+  for (NormScheme s : {NormScheme::LNS, NormScheme::Mix, NormScheme::ScaleResPre, NormScheme::Hybrid}) {
     const Checkpoint ck(trained(s, std::string("rm_") + norm_scheme_name(s)));
     const LlamaConfig old = ck.config();
     const LayerRemoval plan = plan_layer_removal(old, parse_layer_list("1,3", old.num_layers, "--layers"));
@@ -123,7 +124,10 @@ TEST(Convert, RemoveLayersEqualsSkippingBlocks) {
     EXPECT_EQ(std::vector<float>(b.f32(), b.f32() + b.numel()), la) << norm_scheme_name(s);
     // Depth, not position: kept layer 1 sits at position 1 < post_layers = 2 but was
     // trained at depth 2, so Mix-LN keeps it Pre-LN, and LNS keeps its 1/sqrt(3).
-    EXPECT_EQ(block_plan(removed.config(), 1).effective, s == NormScheme::Mix ? NormScheme::Pre : NormScheme::LNS);
+    const NormScheme want = s == NormScheme::Mix      ? NormScheme::Pre
+                            : s == NormScheme::Hybrid ? NormScheme::DeepPost
+                                                      : s;
+    EXPECT_EQ(block_plan(removed.config(), 1).effective, want) << norm_scheme_name(s);
     if (s == NormScheme::LNS) {
       EXPECT_FLOAT_EQ(block_plan(removed.config(), 1).attn.pre_scale, 1.0f / std::sqrt(3.0f));
     }
