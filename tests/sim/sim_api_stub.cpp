@@ -24,7 +24,7 @@ int g_device = 0;
 namespace lns::sim {
 
 void fail(const std::string& message) {
-  std::fprintf(stderr, "lns sim: %s\n", message.c_str());
+  std::fprintf(stderr, "lns-sim: %s\n", message.c_str());
   std::fflush(stderr);
   std::abort();
 }

@@ -23,6 +23,10 @@
 #include <string>
 #include <vector>
 
+#ifdef LNS_CUDA_SIM  // the emulator's runtime (the stand-in's own tests may run without it)
+#include <cuda_runtime.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "cuda/sim/sim_api.h"
 #include "lns/bf16.h"
@@ -68,7 +72,13 @@ struct State {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1, device = 0;
   uint64_t issued = 0, executed = 0;  // collectives queued / run, in call order
+#ifdef LNS_CUDA_SIM
+  cudaEvent_t last = nullptr;  // recorded behind the latest collective queued
+#endif
   ~State() {
+#ifdef LNS_CUDA_SIM
+    if (last) cudaEventDestroy(last);
+#endif
     int fin = 0;
     MPI_Finalized(&fin);
     if (!fin && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
@@ -191,8 +201,7 @@ void execute(State& s, const Coll& c) {
   const char* name = kNames[c.kind];
   if (c.seq != s.executed)
     fail(std::string(name) + ": collective #" + std::to_string(c.seq) + " of this communicator runs before #" +
-         std::to_string(s.executed) + "; NCCL runs a communicator's collectives in call order, so the streams "
-         "they were queued on must order them too");
+         std::to_string(s.executed) + " (internal: submit() orders them as NCCL does)");
   ++s.executed;
   if (s.size > 1) agree(s, c);
   const Type t = type_of(c.type, name);
@@ -268,7 +277,22 @@ ncclResult_t submit(Kind kind, const void* send, void* recv, size_t count, ncclD
     fail(name + ": sendbuff and recvbuff overlap without being NCCL's in-place form");
   auto state = comm->state;
   const Coll c{kind, send, recv, count, type, op, root, s.issued++};
+#ifdef LNS_CUDA_SIM
+  // NCCL runs a communicator's collectives one after the other whatever streams they
+  // were queued on (its kernel waits for the communicator's previous one): the same
+  // dependency here, so that the emulator's adversarial order cannot swap them.
+  auto cuda_ok = [&name](cudaError_t e) {
+    if (e != cudaSuccess) fail(name + ": ordering behind the previous collective: " + cudaGetErrorString(e));
+  };
+  if (!s.last)
+    cuda_ok(cudaEventCreateWithFlags(&s.last, cudaEventDisableTiming));
+  else
+    cuda_ok(cudaStreamWaitEvent(stream, s.last, 0));
+#endif
   lns::sim::enqueue(stream, kNames[kind], [state, c] { execute(*state, c); });
+#ifdef LNS_CUDA_SIM
+  cuda_ok(cudaEventRecord(s.last, stream));
+#endif
   return ncclSuccess;
 }
 
