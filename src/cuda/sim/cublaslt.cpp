@@ -144,17 +144,24 @@ void run_matmul(bool ta, bool tb, const Operand& A, const Operand& B, const Oper
                 float alpha, float beta, void* workspace, uint64_t workspace_used) {
   if (workspace_used) std::memset(workspace, 0xff, workspace_used);  // as scratch of a real kernel
   const uint64_t m = D.l.rows, n = D.l.cols, k = ta ? A.l.rows : A.l.cols;
-  std::vector<float> a(m * k), bt(n * k);  // op(A) [m,k] and op(B)^T [n,k], row-major
+  // op(A) [m,k] and op(B) [k,n] as f32, row-major; acc[n] is row i of the product. Each
+  // element is summed in k order (the j loop vectorises across elements, not within
+  // one sum); bf16 products are exact in f32, so FMA contraction changes nothing.
+  std::vector<float> a(m * k), bk(k * n), acc(n);
   for (int32_t b = 0; b < D.l.batch; ++b) {
     for (uint64_t i = 0; i < m; ++i)
       for (uint64_t p = 0; p < k; ++p) a[i * k + p] = ta ? load(A, b, p, i) : load(A, b, i, p);
-    for (uint64_t j = 0; j < n; ++j)
-      for (uint64_t p = 0; p < k; ++p) bt[j * k + p] = tb ? load(B, b, j, p) : load(B, b, p, j);
-    for (uint64_t j = 0; j < n; ++j)
-      for (uint64_t i = 0; i < m; ++i) {
-        float acc = 0.0f;
-        for (uint64_t p = 0; p < k; ++p) acc += a[i * k + p] * bt[j * k + p];
-        float v = alpha * acc;
+    for (uint64_t p = 0; p < k; ++p)
+      for (uint64_t j = 0; j < n; ++j) bk[p * n + j] = tb ? load(B, b, j, p) : load(B, b, p, j);
+    for (uint64_t i = 0; i < m; ++i) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (uint64_t p = 0; p < k; ++p) {
+        const float x = a[i * k + p];
+        const float* row = &bk[p * n];
+        for (uint64_t j = 0; j < n; ++j) acc[j] += x * row[j];
+      }
+      for (uint64_t j = 0; j < n; ++j) {
+        float v = alpha * acc[j];
         if (beta != 0.0f) v += beta * load(C, b, i, j);  // beta == 0: C is not read
         const uint64_t at = b * uint64_t(D.l.stride) + j * uint64_t(D.l.ld) + i;
         if (D.l.type == CUDA_R_32F)
@@ -162,6 +169,7 @@ void run_matmul(bool ta, bool tb, const Operand& A, const Operand& B, const Oper
         else
           static_cast<uint16_t*>(const_cast<void*>(D.p))[at] = lns::f32_to_bf16(v);
       }
+    }
   }
 }
 
