@@ -177,29 +177,36 @@ TEST_F(SimNccl, BroadcastBytesFromTheLastRank) {
   EXPECT_EQ(b.get<uint8_t>(), want);
 }
 
-// Pairs of ranks and the whole world at once, two ids made by world rank 0: each
-// communicator sums over its own members only.
-TEST_F(SimNccl, SubgroupAndSecondWorldCommunicator) {
-  MPI_Comm pair;
+// Communicators made as a tp x dp grid makes them (pairs {0,1},{2,3}, then strides
+// {0,2},{1,3}, then the world; ids from world ranks 0, 2, 0, 1, 0), several per rank:
+// each sums over its own members only.
+TEST_F(SimNccl, GridOfCommunicators) {
+  MPI_Comm pair, stride;
   MPI_Comm_split(MPI_COMM_WORLD, g_rank / 2, g_rank, &pair);
-  ncclComm_t pc = make_comm(pair), wc = make_comm(MPI_COMM_WORLD);
+  MPI_Comm_split(MPI_COMM_WORLD, g_rank % 2, g_rank, &stride);
+  ncclComm_t pc = make_comm(pair), sc = make_comm(stride), wc = make_comm(MPI_COMM_WORLD);
   int count = 0, r = -1;
   ASSERT_EQ(ncclCommCount(pc, &count), ncclSuccess);
   ASSERT_EQ(ncclCommUserRank(pc, &r), ncclSuccess);
   EXPECT_EQ(count, std::min(2, g_size - g_rank / 2 * 2));
   EXPECT_EQ(r, g_rank % 2);
-  DevBuf a(4), b(4);
+  DevBuf a(4), b(4), w(4);
   const std::vector<float> me{float(g_rank + 1)};
-  a.put(me), b.put(me);
+  a.put(me), b.put(me), w.put(me);
   ASSERT_EQ(ncclAllReduce(a.p, a.p, 1, ncclFloat32, ncclSum, pc, nullptr), ncclSuccess);
-  ASSERT_EQ(ncclAllReduce(b.p, b.p, 1, ncclFloat32, ncclSum, wc, nullptr), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(b.p, b.p, 1, ncclFloat32, ncclSum, sc, nullptr), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(w.p, w.p, 1, ncclFloat32, ncclSum, wc, nullptr), ncclSuccess);
   lns::simtest::synchronize();
-  float pair_sum = 0;
-  for (int q = g_rank / 2 * 2; q < std::min(g_size, g_rank / 2 * 2 + 2); ++q) pair_sum += q + 1;
+  float pair_sum = 0, stride_sum = 0;
+  for (int q = 0; q < g_size; ++q) {
+    if (q / 2 == g_rank / 2) pair_sum += q + 1;
+    if (q % 2 == g_rank % 2) stride_sum += q + 1;
+  }
   EXPECT_EQ(a.get<float>()[0], pair_sum);
-  EXPECT_EQ(b.get<float>()[0], float(g_size * (g_size + 1) / 2));
-  ncclCommDestroy(pc), ncclCommDestroy(wc);
-  MPI_Comm_free(&pair);
+  EXPECT_EQ(b.get<float>()[0], stride_sum);
+  EXPECT_EQ(w.get<float>()[0], float(g_size * (g_size + 1) / 2));
+  ncclCommDestroy(pc), ncclCommDestroy(sc), ncclCommDestroy(wc);
+  MPI_Comm_free(&pair), MPI_Comm_free(&stride);
 }
 
 // NCCL refuses two ranks on one GPU; the emulation does the same per (host, device).

@@ -36,7 +36,9 @@ namespace {
 using lns::sim::fail;
 
 constexpr char kMagic[8] = {'L', 'N', 'S', 'S', 'I', 'M', 'N', 'C'};
-constexpr int kTagBase = 23000, kTagRange = 4096;  // bootstrap messages on MPI_COMM_WORLD
+// Bootstrap messages on MPI_COMM_WORLD: hellos to the root on kTagBase + seq, its
+// replies on kTagBase + kTagRange + seq, so that a root never takes a reply for a hello.
+constexpr int kTagBase = 23000, kTagRange = 4096;
 
 // What ncclUniqueId holds under emulation.
 struct IdBody {
@@ -346,7 +348,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
   int world = 0, world_size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world), MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   if (id.creator < 0 || id.creator >= world_size) fail(call + ": corrupt unique id");
-  const int tag = kTagBase + int(id.seq % kTagRange);
+  const int tag = kTagBase + int(id.seq % kTagRange), reply_tag = tag + kTagRange;
   Hello me{};
   me.rank = rank, me.nranks = nranks, me.world_rank = world, me.device = lns::sim::current_device();
   me.nonce = id.nonce;
@@ -381,10 +383,11 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
     }
     for (int i = 0; i < nranks; ++i)
       if (i != rank)
-        mpi_ok(MPI_Send(reply.data(), 1 + nranks, MPI_INT, all[i].world_rank, tag, MPI_COMM_WORLD), "MPI_Send");
+        mpi_ok(MPI_Send(reply.data(), 1 + nranks, MPI_INT, all[i].world_rank, reply_tag, MPI_COMM_WORLD), "MPI_Send");
   } else {
     mpi_ok(MPI_Send(&me, sizeof me, MPI_BYTE, id.creator, tag, MPI_COMM_WORLD), "MPI_Send");
-    mpi_ok(MPI_Recv(reply.data(), 1 + nranks, MPI_INT, id.creator, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
+    mpi_ok(MPI_Recv(reply.data(), 1 + nranks, MPI_INT, id.creator, reply_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+           "MPI_Recv");
   }
   if (reply[0] != ncclSuccess) return ncclResult_t(reply[0]);
 
