@@ -270,7 +270,10 @@ TEST(SimCublasLt, RunsOnTheStreamAndReadsAlphaAtTheCall) {
 
 // ---- each validation fires (death tests) -----------------------------------------
 
-using SimCublasLtDeathTest = testing::Test;
+// Re-executed rather than forked: the emulator may have worker threads.
+struct SimCublasLtDeathTest : testing::Test {
+  void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
+};
 
 TEST_F(SimCublasLtDeathTest, LeadingDimensionBelowRows) {
   cublasLtMatrixLayout_t l;
