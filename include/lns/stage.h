@@ -114,6 +114,7 @@ class LlamaStage {
   struct NormUse;
   struct Slot;
   struct Scratch;
+  struct Stream;
 
   struct ParamsOnly {};
   LlamaStage(const LlamaConfig& cfg, StageSpec spec, TensorParallel tp, ParamsOnly);
@@ -121,8 +122,10 @@ class LlamaStage {
   void register_params();
   void norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x);
   void norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x);
-  Tensor sublayer_forward(Layer& layer, int which, Slot& s, Tensor x);
-  Tensor head_forward(Slot& s, Tensor x);
+  void settle(Stream& x);
+  void stream_norm_fwd(const NormUse& n, Slot& s, Tensor out, Stream& x);
+  Stream sublayer_forward(Layer& layer, int which, Slot& s, Stream x);
+  Tensor head_forward(Slot& s, Stream x);
   Tensor layer_output(int local, const Slot& s) const;
   void sublayer_backward(Layer& layer, int which, Slot& s, Tensor dy, Tensor dx);
   void attention_fwd(Layer& layer, Slot& s, Tensor u, Tensor f);

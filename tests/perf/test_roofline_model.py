@@ -2,8 +2,9 @@
 """tools/perf roofline model against values computed by hand from the 1B config.
 
 Every expected number below is written out from the shapes (configs/1b_lns.flags:
-V=32000, C=2048, L=24, 32/32 heads, F=5461, T=256, micro-batch 8 -> N=2048 tokens,
-global batch 512) and the H100's data-sheet peaks, not taken from the model.
+V=32000, C=2048, L=24, 32/32 heads, F=5461, T=256, global batch 512; the hand values
+take micro-batch 8 -> N=2048 tokens) and the H100's data-sheet peaks, not taken from
+the model.
 """
 import os
 import subprocess
@@ -31,7 +32,7 @@ PARAMS = 2 * V * C + L * (4 * C * C + 3 * C * F + 2 * C) + C
 assert PARAMS == 1_339_082_752
 
 
-def model(impl=BEFORE, dp=8, micro=None, eff=1.0):
+def model(impl=BEFORE, dp=8, micro=B, eff=1.0):
     return StepModel(shape_from_flags(read_flagfile(FLAGS_1B), micro), impl, H100, dp, eff)
 
 
@@ -124,6 +125,7 @@ class RooflineModel(unittest.TestCase):
         # 22 GiB of state leaves no room on 24 GiB (2 GiB reserved): nothing fits
         self.assertIsNone(largest_micro_batch(shape, BEFORE, tiny, 8))
         chosen = chosen_micro_batch(shape, BEFORE, H100, 8)
+        self.assertEqual(chosen, shape.B)  # the 1B flagfile follows the rule
         m = model(micro=chosen)
         self.assertTrue(m.fits())
         for k in m.kernels:

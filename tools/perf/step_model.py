@@ -40,7 +40,7 @@ class Impl:
 
 BEFORE = Impl()
 # What src/cuda and src/model do in this tree (keep in step with the code).
-PRESENT = Impl()
+PRESENT = Impl(fused_residual=True, causal_softmax_bwd=True)
 TARGET = Impl(pad_ld=True, fused_residual=True, causal_softmax_bwd=True, sharded_adamw=True)
 IMPLS = {"before": BEFORE, "present": PRESENT, "target": TARGET}
 
