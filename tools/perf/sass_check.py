@@ -9,8 +9,8 @@ registers, stack, local memory, static shared memory, and counts the 128-bit glo
 loads/stores (LDG/STG .128), the 2-byte global stores (STG .U16), and the local-memory
 spill traffic (LDL/STL). It prints a table and fails (exit 1) when:
   - any kernel spills or uses local memory (none is allowed);
-  - a 16-byte vector variant (first template argument 8: the kVec paths) has no
-    128-bit global load, or stores bf16 2 bytes at a time;
+  - a 16-byte vector variant (first template argument 8 for bf16, the kVec paths,
+    or 4 for f32) has no 128-bit global load, or stores bf16 2 bytes at a time;
   - against the baseline: more registers, shared memory or stack, or fewer 128-bit
     loads/stores than recorded.
 --update rewrites the baseline from FILE (after a deliberate change; review the diff).
@@ -80,7 +80,8 @@ def base_name(short):
 
 
 def is_vector_variant(short):
-    return re.search(r"<8\b", short) is not None
+    """16-byte vector variants: first template argument 8 (bf16 kernels) or 4 (f32)."""
+    return re.search(r"<[84]\b", short) is not None
 
 
 RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
