@@ -96,6 +96,10 @@ class LlamaStage {
   // Last stage, after forward: per-token losses [B*T] f32 on device() (0 where
   // ignored) and their sum. targets [B*T] i32 may be host or device memory.
   double loss(Tensor targets, int slot = 0);
+  // The same without reading anything back: the per-token losses [B*T] f32 on device(),
+  // valid until this slot's next loss. Training sums them once per step (no host
+  // synchronisation per micro-batch); targets on the device avoid one more.
+  Tensor loss_tokens(Tensor targets, int slot = 0);
   Tensor losses(int slot = 0) const;
   // Gradients of parameters are accumulated into params().grad(). On the last stage
   // `dout` is ignored and d(loss)/d(logits) = grad_scale * (softmax - onehot) is used;

@@ -535,6 +535,19 @@ Tensor LlamaStage::head_forward(Slot& s, Stream x) {
 
 double LlamaStage::loss(Tensor targets, int slot) {
   Slot& s = *slots_.at(slot);
+  loss_tokens(targets, slot);
+  const float* host = s.losses.f32();
+  if (device_ != Device::CPU) {  // one copy into a buffer kept with the slot
+    copy_tensor(s.losses_host, s.losses);
+    host = s.losses_host.f32();
+  }
+  double sum = 0.0;
+  for (int64_t n = 0; n < B_ * T_; ++n) sum += host[n];  // in token order: deterministic
+  return sum;
+}
+
+Tensor LlamaStage::loss_tokens(Tensor targets, int slot) {
+  Slot& s = *slots_.at(slot);
   LNS_CHECK(spec_.has_head && targets.dtype == DType::I32 && targets.numel() == B_ * T_);
   copy(s.targets, targets.view(s.targets.t.shape));
   targets = s.targets;
@@ -548,14 +561,7 @@ double LlamaStage::loss(Tensor targets, int slot) {
   tp_.all_reduce_sum(s.sumexp);
   tp_.all_reduce_sum(s.target_logit);
   cross_entropy_combine(s.losses, s.rowmax, s.sumexp, s.target_logit, targets);
-  const float* host = s.losses.f32();
-  if (device_ != Device::CPU) {  // one copy into a buffer kept with the slot
-    copy_tensor(s.losses_host, s.losses);
-    host = s.losses_host.f32();
-  }
-  double sum = 0.0;
-  for (int64_t n = 0; n < B_ * T_; ++n) sum += host[n];  // in token order: deterministic
-  return sum;
+  return s.losses;
 }
 
 Tensor LlamaStage::losses(int slot) const { return slots_.at(slot)->losses; }
