@@ -36,12 +36,14 @@ class Impl:
     fused_residual: bool = False      # item 2: pre-norm residual add fused into the next norm
     causal_softmax_bwd: bool = False  # item 6: softmax backward reads only the causal half
     sharded_adamw: bool = False       # item 4: reduce-scatter, update the shard, all-gather bf16
+    norm_bwd_blocks: int = 256        # item 6: norm backward's grid (its [G, C] f32 partials)
 
 
 BEFORE = Impl()
 # What src/cuda and src/model do in this tree (keep in step with the code).
-PRESENT = Impl(fused_residual=True, causal_softmax_bwd=True)
-TARGET = Impl(pad_ld=True, fused_residual=True, causal_softmax_bwd=True, sharded_adamw=True)
+PRESENT = Impl(fused_residual=True, causal_softmax_bwd=True, norm_bwd_blocks=512)
+TARGET = Impl(pad_ld=True, fused_residual=True, causal_softmax_bwd=True, sharded_adamw=True,
+              norm_bwd_blocks=512)
 IMPLS = {"before": BEFORE, "present": PRESENT, "target": TARGET}
 
 
@@ -197,7 +199,8 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
     stats = 2 * F32 * N if s.norm_type == "layernorm" else F32 * N
     norm_fwd = 2 * BF16 * N * C + stats            # x in, u out
     fused_fwd = 4 * BF16 * N * C + stats           # x, delta in; r, u out
-    norm_bwd = lambda dres: (3 + (1 if dres else 0)) * BF16 * N * C + stats + 2 * 256 * C * F32
+    G_norm = min(N, impl.norm_bwd_blocks)  # partials [G, C] written, then summed
+    norm_bwd = lambda dres: (3 + (1 if dres else 0)) * BF16 * N * C + stats + 2 * G_norm * C * F32
     causal = T * (T + 1) // 2                     # score entries at or below the diagonal
     score = B * Hq * T * T                        # score entries per layer
 
