@@ -33,6 +33,10 @@ class Communicator {
   // The default sums at once, so callers need not care which kind they have.
   virtual void all_reduce_start(Tensor t) { all_reduce(t, ReduceOp::Sum); }
   virtual void all_reduce_wait() {}
+  // True when started sums really run beside the compute stream (NCCL). NCCL does not
+  // allow two communicators to have work in flight at once without an order between
+  // them, so callers overlap only when no other communicator is used meanwhile.
+  virtual bool overlaps_compute() const { return false; }
   // Non-blocking send: `t` must stay valid until wait_sends() returns.
   virtual void send(Tensor t, int peer, int tag) = 0;
   virtual void recv(Tensor t, int peer, int tag) = 0;

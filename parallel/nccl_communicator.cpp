@@ -50,8 +50,10 @@ class NcclCommunicator : public Communicator {
     nccl_check(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, cuda::stream()), "warm-up all-reduce");
     cuda::synchronize();
     LNS_CUDA_CHECK(cudaFree(one));
+    cuda::add_sync_watch(&NcclCommunicator::watch, this);
   }
   ~NcclCommunicator() override {
+    cuda::remove_sync_watch(this);
     if (comm_) ncclCommDestroy(comm_);
     if (side_) {
       cudaEventDestroy(ready_);
@@ -61,6 +63,21 @@ class NcclCommunicator : public Communicator {
   }
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
+  bool overlaps_compute() const override { return true; }
+
+  // Called while the host waits for the GPU (cuda::synchronize): a collective whose
+  // peer died or whose link broke never finishes, and NCCL reports it here. Abort the
+  // communicator (its kernels return) and fail with a message instead of hanging.
+  static void watch(void* self) {
+    auto* c = static_cast<NcclCommunicator*>(self);
+    ncclResult_t async = ncclSuccess;
+    if (!c->comm_ || ncclCommGetAsyncError(c->comm_, &async) != ncclSuccess) return;
+    if (async == ncclSuccess || async == ncclInProgress) return;
+    ncclCommAbort(c->comm_);
+    c->comm_ = nullptr;
+    fail("NCCL: a collective failed on rank ", c->rank(), " of ", c->size(), " (", ncclGetErrorString(async),
+         "): a peer process or the network failed; stopping instead of waiting for it");
+  }
 
   void all_reduce(Tensor t, ReduceOp op) override {
     if (t.device == Device::CPU) return host_->all_reduce(t, op);

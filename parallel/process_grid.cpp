@@ -49,7 +49,9 @@ void ProcessGrid::build_communicators(bool device, CommKind comm) {
   };
   MPI_Comm world;
   MPI_Comm_dup(MPI_COMM_WORLD, &world);
-  world_ = wrap(world);
+  // The world carries host values only (losses, norms, flags): MPI, never a third
+  // NCCL communicator beside tp and dp (device tensors would be staged through host).
+  world_ = device ? make_host_staging_communicator(make_mpi_communicator(world)) : make_mpi_communicator(world);
   tp_ = split(tp_color_, coords.tp);
   dp_ = split(dp_color_, coords.dp);
   embed_ = split(embed_color_, coords.pp);

@@ -21,7 +21,9 @@ fi
 
 # The CUDA backend (-DLNS_CUDA=ON), built wherever the toolkit is so that it never
 # rots, then its `gpu` tests: they run on a machine with a GPU and report "skipped"
-# (with the reason) on one without. LNS_CUDA=OFF skips this part; LNS_CUDA=ON makes a
+# (with the reason) on one without; and the `sass` tests, the static check of the
+# compiled kernels (tools/perf/sass_check.py: spills, registers, 128-bit accesses).
+# LNS_CUDA=OFF skips this part; LNS_CUDA=ON makes a
 # missing toolkit an error.
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 if [ "${LNS_CUDA:-auto}" = "ON" ] && [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
@@ -33,7 +35,7 @@ if [ "${LNS_CUDA:-auto}" != "OFF" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then
   cmake -S . -B "$CUDA_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA=ON \
         -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" >/dev/null
   cmake --build "$CUDA_BUILD_DIR" -j"$(nproc)"
-  ctest --test-dir "$CUDA_BUILD_DIR" -L gpu --output-on-failure
+  ctest --test-dir "$CUDA_BUILD_DIR" -L "gpu|sass" --output-on-failure
 else
   echo "tests/run.sh: no CUDA toolkit at $CUDA_HOME: the CUDA backend was not built"
 fi

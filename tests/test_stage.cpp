@@ -59,6 +59,13 @@ TEST_P(StageSplit, TwoStagesEqualTheWholeModel) {
   const auto logits_split = copy_of(last.forward(hidden));
   EXPECT_EQ(logits_split, logits_whole);
   EXPECT_EQ(last.loss(view(targets, {N})), loss_whole);
+  {  // the per-token losses training reads once a step: loss() is their sum in token order
+    const std::vector<float> tok = copy_of(last.loss_tokens(view(targets, {N})));
+    double sum = 0.0;
+    for (float v : tok) sum += v;
+    EXPECT_EQ(sum, loss_whole);
+    EXPECT_EQ(tok[4], 0.0f) << "an ignored target contributes 0";
+  }
   const Tensor dhidden = last.backward({}, scale);
   ASSERT_EQ(first.backward(dhidden, scale).empty(), true);
 

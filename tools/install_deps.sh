@@ -11,13 +11,21 @@ PKGS=(cmake g++ make ccache pkg-config
       python3 fortunes fortunes-min)
 
 # Python packages for the tools: tokenizers and sentencepiece (prepare_data.py),
-# matplotlib (plots). Installed with pip only when an import fails.
+# matplotlib (plots); cuobjdump and nvdisasm (tools/perf/sass_check.py: the CUDA
+# toolkit here lacks them, NVIDIA's PyPI wheels carry them). Installed with pip only
+# when missing.
 install_python_deps() {
   local py=${PYTHON:-python3}
   if ! "$py" -c "import tokenizers, sentencepiece, matplotlib" 2>/dev/null; then
     echo "[install_deps] pip installing tokenizers sentencepiece matplotlib"
     "$py" -m pip install -q --disable-pip-version-check tokenizers sentencepiece matplotlib \
       || echo "[install_deps] warning: pip install failed; tokenizer tests will skip, plots need matplotlib"
+  fi
+  if ! command -v cuobjdump >/dev/null && ! "$py" -c "import nvidia, glob, os, sys; \
+      sys.exit(not any(glob.glob(os.path.join(r, '*', 'bin', 'cuobjdump')) for r in nvidia.__path__))" 2>/dev/null; then
+    echo "[install_deps] pip installing nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
+    "$py" -m pip install -q --disable-pip-version-check nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm \
+      || echo "[install_deps] warning: pip install failed; the sass tests will skip"
   fi
 }
 

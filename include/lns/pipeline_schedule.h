@@ -47,6 +47,7 @@ class PipelineSchedule1F1B {
   LlamaStage& stage_;
   int num_micro_;
   OwnedTensor recv_act_, recv_grad_;               // [B,T,C]
+  OwnedTensor step_losses_, step_losses_host_;     // [num_micro, B*T] f32, last stage
   std::vector<OwnedTensor> send_act_, send_grad_;  // one per micro-batch: sends complete late
 };
 

@@ -96,6 +96,10 @@ class LlamaStage {
   // Last stage, after forward: per-token losses [B*T] f32 on device() (0 where
   // ignored) and their sum. targets [B*T] i32 may be host or device memory.
   double loss(Tensor targets, int slot = 0);
+  // The same without reading anything back: the per-token losses [B*T] f32 on device(),
+  // valid until this slot's next loss. Training sums them once per step (no host
+  // synchronisation per micro-batch); targets on the device avoid one more.
+  Tensor loss_tokens(Tensor targets, int slot = 0);
   Tensor losses(int slot = 0) const;
   // Gradients of parameters are accumulated into params().grad(). On the last stage
   // `dout` is ignored and d(loss)/d(logits) = grad_scale * (softmax - onehot) is used;
@@ -114,6 +118,7 @@ class LlamaStage {
   struct NormUse;
   struct Slot;
   struct Scratch;
+  struct Stream;
 
   struct ParamsOnly {};
   LlamaStage(const LlamaConfig& cfg, StageSpec spec, TensorParallel tp, ParamsOnly);
@@ -121,8 +126,10 @@ class LlamaStage {
   void register_params();
   void norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x);
   void norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x);
-  Tensor sublayer_forward(Layer& layer, int which, Slot& s, Tensor x);
-  Tensor head_forward(Slot& s, Tensor x);
+  void settle(Stream& x);
+  void stream_norm_fwd(const NormUse& n, Slot& s, Tensor out, Stream& x);
+  Stream sublayer_forward(Layer& layer, int which, Slot& s, Stream x);
+  Tensor head_forward(Slot& s, Stream x);
   Tensor layer_output(int local, const Slot& s) const;
   void sublayer_backward(Layer& layer, int which, Slot& s, Tensor dy, Tensor dx);
   void attention_fwd(Layer& layer, Slot& s, Tensor u, Tensor f);

@@ -129,6 +129,9 @@ class Trainer {
   std::unique_ptr<Evaluator> evaluator_, diag_;
   std::vector<double> last_block_grad_norms_;
   OwnedTensor inputs_, targets_;  // [M * B, T]: this dp rank's share of the global batch
+  // CUDA: their device copies, uploaded once per step, so that no micro-batch waits
+  // for a host-to-device copy of its ids or targets (empty on the CPU).
+  OwnedTensor inputs_dev_, targets_dev_;
   int64_t resumed_step_ = -1;     // the checkpoint's step when resumed, else -1
   std::vector<ConversionRecord> conversions_;  // the resumed checkpoint's, written again
 };

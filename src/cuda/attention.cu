@@ -78,7 +78,8 @@ __global__ void softmax_kernel(bf16* P, float* lse, const float* S, int T) {
 }
 
 // Backward, per row: P = exp(S - lse) (recomputed), dS = P * (dP - sum_j P dP).
-// S holds the scores on entry; dP the gradient of P. Writes P and dS (bf16).
+// S holds the scores on entry; dP the gradient of P. Writes P and dS (bf16). Above
+// the diagonal (j > t) both are 0: S and dP there are never read (half the traffic).
 __global__ void softmax_backward_kernel(bf16* P, bf16* dS, const float* S, const float* dP,
                                         const float* lse, int T) {
   __shared__ float red[32];
@@ -89,9 +90,13 @@ __global__ void softmax_backward_kernel(bf16* P, bf16* dS, const float* S, const
   for (int j = threadIdx.x; j <= t; j += blockDim.x) dot += __expf(S[r * T + j] - l) * dP[r * T + j];
   dot = block_sum(dot, red);
   for (int j = threadIdx.x; j < T; j += blockDim.x) {
-    const float p = j <= t ? __expf(S[r * T + j] - l) : 0.0f;
+    float p = 0.0f, ds = 0.0f;
+    if (j <= t) {
+      p = __expf(S[r * T + j] - l);
+      ds = p * (dP[r * T + j] - dot);
+    }
     P[r * T + j] = to_bf(p);
-    dS[r * T + j] = to_bf(p * (dP[r * T + j] - dot));
+    dS[r * T + j] = to_bf(ds);
   }
 }
 

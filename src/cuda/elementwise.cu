@@ -75,6 +75,23 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf
 #define LNS_FOR_GROUPS(i, n, W) \
   for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * W; i < n; i += int64_t(gridDim.x) * blockDim.x * W)
 
+// y = a*y + b*x on bf16 y, x [n], W elements a thread (16-byte vectors: the residual
+// adds and gradient sums of the model); the same arithmetic as axpby_kernel.
+template <int W>
+__global__ void axpby_bf16_kernel(bf16* y, float a, const bf16* x, float b, int64_t n) {
+  LNS_FOR_GROUPS(i, n, W) {
+    float yv[W] = {}, xv[W];  // y is not read when a = 0 (it may hold garbage)
+    load<W>(x + i, xv);
+    if (a != 0.0f) load<W>(y + i, yv);
+#pragma unroll
+    for (int k = 0; k < W; ++k) yv[k] = a * yv[k] + b * xv[k];
+    store<W>(y + i, yv);
+  }
+}
+void launch_axpby_bf16(bf16* y, float a, const bf16* x, float b, int64_t n) {
+  axpby_bf16_kernel<kVec><<<grid_for(n / kVec), kBlock, 0, stream()>>>(y, a, x, b, n);
+}
+
 // out = silu(gate) * up                                      [N*F]
 template <int W>
 __global__ void swiglu_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t n) {
@@ -167,8 +184,11 @@ void axpby(Tensor y, float a, Tensor x, float b) {
   LNS_CHECK(y.numel() == x.numel() && y.device == Device::CUDA && x.device == Device::CUDA);
   const int64_t n = y.numel();
   if (n == 0) return;
-  axpby_kernel<<<grid_for(n), kBlock, 0, stream()>>>(y.data, y.dtype == DType::BF16, a, x.data,
-                                                     x.dtype == DType::BF16, b, n);
+  if (y.dtype == DType::BF16 && x.dtype == DType::BF16 && all_vec({y.data, x.data}, n))
+    launch_axpby_bf16(ptr<bf16>(y), a, ptr<bf16>(x), b, n);
+  else
+    axpby_kernel<<<grid_for(n), kBlock, 0, stream()>>>(y.data, y.dtype == DType::BF16, a, x.data,
+                                                       x.dtype == DType::BF16, b, n);
   LNS_CUDA_LAUNCHED();
 }
 

@@ -73,6 +73,8 @@ __global__ void norm_forward_kernel(bf16* __restrict__ out, float* __restrict__ 
 // dx = dres + rstd * (dxhat - mean(dxhat) [LayerNorm] - xhat * mean(dxhat * xhat)),
 // dxhat = scale * dout * gain; partial[blockIdx, c] = sum over this block's rows of
 // scale * dout * xhat (dgain) and, for LayerNorm, scale * dout (dbias).
+// The column index is 64-bit: with an int, nvcc split the 16-byte dx store into
+// 8 two-byte stores (SASS STG.U16; tools/perf/sass_check.py guards this).
 template <int W, bool kLayerNorm>
 __global__ void norm_backward_kernel(bf16* dx, float* __restrict__ partial, const bf16* dres,
                                      const bf16* __restrict__ dout, const bf16* __restrict__ x,
@@ -86,7 +88,7 @@ __global__ void norm_backward_kernel(bf16* dx, float* __restrict__ partial, cons
     const float m = kLayerNorm ? mean[row] : 0.0f, r = rstd[row];
     const int64_t base = row * C;
     float s1 = 0.0f, s2 = 0.0f;
-    for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
+    for (int64_t c = threadIdx.x * W; c < C; c += blockDim.x * W) {
       float xv[W], dy[W];
       load<W>(x + base + c, xv);
       load<W>(dout + base + c, dy);
@@ -101,7 +103,7 @@ __global__ void norm_backward_kernel(bf16* dx, float* __restrict__ partial, cons
     }
     const float m1 = kLayerNorm ? block_sum(s1, red) / C : 0.0f;
     const float m2 = block_sum(s2, red) / C;
-    for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
+    for (int64_t c = threadIdx.x * W; c < C; c += blockDim.x * W) {
       float xv[W], dy[W], dr[W];
       load<W>(x + base + c, xv);
       load<W>(dout + base + c, dy);
@@ -200,7 +202,9 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
   const bool vec = vec_ok(x.data, C) && vec_ok(dout.data, C) && vec_ok(dx.data, C) &&
                    (dres.empty() || vec_ok(dres.data, C));
   const int W = vec ? kVec : 1;
-  const int G = static_cast<int>(N < 256 ? N : 256);  // fixed by N alone: deterministic
+  // Fixed by N alone (deterministic). 512 blocks of C/8 threads: about half of an
+  // H100's threads at C = 2048 (256 gave 25%); the [G, C] partials stay a few MB.
+  const int G = static_cast<int>(N < 512 ? N : 512);
   const int width = (ln ? 2 : 1) * C;
   auto* partial = static_cast<float*>(scratch(Scratch::NormPartials, sizeof(float) * G * width));
   const size_t smem = sizeof(float) * width;

@@ -1,6 +1,10 @@
 #include "cuda/runtime.h"
 
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <thread>
+#include <vector>
 
 #include "lns/errors.h"
 
@@ -23,7 +27,32 @@ cudaStream_t stream() {
   return s;
 }
 
-void synchronize() { LNS_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+namespace {
+std::vector<std::pair<void (*)(void*), void*>>& watches() {
+  static std::vector<std::pair<void (*)(void*), void*>> w;
+  return w;
+}
+}  // namespace
+
+void add_sync_watch(void (*watch)(void* ctx), void* ctx) { watches().emplace_back(watch, ctx); }
+void remove_sync_watch(void* ctx) {
+  auto& w = watches();
+  w.erase(std::remove_if(w.begin(), w.end(), [&](const auto& e) { return e.second == ctx; }), w.end());
+}
+
+void synchronize() {
+  if (watches().empty()) {
+    LNS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return;
+  }
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(stream());
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) LNS_CUDA_CHECK(e);
+    for (const auto& [watch, ctx] : std::vector(watches())) watch(ctx);
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
 
 void* scratch(Scratch which, size_t bytes) {
   struct Slot {

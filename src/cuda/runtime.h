@@ -16,7 +16,12 @@ void check(cudaError_t e, const char* what, const char* file, int line);
 #define LNS_CUDA_LAUNCHED() LNS_CUDA_CHECK(cudaGetLastError())
 
 cudaStream_t stream();
+// Waits for the compute stream. While it waits, every registered watch runs about
+// every 100 us, so that work which can never finish (NCCL: a failed peer) ends the
+// process with a message instead of a hang; a watch that finds an error throws.
 void synchronize();
+void add_sync_watch(void (*watch)(void* ctx), void* ctx);
+void remove_sync_watch(void* ctx);
 
 // Temporary device memory, one buffer per user so that two ops in flight never share
 // one. Grows (reallocates, synchronizing) only when a larger size is asked for, so

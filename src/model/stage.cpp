@@ -76,6 +76,17 @@ struct LlamaStage::Scratch {
   OwnedTensor dhf;                   // [N,C]
 };
 
+// The residual stream between sublayers. In the pre-norm schemes a sublayer ends with
+// r = alpha*x + f2 and the next one starts with N(r): the add is left pending here and
+// done by that norm in the same pass (residual_norm_forward), 4 passes over [N,C]
+// instead of 7 (copy, axpby, norm). The same arithmetic, so the same values.
+struct LlamaStage::Stream {
+  Tensor x;            // the buffer that holds the value (or will, once settled)
+  Tensor base, delta;  // pending: x = alpha * base + delta, not computed yet
+  float alpha = 1.0f;
+  bool pending() const { return !delta.empty(); }
+};
+
 LlamaStage::~LlamaStage() = default;
 
 LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, TensorParallel tp, ParamsOnly)
@@ -274,7 +285,7 @@ Tensor LlamaStage::forward_skipping(int global_layer, int slot) {
   Slot& s = *slots_.at(slot);
   const int k = global_layer - spec_.first_layer;
   // The input to block k of the intact pass: block k-1's output, or the embedding.
-  Tensor x = k == 0 ? Tensor(s.h0) : layer_output(k - 1, s);
+  Stream x{k == 0 ? Tensor(s.h0) : layer_output(k - 1, s)};
   for (size_t j = k + 1; j < layers_.size(); ++j) {
     x = sublayer_forward(layers_[j], 0, s, x);
     x = sublayer_forward(layers_[j], 1, s, x);
@@ -357,15 +368,39 @@ void LlamaStage::norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Ten
                 s.rstd[n.stat], params_.param(n.gain), n.scale);
 }
 
-// u = s*N_pre(x); f = F(u); f2 = N_out(f); r = alpha*x + f2; y = N_add(r). Returns y.
-Tensor LlamaStage::sublayer_forward(Layer& l, int w, Slot& s, Tensor x) {
+void LlamaStage::settle(Stream& st) {
+  if (!st.pending()) return;
+  copy(st.x, st.base);
+  axpby(st.x, st.alpha, st.delta, 1.0f);
+  st.base = st.delta = Tensor{};
+}
+
+// out = N(x), settling a pending add in the same pass.
+void LlamaStage::stream_norm_fwd(const NormUse& n, Slot& s, Tensor out, Stream& st) {
+  if (!st.pending()) {
+    norm_fwd(n, s, out, st.x);
+    return;
+  }
+  const Tensor bias = n.bias >= 0 ? params_.param(n.bias) : Tensor{};
+  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+  residual_norm_forward(cfg_.norm_type, st.x, out, mean, s.rstd[n.stat], st.base, st.delta, st.alpha,
+                        params_.param(n.gain), bias, n.scale, cfg_.norm_eps);
+  st.base = st.delta = Tensor{};
+}
+
+// u = s*N_pre(x); f = F(u); f2 = N_out(f); r = alpha*x + f2; y = N_add(r). Returns y,
+// or r still pending when no N_add follows (the next norm adds it).
+LlamaStage::Stream LlamaStage::sublayer_forward(Layer& l, int w, Slot& s, Stream in) {
   const Sublayer& sl = l.sub[w];
   Slot::SubActs& a = s.layers[&l - layers_.data()].sub[w];
+  const Tensor x = in.x;
   a.x = x;
   Tensor u = x;
   if (sl.pre.active()) {
-    norm_fwd(sl.pre, s, a.u, x);
+    stream_norm_fwd(sl.pre, s, a.u, in);
     u = a.u;
+  } else {
+    settle(in);
   }
   if (w == 0)
     attention_fwd(l, s, u, a.f);
@@ -383,15 +418,13 @@ Tensor LlamaStage::sublayer_forward(Layer& l, int w, Slot& s, Tensor x) {
     const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
     residual_norm_forward(cfg_.norm_type, a.r, a.y, mean, s.rstd[n.stat], x, f2, alpha,
                           params_.param(n.gain), bias, n.scale, cfg_.norm_eps);
-    return a.y;
+    return Stream{a.y};
   }
-  if (l.res[w] >= 0) {
+  if (l.res[w] >= 0) {  // scale_res_pre_norm: r = a*x + f2 with a learned a, done here
     scaled_residual_forward(a.r, x, f2, params_.param(l.res[w]));
-    return a.r;
+    return Stream{a.r};
   }
-  copy(a.r, x);
-  axpby(a.r, alpha, f2, 1.0f);
-  return a.r;
+  return Stream{a.r, x, f2, alpha};
 }
 
 // dy: gradient of the sublayer output y; writes dx, the gradient of its input x.
@@ -492,29 +525,43 @@ Tensor LlamaStage::forward(Tensor input, int slot) {
     LNS_CHECK(input.dtype == act_ && input.numel() == N * C) << "stage takes hidden [B,T,C]";
     copy(s.h0, input);
   }
-  Tensor x = s.h0;
+  Stream x{s.h0};
   for (Layer& l : layers_) {
     if (!skipped_.empty() && skipped_[&l - layers_.data()]) continue;
     x = sublayer_forward(l, 0, s, x);
     x = sublayer_forward(l, 1, s, x);
   }
   if (!spec_.has_head) {
-    s.out = x.view({B_, T_, C});
+    settle(x);
+    s.out = x.x.view({B_, T_, C});
     return s.out;
   }
   return head_forward(s, x);
 }
 
-Tensor LlamaStage::head_forward(Slot& s, Tensor x) {
+Tensor LlamaStage::head_forward(Slot& s, Stream x) {
   const int64_t N = B_ * T_;
   NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1};
-  norm_fwd(fin, s, s.hf, x);
+  stream_norm_fwd(fin, s, s.hf, x);
   linear_forward(s.logits.t.view({N, vshard_.size}), s.hf, params_.compute(head_));
-  s.out = x;  // the input of the final norm, kept for its backward
+  s.out = x.x;  // the input of the final norm, kept for its backward
   return s.logits;
 }
 
 double LlamaStage::loss(Tensor targets, int slot) {
+  Slot& s = *slots_.at(slot);
+  loss_tokens(targets, slot);
+  const float* host = s.losses.f32();
+  if (device_ != Device::CPU) {  // one copy into a buffer kept with the slot
+    copy_tensor(s.losses_host, s.losses);
+    host = s.losses_host.f32();
+  }
+  double sum = 0.0;
+  for (int64_t n = 0; n < B_ * T_; ++n) sum += host[n];  // in token order: deterministic
+  return sum;
+}
+
+Tensor LlamaStage::loss_tokens(Tensor targets, int slot) {
   Slot& s = *slots_.at(slot);
   LNS_CHECK(spec_.has_head && targets.dtype == DType::I32 && targets.numel() == B_ * T_);
   copy(s.targets, targets.view(s.targets.t.shape));
@@ -529,14 +576,7 @@ double LlamaStage::loss(Tensor targets, int slot) {
   tp_.all_reduce_sum(s.sumexp);
   tp_.all_reduce_sum(s.target_logit);
   cross_entropy_combine(s.losses, s.rowmax, s.sumexp, s.target_logit, targets);
-  const float* host = s.losses.f32();
-  if (device_ != Device::CPU) {  // one copy into a buffer kept with the slot
-    copy_tensor(s.losses_host, s.losses);
-    host = s.losses_host.f32();
-  }
-  double sum = 0.0;
-  for (int64_t n = 0; n < B_ * T_; ++n) sum += host[n];  // in token order: deterministic
-  return sum;
+  return s.losses;
 }
 
 Tensor LlamaStage::losses(int slot) const { return slots_.at(slot)->losses; }

@@ -55,6 +55,9 @@ GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool 
 void GradientSync::reduce(bool full) {
   // 1. Tied embedding copies on the first and last stage.
   if (tied_ && grid_.layout.pp > 1 && (grid_.first_stage() || grid_.last_stage())) {
+    // Overlapped dp sums may still run: the embed group's sum goes behind them, so one
+    // communicator at a time has work in flight (the deferred buckets start after it).
+    if (armed_) grid_.dp_comm().all_reduce_wait();
     const int i = params_.find("model.embed_tokens.weight");
     LNS_CHECK(i >= 0) << "tied embeddings: the first and last stage both hold the embedding";
     grid_.embed_comm().all_reduce(params_.grad(i), ReduceOp::Sum);
@@ -87,6 +90,10 @@ void GradientSync::reduce(bool full) {
 
 void GradientSync::arm_overlap() {
   if (grid_.layout.dp == 1 || zero_) return;  // ZeRO's reduce-scatter needs the whole buffer
+  // With tp > 1, backward all-reduces over tp on the compute stream: on NCCL that is a
+  // second communicator with work in flight beside the dp sums, which NCCL documents
+  // as unsafe (a hang). Ordering them would serialise backward; do not overlap.
+  if (grid_.layout.tp > 1 && grid_.dp_comm().overlaps_compute()) return;
   armed_ = true;
   next_bucket_ = (params_.numel() + bucket_floats_ - 1) / bucket_floats_ - 1;
 }

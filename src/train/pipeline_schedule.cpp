@@ -37,6 +37,10 @@ PipelineSchedule1F1B::PipelineSchedule1F1B(ProcessGrid& grid, LlamaStage& stage,
   const Device dev = stage.device();
   if (!grid.first_stage()) recv_act_ = OwnedTensor(dt, act, dev);
   if (!grid.last_stage()) recv_grad_ = OwnedTensor(dt, act, dev);
+  if (grid.last_stage()) {
+    step_losses_ = OwnedTensor(DType::F32, Shape{num_micro, stage.tokens()}, dev);
+    if (dev != Device::CPU) step_losses_host_ = OwnedTensor(DType::F32, Shape{num_micro, stage.tokens()});
+  }
   for (int m = 0; m < num_micro; ++m) {
     if (!grid.last_stage()) send_act_.emplace_back(dt, act, dev);
     if (!grid.first_stage()) send_grad_.emplace_back(dt, act, dev);
@@ -66,13 +70,13 @@ double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
                                    const std::function<void(int)>& before_backward) {
   Communicator& world = grid_.world();
   const int slots = slots_for(num_micro_, grid_.coords.pp, grid_.layout.pp);
-  double loss_sum = 0.0;
   for (const PipelineOp& op : schedule_1f1b(num_micro_, grid_.coords.pp, grid_.layout.pp)) {
     const int m = op.micro, slot = m % slots;
     if (op.forward) {
       const Tensor out = forward_micro(m, slot, inputs);
       if (grid_.last_stage()) {
-        loss_sum += stage_.loss(targets(m), slot);
+        // kept on the device; read once after the last micro-batch
+        copy_tensor(step_losses_.t.rows(m, m + 1).view({stage_.tokens()}), stage_.loss_tokens(targets(m), slot));
         if (on_logits) on_logits(m, out);
       } else {
         copy_tensor(send_act_[m], out.view(send_act_[m].t.shape));
@@ -93,6 +97,19 @@ double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
     }
   }
   world.wait_sends();
+  if (!grid_.last_stage()) return 0.0;
+  const float* host = step_losses_.f32();
+  if (step_losses_.t.device != Device::CPU) {  // the step's one read of the losses
+    copy_tensor(step_losses_host_, step_losses_);
+    host = step_losses_host_.f32();
+  }
+  // Per micro-batch in token order, then over micro-batches: the sums loss() makes.
+  double loss_sum = 0.0;
+  for (int m = 0; m < num_micro_; ++m) {
+    double sum = 0.0;
+    for (int64_t n = 0; n < stage_.tokens(); ++n) sum += host[m * stage_.tokens() + n];
+    loss_sum += sum;
+  }
   return loss_sum;
 }
 

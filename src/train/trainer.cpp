@@ -161,6 +161,10 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
                          : std::make_unique<AdamW>(model_->params(), cfg_.adam);
   inputs_ = OwnedTensor(DType::I32, {num_micro_ * cfg_.micro_batch, cfg_.seq_len});
   targets_ = OwnedTensor(DType::I32, {num_micro_ * cfg_.micro_batch, cfg_.seq_len});
+  if (cfg_.device != Device::CPU) {
+    inputs_dev_ = OwnedTensor(DType::I32, inputs_.t.shape, cfg_.device);
+    targets_dev_ = OwnedTensor(DType::I32, targets_.t.shape, cfg_.device);
+  }
 
   if (!cfg_.resume.empty()) {
     std::vector<std::string> notes;
@@ -235,9 +239,15 @@ Trainer::BatchResult Trainer::run_global_batch(const std::function<void(int, Ten
   const double valid = grid_->dp_comm().all_reduce_sum(
       static_cast<double>(count_unmasked(targets_.i32(), num_micro_ * B * T)));
   model_->params().zero_grads();
+  const bool dev = !inputs_dev_.t.empty();
+  if (dev) {  // one upload per step (the stage then copies device to device)
+    copy_tensor(inputs_dev_, inputs_);
+    copy_tensor(targets_dev_, targets_);
+  }
+  const Tensor in = dev ? inputs_dev_.t : inputs_.t, tg = dev ? targets_dev_.t : targets_.t;
   const double loss_sum = pipeline_->train(
-      [&](int m) { return inputs_.t.rows(m * B, (m + 1) * B); },
-      [&](int m) { return targets_.t.rows(m * B, (m + 1) * B).view({B * T}); },
+      [&](int m) { return in.rows(m * B, (m + 1) * B); },
+      [&](int m) { return tg.rows(m * B, (m + 1) * B).view({B * T}); },
       valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f, on_logits, [&](int m) {
         if (overlap && m == num_micro_ - 1) sync_->arm_overlap();
       });

@@ -12,12 +12,17 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 
 #include "lns/bf16.h"
 #include "lns/device.h"
 #include "lns/ops.h"
 #include "lns/stage.h"
 #include "tests/test_util.h"
+
+#ifdef LNS_WITH_CUDA
+#include "src/cuda/runtime.h"
+#endif
 
 namespace lns {
 namespace {
@@ -252,6 +257,31 @@ TEST(ScaledResidual, ForwardAndBackwardMatchCpuAndRepeat) {
   EXPECT_EQ(dalpha2.get(), dalpha.get()) << "not deterministic";
 }
 
+// axpby on bf16 (the residual adds): 1024 aligned takes the 16-byte path, 1024
+// misaligned and 37 x 45 the scalar one; a = 0 must not read y (NaN there).
+struct AxpbyCase {
+  int64_t n;
+  bool misalign;
+  float a;
+};
+void PrintTo(const AxpbyCase& c, std::ostream* os) { *os << "n=" << c.n << " misalign=" << c.misalign << " a=" << c.a; }
+class Axpby : public ::testing::TestWithParam<AxpbyCase> {};
+TEST_P(Axpby, Bf16MatchesCpu) {
+  REQUIRE_GPU();
+  const AxpbyCase c = GetParam();
+  std::vector<float> y0 = randn(c.n, 50);
+  if (c.a == 0.0f) y0.assign(c.n, std::numeric_limits<float>::quiet_NaN());
+  Dev y(y0, {c.n}, DType::BF16, c.misalign), x(randn(c.n, 51), {c.n}, DType::BF16, c.misalign);
+  axpby(y, c.a, x, 0.75f);
+  std::vector<float> want = y.host, xh = x.host;
+  if (c.a == 0.0f) want.assign(c.n, 0.0f);  // the CPU op reads y; a = 0 means "ignore y"
+  axpby(cpu(want, {c.n}), c.a, cpu(xh, {c.n}), 0.75f);
+  EXPECT_LE(rel(y.get(), want), kOut);
+}
+INSTANTIATE_TEST_SUITE_P(Paths, Axpby,
+                         ::testing::Values(AxpbyCase{1024, false, 1.5f}, AxpbyCase{1024, true, 1.5f},
+                                           AxpbyCase{37 * 45, false, -0.5f}, AxpbyCase{1024, false, 0.0f}));
+
 // C = 36: scalar copies; C = 64: 16-byte vectors.
 class Embedding : public ::testing::TestWithParam<int64_t> {};
 TEST_P(Embedding, VocabShardForwardBackwardMatchCpuAndRepeat) {
@@ -354,6 +384,19 @@ TEST_P(CrossEntropy, VocabShardPiecesMatchCpu) {
 INSTANTIATE_TEST_SUITE_P(Widths, CrossEntropy,
                          ::testing::Values(std::pair<int64_t, int64_t>{50, 45}, std::pair<int64_t, int64_t>{64, 61}));
 
+// n % 4 == 0 and aligned: the 16-byte path; one element in: the scalar path.
+TEST(Optimizer, SumSquaresBothPathsMatchCpu) {
+  REQUIRE_GPU();
+  const int64_t n = 3 * 4096;
+  for (bool misalign : {false, true}) {
+    Dev g(randn(n, 84), {n}, DType::F32, misalign);
+    std::vector<float> gh = g.host;
+    const double ss = sum_squares(g), want = sum_squares(cpu(gh, {n}));
+    EXPECT_NEAR(ss, want, 1e-9 * want) << "misalign=" << misalign;
+    EXPECT_EQ(ss, sum_squares(g)) << "not deterministic";
+  }
+}
+
 TEST(Optimizer, AdamWSumSquaresScaleMatchCpu) {
   REQUIRE_GPU();
   const int64_t n = 10007;
@@ -444,6 +487,25 @@ TEST(ModelStep, TwoIdenticalGpuStepsAreBitwiseEqual) {
   EXPECT_EQ(losses[0], losses[1]);
   EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * 4));
 }
+
+#ifdef LNS_WITH_CUDA
+// A watch registered with the CUDA runtime runs while synchronize() waits and can end
+// the wait (the NCCL communicator's async-error check: a failed peer stops the job
+// instead of hanging it). Here a watch that throws at its first call.
+TEST(Runtime, SyncWatchEndsAWait) {
+  REQUIRE_GPU();
+  OwnedTensor big(DType::F32, Shape{int64_t{1} << 28}, Device::CUDA);  // 1 GiB
+  for (int i = 0; i < 8; ++i) zero_tensor(big);                        // a few ms of work
+  if (cudaStreamQuery(cuda::stream()) == cudaSuccess)
+    GTEST_SKIP() << "skipped: the work finished before the wait (an emulator runs it at once)";
+  int calls = 0;
+  cuda::add_sync_watch([](void* ctx) { ++*static_cast<int*>(ctx); throw UserError("watch fired"); }, &calls);
+  EXPECT_THROW(device_synchronize(Device::CUDA), UserError);
+  cuda::remove_sync_watch(&calls);
+  device_synchronize(Device::CUDA);  // no watch: a plain wait
+  EXPECT_EQ(calls, 1);
+}
+#endif
 
 TEST(Device, StatusIsReported) {
   // Runs everywhere: the line a skipped run shows, and what a GPU run binds.

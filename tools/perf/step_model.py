@@ -1,0 +1,467 @@
+"""Roofline model of one CUDA training step of lns (tp = pp = 1, any dp).
+
+Every kernel and GEMM the CUDA step launches for one micro-batch is listed with its
+FLOPs and the bytes it moves to and from device memory, in the order src/model/stage.cpp
+runs them. A kernel's roofline time is max(FLOPs / peak, bytes / bandwidth): the time
+it cannot beat. Their sum is a *bound* on the micro-batch time, and the MFU it gives
+is an upper bound; the real figure can only be lower. Nothing here is a measurement.
+
+Assumptions (each one is a parameter):
+- DRAM bytes: each tensor a kernel touches is read or written once (row-sized
+  re-reads hit L1/L2). bf16 activations, f32 norm statistics, f32 gradient buffers
+  accumulated by the weight-gradient GEMMs (read + write).
+- A GEMM whose row pitch (leading dimension x element size) of any operand is not a
+  multiple of 16 bytes cannot use Hopper's TMA/wgmma kernels; cuBLASLt falls back to
+  Ampere-style kernels with narrow loads. Its compute peak is multiplied by
+  `misaligned_efficiency`: 1.0 by default (the pure roofline, blind to this), 0.6 in
+  the projection that counts it (an assumption, not a measurement).
+- The data-parallel gradient reduction runs on NVLink at the link's per-direction
+  bandwidth (a ring moves 2(dp-1)/dp of the buffer for an all-reduce) and overlaps
+  the last micro-batch's backward; what does not fit in that backward is exposed.
+- Optimizer: gradient zeroing (4 B/param), the gradient norm (reads 4 B/param) and
+  fused AdamW (reads g, p, m, v; writes p, m, v and the bf16 copy: 30 B/param).
+
+`Impl` says which of issue 16's changes the modelled code has; `PRESENT` is what the
+CUDA code of this tree does, and must be updated together with it.
+"""
+from dataclasses import dataclass, field, replace
+from flags import get_bool, get_int
+
+BF16, F32, I32 = 2, 4, 4
+
+
+@dataclass(frozen=True)
+class Impl:
+    pad_ld: bool = False              # item 1: GEMM dims padded to a multiple of 64 on device
+    fused_residual: bool = False      # item 2: pre-norm residual add fused into the next norm
+    causal_softmax_bwd: bool = False  # item 6: softmax backward reads only the causal half
+    sharded_adamw: bool = False       # item 4: reduce-scatter, update the shard, all-gather bf16
+    norm_bwd_blocks: int = 256        # item 6: norm backward's grid (its [G, C] f32 partials)
+
+
+BEFORE = Impl()
+# What src/cuda and src/model do in this tree (keep in step with the code).
+PRESENT = Impl(fused_residual=True, causal_softmax_bwd=True, norm_bwd_blocks=512)
+TARGET = Impl(pad_ld=True, fused_residual=True, causal_softmax_bwd=True, sharded_adamw=True,
+              norm_bwd_blocks=512)
+IMPLS = {"before": BEFORE, "present": PRESENT, "target": TARGET}
+
+
+def pad64(n):
+    return (n + 63) // 64 * 64
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    V: int
+    C: int
+    L: int
+    Hq: int
+    Hkv: int
+    F: int
+    T: int
+    B: int
+    global_batch: int
+    scheme: str = "lns"
+    norm_type: str = "rmsnorm"
+    post_layers: int = 0
+    tied: bool = False
+
+    @property
+    def D(self):
+        return self.C // self.Hq
+
+    @property
+    def QD(self):
+        return self.Hq * self.D
+
+    @property
+    def KD(self):
+        return self.Hkv * self.D
+
+    @property
+    def N(self):
+        return self.B * self.T
+
+    def matmul_params(self):
+        per_layer = 2 * self.C * self.QD + 2 * self.C * self.KD + 3 * self.C * self.F
+        return self.L * per_layer + self.V * self.C
+
+    def params(self):
+        """Every parameter (logical, unpadded): the size of the flat buffers."""
+        norms_per_layer = {"pre": 2, "lns": 2, "scaled_init": 2, "post": 2, "deepnorm": 2,
+                           "sandwich": 4, "mix": 2}[self.scheme]
+        norm = self.C * (2 if self.norm_type == "layernorm" else 1)
+        embed = self.V * self.C
+        head = 0 if self.tied else self.V * self.C
+        per_layer = 2 * self.C * self.QD + 2 * self.C * self.KD + 3 * self.C * self.F
+        return embed + head + self.L * (per_layer + norms_per_layer * norm) + norm
+
+    def flops_per_token(self):
+        """Trainer::flops_per_token: 6 x matmul params + 12 L C T (what MFU counts)."""
+        return 6 * self.matmul_params() + 12 * self.L * self.C * self.T
+
+
+SCHEMES = ("pre", "lns", "scaled_init", "post", "deepnorm", "sandwich", "mix")
+
+
+def shape_from_flags(flags, micro_batch=None):
+    scheme = flags.get("norm_scheme", "lns")
+    if scheme not in SCHEMES:
+        raise ValueError(f"--norm_scheme: expected one of {', '.join(SCHEMES)}, got '{scheme}'")
+    norm_type = flags.get("norm_type", "rmsnorm")
+    if norm_type not in ("rmsnorm", "layernorm"):
+        raise ValueError(f"--norm_type: expected rmsnorm or layernorm, got '{norm_type}'")
+    s = ModelShape(
+        V=get_int(flags, "vocab_size", 32000), C=get_int(flags, "hidden_size", 768),
+        L=get_int(flags, "num_layers", 12), Hq=get_int(flags, "num_heads", 12),
+        Hkv=get_int(flags, "num_kv_heads", 12), F=get_int(flags, "intermediate_size", 2048),
+        T=get_int(flags, "seq_len", 256, hi=1 << 20),
+        B=micro_batch if micro_batch else get_int(flags, "micro_batch_size", 8, hi=1 << 20),
+        global_batch=get_int(flags, "global_batch_size", 512, hi=1 << 30), scheme=scheme,
+        norm_type=norm_type, post_layers=get_int(flags, "post_layers", 0, lo=0),
+        tied=get_bool(flags, "tie_embeddings"))
+    if s.C % s.Hq:
+        raise ValueError(f"--num_heads: must divide --hidden_size ({s.C}), got {s.Hq}")
+    if s.Hq % s.Hkv:
+        raise ValueError(f"--num_kv_heads: must divide --num_heads ({s.Hq}), got {s.Hkv}")
+    return s
+
+
+@dataclass
+class Kernel:
+    name: str          # what the CUDA step calls it; repeated kernels share a name
+    flops: float
+    bytes: float
+    gemm: bool = False
+    misaligned: bool = False  # a GEMM row pitch not a multiple of 16 bytes
+    phase: str = "fwd"        # fwd, bwd
+    part: str = "other"       # attention (core), qkvo, mlp, norm, residual, head, embedding
+    launches: int = 1
+
+    def time(self, dev, misaligned_efficiency):
+        peak = dev.bf16_tflops * 1e12 * (misaligned_efficiency if self.misaligned else 1.0)
+        return max(self.flops / peak, self.bytes / (dev.hbm_gbs * 1e9))
+
+
+def _misaligned(*pitches):
+    """pitches: (elements, bytes per element) of each operand's leading dimension."""
+    return any(n * e % 16 for n, e in pitches)
+
+
+class _Builder:
+    def __init__(self, s: ModelShape, impl: Impl):
+        self.s, self.impl, self.out = s, impl, []
+        p = pad64 if impl.pad_ld else (lambda n: n)
+        self.C, self.F, self.V = p(s.C), p(s.F), p(s.V)
+        self.QD, self.KD = p(s.QD), p(s.KD)
+        self.phase, self.part = "fwd", "other"
+
+    def mem(self, name, nbytes, launches=1, flops=0.0):
+        self.out.append(Kernel(name, flops, nbytes, phase=self.phase, part=self.part, launches=launches))
+
+    def gemm(self, name, M, N, K, a=BF16, b=BF16, c=BF16, accumulate=False, pitches=(), batch=1):
+        flops = 2.0 * M * N * K * batch
+        nbytes = batch * (M * K * a + K * N * b + M * N * c * (2 if accumulate else 1))
+        self.out.append(Kernel(name, flops, nbytes, True, _misaligned(*pitches), self.phase, self.part))
+
+    # out[N, fo] = x[N, fi] @ W[fo, fi]^T
+    def linear_fwd(self, name, fi, fo):
+        self.gemm(name, self.s.N, fo, fi, pitches=((fi, BF16), (fi, BF16), (fo, BF16)))
+
+    # dx[N, fi] (+)= dy[N, fo] @ W[fo, fi];  dW[fo, fi] += dy^T @ x (f32)
+    def linear_bwd(self, name, fi, fo, accumulate_dx=False):
+        self.gemm(name + ".dx", self.s.N, fi, fo, accumulate=accumulate_dx,
+                  pitches=((fo, BF16), (fi, BF16), (fi, BF16)))
+        self.gemm(name + ".dw", fo, fi, self.s.N, c=F32, accumulate=True,
+                  pitches=((fo, BF16), (fi, BF16), (fi, F32)))
+
+
+def _sublayer_norms(s: ModelShape, layer):
+    """(pre, out, add) norms of the attention and MLP sublayers: model/block_plan.cpp."""
+    scheme = s.scheme
+    if scheme == "mix":
+        scheme = "post" if layer < s.post_layers else "pre"
+    if scheme in ("post", "deepnorm"):
+        return (False, False, True)
+    if scheme == "sandwich":
+        return (True, True, False)
+    return (True, False, False)
+
+
+def micro_batch_kernels(s: ModelShape, impl: Impl):
+    """The kernels of one micro-batch's forward and backward, in launch order."""
+    b = _Builder(s, impl)
+    N, T, B, L = s.N, s.T, s.B, s.L
+    C, F, V, QD, KD = b.C, b.F, b.V, b.QD, b.KD
+    Hq, Hkv, D = s.Hq, s.Hkv, s.D
+    G, E = Hq // Hkv, B * Hkv
+    stats = 2 * F32 * N if s.norm_type == "layernorm" else F32 * N
+    norm_fwd = 2 * BF16 * N * C + stats            # x in, u out
+    fused_fwd = 4 * BF16 * N * C + stats           # x, delta in; r, u out
+    G_norm = min(N, impl.norm_bwd_blocks)  # partials [G, C] written, then summed
+    norm_bwd = lambda dres: (3 + (1 if dres else 0)) * BF16 * N * C + stats + 2 * G_norm * C * F32
+    causal = T * (T + 1) // 2                     # score entries at or below the diagonal
+    score = B * Hq * T * T                        # score entries per layer
+
+    def attention_fwd():
+        b.part = "qkvo"
+        for n, fo in (("q_proj", QD), ("k_proj", KD), ("v_proj", KD)):
+            b.linear_fwd(n, C, fo)
+        b.part = "attention"
+        b.mem("rope", 2 * BF16 * N * (QD + KD), launches=2)
+        b.mem("permute", 2 * BF16 * N * (QD + 2 * KD), launches=3)
+        b.gemm("scores", G * T, T, D, c=F32, batch=E, pitches=((D, BF16), (D, BF16), (T, F32)))
+        b.mem("softmax", F32 * B * Hq * causal + BF16 * score + F32 * B * Hq * T)
+        b.gemm("pv", G * T, D, T, batch=E, pitches=((T, BF16), (D, BF16), (D, BF16)))
+        b.mem("permute", 2 * BF16 * N * QD)
+        b.part = "qkvo"
+        b.linear_fwd("o_proj", QD, C)
+
+    def attention_bwd():
+        b.part = "qkvo"
+        b.linear_bwd("o_proj", QD, C)
+        b.part = "attention"
+        b.mem("permute", 2 * BF16 * N * (2 * QD + 2 * KD), launches=4)
+        b.gemm("scores", G * T, T, D, c=F32, batch=E, pitches=((D, BF16), (D, BF16), (T, F32)))
+        b.gemm("dp", G * T, T, D, c=F32, batch=E, pitches=((D, BF16), (D, BF16), (T, F32)))
+        read = causal * B * Hq if impl.causal_softmax_bwd else score
+        b.mem("softmax_bwd", 2 * F32 * read + 2 * BF16 * score + F32 * B * Hq * T)
+        b.gemm("dv", T, D, G * T, batch=E, pitches=((T, BF16), (D, BF16), (D, BF16)))
+        b.gemm("dq", G * T, D, T, batch=E, pitches=((T, BF16), (D, BF16), (D, BF16)))
+        b.gemm("dk", T, D, G * T, batch=E, pitches=((T, BF16), (D, BF16), (D, BF16)))
+        b.mem("permute", 2 * BF16 * N * (QD + 2 * KD), launches=3)
+        b.mem("rope", 2 * BF16 * N * (QD + KD), launches=2)
+        b.part = "qkvo"
+        b.linear_bwd("q_proj", C, QD)
+        b.linear_bwd("k_proj", C, KD, accumulate_dx=True)
+        b.linear_bwd("v_proj", C, KD, accumulate_dx=True)
+
+    def mlp_fwd():
+        b.part = "mlp"
+        b.linear_fwd("gate_proj", C, F)
+        b.linear_fwd("up_proj", C, F)
+        b.mem("swiglu", 3 * BF16 * N * F)
+        b.linear_fwd("down_proj", F, C)
+
+    def mlp_bwd():
+        b.part = "mlp"
+        b.linear_bwd("down_proj", F, C)
+        b.mem("swiglu_bwd", 5 * BF16 * N * F)
+        b.linear_bwd("gate_proj", C, F)
+        b.linear_bwd("up_proj", C, F, accumulate_dx=True)
+
+    # ---- forward ----
+    b.phase, b.part = "fwd", "embedding"
+    b.mem("embedding", 2 * BF16 * N * C + I32 * N)
+    pending = False  # a residual add waiting to be fused into the next norm
+    for layer in range(L):
+        pre, out_norm, add = _sublayer_norms(s, layer)
+        for sub_fwd in (attention_fwd, mlp_fwd):
+            if pre:
+                b.part = "norm"
+                if pending:
+                    b.mem("residual_norm", fused_fwd)
+                    pending = False
+                else:
+                    b.mem("norm", norm_fwd)
+            sub_fwd()
+            b.part = "norm"
+            if out_norm:
+                b.mem("norm", norm_fwd)
+            if add:
+                b.mem("residual_norm", fused_fwd)
+            elif impl.fused_residual:
+                pending = True
+            else:
+                b.part = "residual"
+                b.mem("copy", 2 * BF16 * N * C)
+                b.mem("axpby", 3 * BF16 * N * C)
+    b.part = "norm"
+    b.mem("residual_norm" if pending else "norm", fused_fwd if pending else norm_fwd)
+    b.part = "head"
+    b.linear_fwd("lm_head", C, V)
+    b.mem("cross_entropy", 2 * BF16 * N * V + 4 * F32 * N, launches=3)
+
+    # ---- backward ----
+    b.phase = "bwd"
+    b.mem("cross_entropy_bwd", 2 * BF16 * N * V + 3 * F32 * N)
+    b.linear_bwd("lm_head", C, V)
+    b.part = "norm"
+    b.mem("norm_bwd", norm_bwd(False), launches=2)
+    for layer in reversed(range(L)):
+        pre, out_norm, add = _sublayer_norms(s, layer)
+        alpha_scale = s.scheme == "deepnorm"
+        for sub_bwd in (mlp_bwd, attention_bwd):
+            b.part = "norm"
+            if add:
+                b.mem("norm_bwd", norm_bwd(False), launches=2)
+            if out_norm:
+                b.mem("norm_bwd", norm_bwd(False), launches=2)
+            sub_bwd()
+            b.part = "norm"
+            if alpha_scale:
+                b.mem("axpby", 2 * BF16 * N * C)
+            if pre:
+                b.mem("norm_bwd", norm_bwd(True), launches=2)
+            else:
+                b.part = "residual"
+                b.mem("copy", 2 * BF16 * N * C)
+                b.mem("axpby", 3 * BF16 * N * C)
+    b.part = "embedding"
+    b.mem("embedding_bwd", BF16 * N * C + 2 * F32 * N * C + 4 * I32 * N, launches=2)
+    return b.out
+
+
+@dataclass
+class StepModel:
+    shape: ModelShape
+    impl: Impl
+    dev: object
+    dp: int = 1
+    misaligned_efficiency: float = 1.0
+    kernels: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.dp < 1:
+            raise ValueError(f"--dp: expected an integer >= 1, got {self.dp}")
+        per_rank = self.shape.B * self.dp
+        if self.shape.global_batch % per_rank:
+            raise ValueError(f"--global_batch_size: {self.shape.global_batch} is not a multiple of "
+                             f"micro_batch_size x dp = {per_rank}")
+        if not 0 < self.misaligned_efficiency <= 1:
+            raise ValueError("--misaligned_efficiency: expected a value in (0, 1]")
+        self.kernels = micro_batch_kernels(self.shape, self.impl)
+
+    def t(self, k):
+        return k.time(self.dev, self.misaligned_efficiency)
+
+    # ---- one micro-batch ----
+    def gemm_flops(self):
+        return sum(k.flops for k in self.kernels if k.gemm)
+
+    def other_bytes(self):
+        return sum(k.bytes for k in self.kernels if not k.gemm)
+
+    def micro_batch_time(self):
+        return sum(self.t(k) for k in self.kernels)
+
+    def backward_time(self):
+        return sum(self.t(k) for k in self.kernels if k.phase == "bwd")
+
+    def share(self, part):
+        return sum(self.t(k) for k in self.kernels if k.part == part) / self.micro_batch_time()
+
+    def launches(self):
+        return sum(k.launches for k in self.kernels)
+
+    def model_flops_micro_batch(self):
+        return self.shape.flops_per_token() * self.shape.N
+
+    def mfu_micro_batch(self):
+        return self.model_flops_micro_batch() / (self.micro_batch_time() * self.dev.bf16_tflops * 1e12)
+
+    # ---- one step on one of dp ranks ----
+    def num_micro(self):
+        return self.shape.global_batch // (self.shape.B * self.dp)
+
+    def stored_params(self):
+        """Parameters as the device stores them (padded GEMM dims with pad_ld)."""
+        s = self.shape
+        if not self.impl.pad_ld:
+            return s.params()
+        return replace(s, V=pad64(s.V), C=pad64(s.C), F=pad64(s.F)).params()
+
+    def optimizer_bytes(self):
+        P, dp = self.stored_params(), self.dp
+        shard = P / dp if self.impl.sharded_adamw and dp > 1 else P
+        # zero the full gradient; norm and AdamW over this rank's part
+        return F32 * P + F32 * shard + 30 * shard
+
+    def optimizer_time(self):
+        return self.optimizer_bytes() / (self.dev.hbm_gbs * 1e9)
+
+    def comm_time(self):
+        """(overlappable with the last backward, exposed after the update) seconds."""
+        P, dp, link = self.stored_params(), self.dp, self.dev.link_gbs * 1e9
+        if dp == 1:
+            return 0.0, 0.0
+        ring = (dp - 1) / dp
+        if self.impl.sharded_adamw:
+            return ring * F32 * P / link, ring * BF16 * P / link  # reduce-scatter; all-gather
+        return 2 * ring * F32 * P / link, 0.0                    # all-reduce
+
+    def step_time(self):
+        overlapped, after = self.comm_time()
+        exposed = max(0.0, overlapped - self.backward_time()) + after
+        return self.num_micro() * self.micro_batch_time() + self.optimizer_time() + exposed
+
+    def mfu_step(self):
+        flops = self.model_flops_micro_batch() * self.num_micro()
+        return flops / (self.step_time() * self.dev.bf16_tflops * 1e12)
+
+    # ---- device memory ----
+    def memory(self):
+        """Bytes on one rank by category (the planned buffers of LlamaStage and the optimizer)."""
+        s, P, dp = self.shape, self.stored_params(), self.dp
+        b = _Builder(s, self.impl)
+        N, C, F, V, QD, KD = s.N, b.C, b.F, b.V, b.QD, b.KD
+        shard = P / dp if self.impl.sharded_adamw and dp > 1 else P
+        pre, out_norm, add = _sublayer_norms(s, s.L - 1)
+        # per sublayer: f, r always; u / f2 / y where the norm exists
+        per_sub = BF16 * N * C * (2 + pre + out_norm + add)
+        norms = 2 * (pre + out_norm + add)
+        per_layer = (2 * per_sub + BF16 * N * (2 * QD + 2 * KD) + F32 * N * s.Hq + 3 * BF16 * N * F
+                     + norms * F32 * N * (2 if s.norm_type == "layernorm" else 1))
+        head = BF16 * N * C * 2 + BF16 * N * V + 6 * F32 * N + 2 * I32 * N  # h0, hf, logits, stats
+        grads_scratch = BF16 * (6 * N * C + 2 * N * QD + 2 * N * KD + 3 * N * F)
+        G, T = s.Hq // s.Hkv, s.T
+        per_entry = G * T * T * 12
+        chunk = max(1, min(s.B * s.Hkv, (256 << 20) // per_entry)) * per_entry
+        attention_scratch = BF16 * (3 * N * QD + 4 * N * KD) + chunk
+        return {
+            "weights (f32 master + bf16 copy)": F32 * shard + BF16 * P,
+            "gradients (f32)": F32 * P,
+            "optimizer state (m, v)": 2 * F32 * shard,
+            "activations": s.L * per_layer + head,
+            "workspace": grads_scratch + attention_scratch + (32 << 20) + 256 * 2 * C * F32,
+        }
+
+    def fits(self, reserve_gib=2.0):
+        """Footprint within device memory less a reserve (CUDA context, NCCL, allocator)."""
+        return sum(self.memory().values()) <= (self.dev.memory_gib - reserve_gib) * 2**30
+
+
+def largest_micro_batch(shape, impl, dev, dp, reserve_gib=2.0):
+    """The largest micro-batch dividing this rank's share of the global batch that fits."""
+    per_rank = shape.global_batch // dp
+    best = None
+    for B in range(1, per_rank + 1):
+        if per_rank % B:
+            continue
+        m = StepModel(replace(shape, B=B), impl, dev, dp)
+        if m.fits(reserve_gib):
+            best = B
+    return best
+
+
+def gemm_intensity_ok(m: StepModel, margin=2.0):
+    """Every linear-layer GEMM (not the per-head attention ones) at >= margin x ridge."""
+    return all(k.flops / k.bytes >= margin * m.dev.ridge
+               for k in m.kernels if k.gemm and k.part in ("qkvo", "mlp", "head"))
+
+
+def chosen_micro_batch(shape, impl, dev, dp, reserve_gib=2.0, margin=2.0):
+    """The rule for the configs' micro-batch: the smallest one (dividing this rank's share
+    of the global batch) whose linear GEMMs are all at least `margin` x the ridge point
+    (so they stay compute-bound with room for real GEMM efficiency) and that fits;
+    the largest that fits when none reaches the margin."""
+    per_rank = shape.global_batch // dp
+    for B in range(1, per_rank + 1):
+        if per_rank % B:
+            continue
+        m = StepModel(replace(shape, B=B), impl, dev, dp)
+        if m.fits(reserve_gib) and gemm_intensity_ok(m, margin):
+            return B
+    return largest_micro_batch(shape, impl, dev, dp, reserve_gib)
+
