@@ -115,11 +115,12 @@ def tables(report, missing=()):
         best = {b["scheme"]: b for b in report["best_lr"] if b["layers"] == L and b["steps"] == STEPS
                 and close(b["embed_std"], EMB)}
         if best:
-            w("\nBest learning rate of those tried: " + "; ".join(
+            line = "\nBest learning rate of those tried: " + "; ".join(
                 "%s %g (loss %.4f, %d seed%s)" % (s, b["lr"], b["mean"], b["n"], "s" if b["n"] > 1 else "")
-                for s, b in sorted(best.items())))
+                for s, b in sorted(best.items()))
             if "pre" in best and "lns" in best:
-                w("; each at its best: lns - pre = %+.4f." % (best["lns"]["mean"] - best["pre"]["mean"]))
+                line += "; each at its best: lns - pre = %+.4f." % (best["lns"]["mean"] - best["pre"]["mean"])
+            w(line)
         w("")
 
     others = [c for c in cells if c["scheme"] not in ("pre", "lns") and close(c["lr"], SHARED_LR)
