@@ -127,12 +127,15 @@ class DepthReportTest(unittest.TestCase):
         self.assertAlmostEqual(self.report["timing"]["block_steps"], 10 * 400 * (4 + depth_study.HEAD_BLOCKS))
 
     def test_doc_tables(self):
-        md = depth_doc.tables(self.report, missing=["L06_x"], projected_s=7200)
+        md = depth_doc.tables(self.report, missing=[("session", ["L06_x"], 7200), ("full", ["L06_x", "L07_y"], 9000)])
         self.assertIn("| 4 | 5.1000 +- 0.1000 (3) | 4.8000 +- 0.1000 (3) | -0.3000 | 0.0816 | yes | "
                       "-0.3000 +- 0.1000, all 3 same sign | 164.0 | 121.5 | x5.00 | x2.00 | 20.00 | 10.00 |", md)
         self.assertIn("| post | diverged (1) |", md)
         self.assertIn("Best learning rate of those tried: lns 0.004 (loss 4.7500, 1 seed)", md)
-        self.assertIn("Projected time for them at the measured rate: 2.0 h.", md)
+        self.assertIn("Not run from the `session` grid (1 cells): `L06_x`.\n"
+                      "Projected time for them at the measured rate, 2 jobs: 2.0 h.", md)
+        self.assertIn("Not run from the `full` grid (2 cells).\nProjected time for them at the measured rate, 2 jobs: "
+                      "2.5 h.", md)
 
     def test_bad_runs_are_refused(self):
         cli = [sys.executable, os.path.join(EXP, "depth_report.py")]

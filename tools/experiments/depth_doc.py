@@ -6,8 +6,8 @@ docs/depth_study.md, between the lines "<!-- depth_doc:begin -->" and
     python3 tools/experiments/depth_doc.py runs/depth_study_v2/report.json [--doc docs/depth_study.md]
         [--grid session --study runs/depth_study_v2 --jobs 2]
 
-With --grid it also lists the grid's cells that have not finished and the projected
-time to run them, from the measured wall time per block-step of the finished runs.
+With --grid it also lists the cells that have not finished and the projected time to
+run them, from the measured wall time per block-step of the finished runs.
 """
 import argparse
 import json
@@ -73,7 +73,9 @@ def fmt(x, spec):
     return spec % x if x is not None else "-"
 
 
-def tables(report, missing=None, projected_s=None):
+def tables(report, missing=()):
+    """The Markdown tables; missing: (grid, names of its unfinished cells, projected seconds)
+    per grid, the first one's names listed."""
     cells = report["cells"]
     out = []
     w = out.append
@@ -113,11 +115,12 @@ def tables(report, missing=None, projected_s=None):
         best = {b["scheme"]: b for b in report["best_lr"] if b["layers"] == L and b["steps"] == STEPS
                 and close(b["embed_std"], EMB)}
         if best:
-            w("\nBest learning rate of those tried: " + "; ".join(
+            line = "\nBest learning rate of those tried: " + "; ".join(
                 "%s %g (loss %.4f, %d seed%s)" % (s, b["lr"], b["mean"], b["n"], "s" if b["n"] > 1 else "")
-                for s, b in sorted(best.items())))
+                for s, b in sorted(best.items()))
             if "pre" in best and "lns" in best:
-                w("; each at its best: lns - pre = %+.4f." % (best["lns"]["mean"] - best["pre"]["mean"]))
+                line += "; each at its best: lns - pre = %+.4f." % (best["lns"]["mean"] - best["pre"]["mean"])
+            w(line)
         w("")
 
     others = [c for c in cells if c["scheme"] not in ("pre", "lns") and close(c["lr"], SHARED_LR)
@@ -175,14 +178,15 @@ def tables(report, missing=None, projected_s=None):
         w("Measured: %d runs, %.0f block-steps in %.1f h of run time (%.3f s per block-step per job, "
           "with 2 jobs sharing 2 cores with other work at nice 19)." % (
               t["runs"], t["block_steps"], t["seconds"] / 3600, t["seconds"] / t["block_steps"]))
-    if missing is not None:
+    for i, (grid, names, secs) in enumerate(missing or []):
         w("")
-        if missing:
-            w("Not run (%d cells): %s." % (len(missing), ", ".join("`%s`" % m for m in missing)))
-            if projected_s is not None:
-                w("Projected time for them at the measured rate: %.1f h." % (projected_s / 3600))
-        else:
-            w("Every cell of the grid finished.")
+        if not names:
+            w("Every cell of the `%s` grid finished." % grid)
+            continue
+        listed = ": " + ", ".join("`%s`" % m for m in names) if i == 0 else ""
+        w("Not run from the `%s` grid (%d cells)%s." % (grid, len(names), listed))
+        if secs is not None:
+            w("Projected time for them at the measured rate, 2 jobs: %.1f h." % (secs / 3600))
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -190,7 +194,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("report")
     ap.add_argument("--doc", default="docs/depth_study.md")
-    ap.add_argument("--grid", default="", help="list this grid's unfinished cells (with --study)")
+    ap.add_argument("--grid", default="", help="grids whose unfinished cells to count, e.g. session,full "
+                    "(with --study; the first one's are listed)")
     ap.add_argument("--study", default="", help="the study directory, for --grid")
     ap.add_argument("--jobs", type=int, default=2, help="jobs in parallel, for the projection")
     args = ap.parse_args(argv)
@@ -205,16 +210,16 @@ def main(argv=None):
     if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
         print("depth_doc: %s: expected one '%s' line before one '%s' line" % (args.doc, BEGIN, END), file=sys.stderr)
         return 1
-    missing, projected = None, None
-    if args.grid:
-        cells = depth_study.grid(args.grid)
-        todo = [c for c in cells
+    missing = []
+    for grid in dict.fromkeys(filter(None, args.grid.split(","))):  # in order, once each
+        todo = [c for c in depth_study.grid(grid)
                 if not os.path.exists(os.path.join(args.study, depth_study.run_name(c), "result.json"))]
-        missing = [depth_study.run_name(c) for c in todo]
         t = report.get("timing", {})
+        secs = None
         if t.get("block_steps"):
-            projected = sum(depth_study.cost(c) for c in todo) * t["seconds"] / t["block_steps"] / max(1, args.jobs)
-    body = tables(report, missing, projected)
+            secs = sum(depth_study.cost(c) for c in todo) * t["seconds"] / t["block_steps"] / max(1, args.jobs)
+        missing.append((grid, [depth_study.run_name(c) for c in todo], secs))
+    body = tables(report, missing)
     new = doc[:doc.index(BEGIN) + len(BEGIN)] + "\n" + body + doc[doc.index(END):]
     with open(args.doc, "w") as f:
         f.write(new)

@@ -261,8 +261,8 @@ def plots(report, out_dir):
                             label="%s (n=%d)" % (c["scheme"], c["n"]))
             ax.set_title("%d blocks" % L)
             ax.set_xlabel("block")
-            if logy:
-                ax.set_yscale("log")
+            if logy:  # symlog: skipping a block can also lower the perplexity (a negative cost)
+                ax.set_yscale("symlog", linthresh=0.1) if metric == "drop_pct" else ax.set_yscale("log")
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
         axes[0][0].set_ylabel(label)

@@ -25,7 +25,7 @@ rc=0  # a failed run is reported, and the report still covers the runs that fini
 python3 tools/experiments/depth_study.py --grid "$GRID" --out "$OUT" --jobs "$JOBS" --nice "$NICE" --device "$DEVICE" || rc=$?
 python3 tools/experiments/depth_report.py "$OUT" --plots docs/images
 if [ -n "$DOC" ]; then
-  python3 tools/experiments/depth_doc.py "$OUT/report.json" --doc "$DOC" --grid "$GRID" --study "$OUT" --jobs "$JOBS"
+  python3 tools/experiments/depth_doc.py "$OUT/report.json" --doc "$DOC" --grid "$GRID,full" --study "$OUT" --jobs "$JOBS"
 fi
 echo "depth_study: report $OUT/report.json, figures docs/images/depth_study_*.png"
 exit $rc
