@@ -89,6 +89,13 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// Key tiles a query tile starting at q0 reads: up to the one holding its last row
+// (the tiles above the diagonal are skipped), at most all of them.
+__device__ __forceinline__ int key_tiles(int T, int q0) {
+  const int diagonal = (q0 + kBr - 1) / kBc + 1, all = (T + kBc - 1) / kBc;
+  return diagonal < all ? diagonal : all;
+}
+
 // Causal tiles are unequal work: the last query tiles see the most keys, so they
 // start first (blockIdx.x = 0 takes the last tile).
 __device__ __forceinline__ int tile_from_back() { return gridDim.x - 1 - blockIdx.x; }
@@ -123,7 +130,7 @@ __global__ void flash_fwd_kernel(bf16* out, float* lse, const bf16* q, const bf1
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running max (log2 units), lane-partial sum
-  const int tiles = min((T + kBc - 1) / kBc, (q0 + kBr - 1) / kBc + 1);  // up to the diagonal
+  const int tiles = key_tiles(T, q0);
   for (int j = 0; j < tiles; ++j) {
     const int k0 = j * kBc;
     __syncthreads();  // every warp is done with the previous K, V
@@ -251,7 +258,7 @@ __global__ void flash_dq_kernel(bf16* dq, const bf16* dout, const float* lse, co
   FragC acc[D / 8];  // dQ / scale: [16 rows][D]
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) acc[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
-  const int tiles = min((T + kBc - 1) / kBc, (q0 + kBr - 1) / kBc + 1);
+  const int tiles = key_tiles(T, q0);
   for (int j = 0; j < tiles; ++j) {
     const int k0 = j * kBc;
     __syncthreads();

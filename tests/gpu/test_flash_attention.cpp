@@ -79,9 +79,11 @@ void expect_matches_cpu(const Case& c) {
   attention_forward(cpu(out, qs), cpu(probs, ps), cpu(q, qs), cpu(k, ks), cpu(v, ks));
   attention_backward(cpu(dq, qs), cpu(dk, ks), cpu(dv, ks), cpu(dout, qs), cpu(probs, ps), cpu(q, qs), cpu(k, ks),
                      cpu(v, ks));
+  // Relative to the tensor's largest entry, at least 1e-2: at T = 1 (and in row 0) dq
+  // and dk are exactly 0, and the GPU's dP - delta cancels only to f32 rounding.
   const auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
     EXPECT_EQ(a.size(), b.size());
-    return test::rel_max_err(a.data(), b.data(), int64_t(b.size()));
+    return test::rel_max_err(a.data(), b.data(), int64_t(b.size()), 1e-2);
   };
   EXPECT_LE(rel(got.out, out), kAttn);
   EXPECT_LE(rel(got.dq, dq), kAttn);
