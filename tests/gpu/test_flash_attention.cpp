@@ -4,8 +4,8 @@
 // -DLNS_CUDA_SIM=ON). Inputs are rounded to bf16 and the CPU op runs on the same
 // values in f32; the GPU differs by its bf16 P and dS operands and bf16 outputs.
 // Tolerance kAttn (relative to each tensor's largest entry) as for the materialised
-// kernels in test_cuda.cpp. FlashAttentionLong (T = 4096) is a separate ctest entry,
-// label `slow` (minutes under emulation).
+// kernels in test_cuda.cpp. FlashAttentionLong (T = 4096) is disabled in the default
+// list and run by its own ctest entry, gpu_flash_attention_t4096, label `slow`.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -143,7 +143,7 @@ TEST(FlashAttentionDeterminism, TwoRunsAreBitwiseEqual) {
 
 // One long sequence: memory linear in T on the device (the CPU reference still holds
 // [T, T] probabilities, 64 MiB per head).
-TEST(FlashAttentionLong, T4096) {
+TEST(FlashAttentionLong, DISABLED_T4096) {
   REQUIRE_GPU();
   expect_matches_cpu(Case{1, 4096, 2, 1, 64});
 }
