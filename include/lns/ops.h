@@ -72,9 +72,10 @@ const char* attention_impl_name(AttentionImpl a);  // "auto", "fused", "material
 AttentionImpl parse_attention_impl(const std::string& s, const std::string& flag = "--attention");
 // Head dims the fused kernels are compiled for: 64 and 128.
 bool fused_attention_takes(int64_t head_dim);
-// What runs for a model on `device` with this head dim: Fused for Auto on CUDA when
-// the fused kernel takes the head dim, else Materialized. Fused asked for a shape it
-// does not take (or off CUDA) is a UserError naming `flag`.
+// What runs for a model on `device` with this head dim: on CUDA, Fused for Auto when
+// the fused kernels take the head dim, else Materialized; Fused asked for a head dim
+// they do not take is a UserError naming `flag`. Off CUDA always Materialized (the
+// CPU's one attention, whatever was asked).
 AttentionImpl choose_attention_impl(AttentionImpl requested, Device device, int64_t head_dim,
                                     const std::string& flag = "--attention");
 Shape attention_saved_shape(Device device, int64_t B, int64_t T, int64_t Hq);

@@ -158,7 +158,7 @@ double rel_l2(const float* got, const float* want, int64_t n) {
 
 LlamaConfig fused_model(NormScheme s) {
   LlamaConfig c = test::small_model(s);
-  c.hidden_size = 256, c.num_heads = 4, c.num_kv_heads = 2, c.num_layers = 3;  // head dim 64, GQA 2
+  c.hidden_size = 128, c.num_heads = 2, c.num_kv_heads = 1, c.num_layers = 3;  // head dim 64, GQA 2
   c.attention = AttentionImpl::Fused;
   return c;
 }
