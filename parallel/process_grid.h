@@ -1,26 +1,12 @@
-// The parallel layout, in one place. Megatron order: tensor-parallel rank innermost,
-// then data-parallel, then pipeline outermost:
-//
-//     rank = tp_rank + dp_rank * TP + pp_rank * TP * DP
-//
-// Who owns what and when they talk:
-//  - tp group (same dp, pp): splits attention heads, FFN width and vocabulary; one
-//    all-reduce after o_proj and down_proj (forward) and after the q/k/v and
-//    gate/up input gradients (backward); max/sum-exp all-reduces in the loss.
-//  - dp group (same tp, pp): disjoint shares of every global batch; gradients summed
-//    after backward (all-reduce, or reduce-scatter + all-gather with --zero=1).
-//  - pipeline: stage s holds global layers [first_s, last_s); stage s sends
-//    activations to the same (tp, dp) rank of stage s+1 and receives gradients back.
-//  - embed group (tied embeddings, pp > 1): the first and the last stage of the same
-//    (tp, dp) sum the embedding gradient so both copies stay equal.
+// ProcessGrid: this rank's place in the layout (parallel/layout.h, where the rank
+// order and every other rule of the layout live) plus the communicators of its
+// groups: tp, dp, the embedding pair of tied embeddings, and the world.
 #pragma once
 #include <memory>
 #include <string>
-#include <utility>
-#include <vector>
 
-#include "lns/config.h"
 #include "parallel/communicator.h"
+#include "parallel/layout.h"
 #include "parallel/tensor_parallel.h"
 
 namespace lns {
@@ -37,27 +23,27 @@ class ProcessGrid {
   // One process, no MPI.
   static std::unique_ptr<ProcessGrid> single();
 
-  int rank = 0, world_size = 1;
-  int tp = 1, pp = 1, dp = 1;
-  int tp_rank = 0, dp_rank = 0, pp_rank = 0;
+  // The sizes come from the world; the stage split and --zero are filled in by the
+  // model side (layout_for_model) before anything asks for them.
+  Layout layout;
+  RankCoords coords;  // this rank's
+  int rank = 0;
 
-  int global_rank(int t, int d, int p) const { return t + d * tp + p * tp * dp; }
-  bool first_stage() const { return pp_rank == 0; }
+  int world_size() const { return layout.world_size(); }
+  bool first_stage() const { return layout.first_stage(coords.pp); }
+  bool last_stage() const { return layout.last_stage(coords.pp); }
   // The ranks whose loss sums count once: the last stage's tensor-parallel rank 0 of
   // every data-parallel replica (tp ranks hold the same loss).
-  bool reports_loss() const { return last_stage() && tp_rank == 0; }
-  bool last_stage() const { return pp_rank == pp - 1; }
-  int prev_stage_rank() const { return global_rank(tp_rank, dp_rank, pp_rank - 1); }
-  int next_stage_rank() const { return global_rank(tp_rank, dp_rank, pp_rank + 1); }
+  bool reports_loss() const { return last_stage() && coords.tp == 0; }
+  int prev_stage_rank() const { return layout.rank_of({coords.tp, coords.dp, coords.pp - 1}); }
+  int next_stage_rank() const { return layout.rank_of({coords.tp, coords.dp, coords.pp + 1}); }
+  std::pair<int, int> stage_range() const { return layout.stage_range(coords.pp); }
 
   Communicator& world() { return *world_; }
   Communicator& tp_comm() { return *tp_; }
   Communicator& dp_comm() { return *dp_; }
   Communicator& embed_comm() { return *embed_; }  // 2 ranks when pp > 1, else 1
-  TensorParallel tensor_parallel() { return {tp_rank, tp, tp > 1 ? tp_.get() : nullptr}; }
-
-  // "world 8 = tp 2 x dp 2 x pp 2" and one line per stage with its global layers.
-  std::string describe(const std::vector<std::pair<int, int>>& stage_layers) const;
+  TensorParallel tensor_parallel() { return {coords.tp, layout.tp, layout.tp > 1 ? tp_.get() : nullptr}; }
 
  private:
   void build_communicators(bool device, CommKind comm);
@@ -65,21 +51,11 @@ class ProcessGrid {
   std::unique_ptr<Communicator> world_, tp_, dp_, embed_;
 };
 
-// The global layers [first, last) of every stage: an even split with the extra
-// layers on the first stages, or the counts of --pp_layers=a,b,c. UserError when
-// the counts do not add up or a stage would be empty.
-std::vector<std::pair<int, int>> stage_layer_ranges(int num_layers, int pp,
-                                                    const std::string& pp_layers);
-
 // Start-up agreement, for apps: every rank calls this after its start-up with its
 // error message ("" if none). If any rank failed, rank 0 prints the lowest failing
 // rank's message as one line "<app>: error: <message> (rank r)" and every rank gets
 // false (exit 1), instead of the healthy ranks waiting in their first collective.
 // Needs MPI initialised; with one process it just prints.
 bool all_ranks_started(const std::string& app, const std::string& error);
-
-// Model constraints of a layout: heads and kv heads divisible by tp, no more stages
-// than layers. UserError naming the flags.
-void validate_layout(const LlamaConfig& cfg, int tp, int pp);
 
 }  // namespace lns

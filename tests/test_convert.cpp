@@ -43,14 +43,14 @@ std::string trained(NormScheme s, const std::string& name) {
 TEST(Convert, ReshardThenMergeEqualsMerge) {
   const Checkpoint ck(trained(NormScheme::LNS, "rs"));
   const std::string merged = dir("merged"), resharded = dir("resharded"), remerged = dir("remerged");
-  CheckpointLayout many;
+  Layout many;
   many.tp = 2, many.pp = 2, many.dp = 2, many.zero = true;
-  write_checkpoint_from_source(ck, ck.config(), CheckpointLayout{}, "", ck.run_state(), AdamWConfig{}, 2, merged);
+  write_checkpoint_from_source(ck, ck.config(), Layout{}, "", ck.run_state(), AdamWConfig{}, 2, merged);
   write_checkpoint_from_source(ck, ck.config(), many, "3,2", ck.run_state(), AdamWConfig{}, 2, resharded);
   const Checkpoint r(resharded);
   EXPECT_EQ(r.layout().tp, 2);
   EXPECT_EQ(r.manifest()["files"].size(), 8u);
-  write_checkpoint_from_source(r, r.config(), CheckpointLayout{}, "", r.run_state(), AdamWConfig{}, 2, remerged);
+  write_checkpoint_from_source(r, r.config(), Layout{}, "", r.run_state(), AdamWConfig{}, 2, remerged);
   const Checkpoint a(merged), b(remerged);
   for (const std::string& name : a.tensor_names())
     for (const char* kind : {"param", "exp_avg", "exp_avg_sq"}) {
@@ -107,7 +107,7 @@ TEST(Convert, RemoveLayersEqualsSkippingBlocks) {
     const RemovedLayers kept(ck, plan.kept);
     const LlamaConfig& cut = plan.config;
     const std::string out = dir(std::string("rm_out_") + norm_scheme_name(s));
-    write_checkpoint_from_source(kept, cut, CheckpointLayout{}, "", ck.run_state(), AdamWConfig{}, 2, out);
+    write_checkpoint_from_source(kept, cut, Layout{}, "", ck.run_state(), AdamWConfig{}, 2, out);
     const Checkpoint removed(out);
     EXPECT_EQ(removed.config().layer_depths, (std::vector<int>{0, 2, 4}));
 

@@ -283,7 +283,7 @@ const Files& files() {
     tr.train_step();
     x.ck_one = tr.save_checkpoint();
     const Checkpoint ck(x.ck_one);
-    CheckpointLayout l;
+    Layout l;
     l.tp = 2, l.pp = 2, l.dp = 2, l.zero = true;  // split pieces and ZeRO moment ranges
     x.ck_many = x.dir + "/many";
     write_checkpoint_from_source(ck, ck.config(), l, "", ck.run_state(), ck.info().optimizer->adam, 1, x.ck_many);

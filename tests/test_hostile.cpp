@@ -38,7 +38,7 @@ const Fixture& fixture() {
     tr.train_step();
     x.one = tr.save_checkpoint();
     const Checkpoint ck(x.one);
-    CheckpointLayout l;
+    Layout l;
     l.tp = 2;
     x.tp2 = x.root + "/tp2";
     write_checkpoint_from_source(ck, ck.config(), l, "", ck.run_state(), ck.info().optimizer->adam, 1, x.tp2);

@@ -65,6 +65,7 @@ TEST(AdamW, TwoStepsMatchHandComputation) {
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(ps.param(1).f32()[i], w[4 + i], 2e-7) << i;
 }
 
+// The production path: GradientSync's norm (one rank here) and clip_factor.
 TEST(GradClip, ScalesOnlyAboveTheThreshold) {
   ParamSet ps;
   ps.add("a", {2}, ParamKind::NormGain, 0);
@@ -73,12 +74,18 @@ TEST(GradClip, ScalesOnlyAboveTheThreshold) {
   const float g[4] = {3, 0, 0, 4};  // norm 5
   std::memcpy(ps.grad(0).data, g, 8);
   std::memcpy(ps.grad(1).data, g + 2, 8);
-  const double n = grad_norm(ps);
+  const auto grid = ProcessGrid::single();
+  GradientSync sync(*grid, ps, /*tied=*/false, /*zero=*/false, /*bucket_mb=*/1);
+  sync.reduce();
+  const double n = sync.global_norm();
   EXPECT_DOUBLE_EQ(n, 5.0);
-  EXPECT_EQ(clip_grads(ps, n, 0.0), 1.0f);   // off
-  EXPECT_EQ(clip_grads(ps, n, 10.0), 1.0f);  // below
-  EXPECT_NEAR(clip_grads(ps, n, 1.0), 1.0 / (5.0 + 1e-6), 1e-7);
-  EXPECT_NEAR(grad_norm(ps), 1.0, 1e-6);
+  EXPECT_EQ(clip_factor(n, 0.0), 1.0f);   // off
+  EXPECT_EQ(clip_factor(n, 10.0), 1.0f);  // below
+  EXPECT_EQ(clip_factor(n, 5.0), 1.0f);   // at
+  const float f = clip_factor(n, 1.0);
+  EXPECT_NEAR(f, 1.0 / (5.0 + 1e-6), 1e-7);
+  sync.scale(f);
+  EXPECT_NEAR(sync.global_norm(), 1.0, 1e-6);
   EXPECT_NEAR(ps.grad(1).f32()[1], 0.8f, 1e-6);
 }
 

@@ -42,8 +42,8 @@ DECLARE_bool(zero);
 namespace lns {
 namespace {
 
-CheckpointLayout target_layout() {
-  CheckpointLayout l;
+Layout target_layout() {
+  Layout l;
   l.tp = tp_flag(), l.pp = pp_flag(), l.dp = FLAGS_dp, l.zero = FLAGS_zero;
   LNS_REQUIRE(l.tp >= 1 && l.pp >= 1 && l.dp >= 1, "--tp, --pp and --dp must be >= 1");
   return l;
@@ -66,12 +66,11 @@ int run(const std::string& cmd) {
   LNS_REQUIRE(!FLAGS_in.empty() && !FLAGS_out.empty(), cmd, ": --in and --out are required");
   if (cmd == "reshard" || cmd == "merge") {
     const Checkpoint ck(FLAGS_in);
-    CheckpointLayout l = cmd == "merge" ? CheckpointLayout{} : target_layout();
+    const Layout l = cmd == "merge" ? Layout{} : target_layout();
     const auto lines = write_checkpoint_from_source(ck, ck.config(), l, cmd == "merge" ? "" : FLAGS_pp_layers,
                                                     ck.run_state(), adam_of(ck), optim_steps(ck), FLAGS_out,
                                                     FLAGS_overwrite);
-    print(absl::StrFormat("wrote %s (tp=%d pp=%d dp=%d%s, step %d) from %s", FLAGS_out, l.tp, l.pp, l.dp,
-                          l.zero ? " zero" : "", ck.run_state().step, FLAGS_in),
+    print(absl::StrFormat("wrote %s (%s, step %d) from %s", FLAGS_out, l.brief(), ck.run_state().step, FLAGS_in),
           lines);
     return 0;
   }

@@ -27,6 +27,7 @@
 #include "lns/files.h"
 #include "lns/hf_llama.h"
 #include "lns/layer_removal.h"
+#include "lns/model_layout.h"
 #include "lns/train_flags.h"
 
 DEFINE_string(checkpoint, "", "Checkpoint directory to evaluate (any layout).");
@@ -112,8 +113,7 @@ Result evaluate_all(ProcessGrid& grid) {
   const LlamaConfig cfg = ck ? ck->config() : hf->config();
   LNS_REQUIRE(FLAGS_data != "random" && !FLAGS_data.empty(), "--data: give the evaluation token file");
   LNS_REQUIRE(FLAGS_seq_len > 0 && FLAGS_micro_batch_size > 0, "--seq_len and --micro_batch_size must be positive");
-  validate_layout(cfg, grid.tp, grid.pp);
-  const auto layers = stage_layer_ranges(cfg.num_layers, grid.pp, "");
+  grid.layout = layout_for_model(cfg, grid.layout, "");
   const auto corpus = TokenCorpus::open(FLAGS_data);
   std::vector<int> sweep;
   std::set<int> skip_set;
@@ -123,8 +123,7 @@ Result evaluate_all(ProcessGrid& grid) {
     skip_set = parse_layer_list(FLAGS_drop_layers, cfg.num_layers, "--drop_layers");
   }
   const EvalOptions opt = eval_options(ck.get());
-  const auto [first, last] = layers[grid.pp_rank];
-  LlamaStage stage(cfg, {first, last, grid.first_stage(), grid.last_stage()}, opt.micro_batch,
+  LlamaStage stage(cfg, stage_spec(grid.layout, grid.coords.pp), opt.micro_batch,
                    opt.seq_len, 1, grid.tensor_parallel(), parse_device(FLAGS_device));
   load_from_source(src, stage.params(), nullptr);
   for (int i = 0; i < stage.params().size(); ++i) {  // the host copies load_from_source wrote
@@ -143,7 +142,7 @@ Result evaluate_all(ProcessGrid& grid) {
   const std::string model = ck ? FLAGS_checkpoint : FLAGS_hf_dir;
   r.json = {{"model", model}, {"data", FLAGS_data}, {"norm_scheme", norm_scheme_name(cfg.norm_scheme)},
             {"num_layers", cfg.num_layers}, {"seq_len", opt.seq_len},
-            {"layout", absl::StrFormat("tp=%d pp=%d dp=%d", grid.tp, grid.pp, grid.dp)}};
+            {"layout", grid.layout.brief()}};
   double t0 = now();
   const EvalStats intact = ev.evaluate();
   if (!std::isfinite(intact.loss) || !std::isfinite(intact.ppl))
@@ -184,9 +183,9 @@ Result evaluate_all(ProcessGrid& grid) {
     }
     r.json["sweep"] = {{"intact", {{"ppl", res[0].ppl}, {"loss", res[0].loss}}}, {"layers", rows},
                        {"seconds", secs},
-                       {"reused_intact_activations", grid.pp == 1}};
+                       {"reused_intact_activations", grid.layout.pp == 1}};
     r.lines.push_back(absl::StrFormat("sweep of %d blocks: %.1f s%s", sweep.size(), secs,
-                                      grid.pp == 1 ? " (blocks before each skipped one reused from the intact pass)"
+                                      grid.layout.pp == 1 ? " (blocks before each skipped one reused from the intact pass)"
                                                    : " (pipeline: every configuration evaluated in full)"));
   }
   if (FLAGS_diag) {

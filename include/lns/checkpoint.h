@@ -38,20 +38,28 @@ uint32_t file_crc32(const std::string& path);  // UserError naming the file if u
 // removes older complete checkpoints of ours afterwards (docs/checkpoints.md).
 // pause_ms: test hook, each rank sleeps after writing its file (before the rename).
 std::string save_checkpoint(const std::string& out_dir, Communicator& world, const ParamSet& params,
-                            const AdamW& optim, const LlamaConfig& cfg, const CheckpointLayout& layout,
-                            const RunState& state, int keep, int pause_ms = 0);
+                            const AdamW& optim, const LlamaConfig& cfg, const Layout& layout,
+                            RankCoords at, const RunState& state, int keep, int pause_ms = 0);
 
-// Writes `rank`'s file into `dir` and returns its description (rank, name, bytes,
-// CRC32, pieces) for the manifest; optim may be null (no optimizer state).
-nlohmann::json write_rank_shard(const std::string& dir, int rank, const ParamSet& params,
-                                const AdamW* optim, const CheckpointLayout& layout);
+// Writes the file of the rank at `at` in `layout` into `dir` and returns its
+// description (rank, name, bytes, CRC32, pieces) for the manifest; optim may be null
+// (no optimizer state).
+nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, const AdamW* optim,
+                                const Layout& layout, RankCoords at);
 
-// Writes the whole model from `src` as a checkpoint at out_dir for `layout` (rank by
-// rank, in this process), with optimizer state when the source has it. out_dir must
+// Writes dir/manifest.json (atomically, then syncs the directory) for the rank files
+// described by `shards`.
+void write_manifest(const std::string& dir, const std::vector<nlohmann::json>& shards, const LlamaConfig& cfg,
+                    const Layout& layout, const RunState& state, const std::optional<OptimizerRecord>& optim);
+
+// Resharding (src/checkpoint/reshard.cpp).
+// Writes the whole model from `src` as a checkpoint at out_dir for `layout` (sizes and
+// zero; split by layout_for_model with pp_layers), rank by rank in this process, with
+// optimizer state when the source has it. out_dir must
 // not exist or be empty; with `overwrite` it may also be a complete lns checkpoint,
 // which is replaced atomically. Returns a one-line summary per rank file.
 std::vector<std::string> write_checkpoint_from_source(const TensorSource& src, const LlamaConfig& cfg,
-                                                      const CheckpointLayout& layout,
+                                                      const Layout& layout,
                                                       const std::string& pp_layers,
                                                       const RunState& state,
                                                       const AdamWConfig& adam, int64_t optim_steps,
@@ -78,8 +86,9 @@ class TensorSource {
   virtual std::string where() const = 0;  // for errors
 };
 
-// Fills params (a stage/shard of any layout) from the source's logical tensors, and
-// the optimizer's moments when optim is given and the source has them.
+// Resharding (src/checkpoint/reshard.cpp): fills params (a stage/shard of any layout)
+// from the source's logical tensors, and the optimizer's moments when optim is given
+// and the source has them.
 void load_from_source(const TensorSource& src, ParamSet& params, AdamW* optim);
 
 // A checkpoint opened for reading. Before anything is read: the manifest is validated
@@ -96,7 +105,7 @@ class Checkpoint : public TensorSource {
   const Manifest& info() const { return info_; }
   LlamaConfig config() const { return info_.model; }
   RunState run_state() const { return info_.state; }
-  CheckpointLayout layout() const { return info_.layout; }
+  const Layout& layout() const { return info_.layout; }
   // The logical tensor `name` of `kind` ("param", "exp_avg", "exp_avg_sq"),
   // assembled from its pieces; UserError if an element is missing or covered twice.
   std::vector<float> logical(const std::string& name, const std::string& kind) const override;

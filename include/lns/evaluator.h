@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "lns/data.h"
+#include "lns/gradient_sync.h"
+#include "lns/pipeline_schedule.h"
 #include "lns/stage.h"
-#include "parallel/gradient_sync.h"
-#include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
 
 namespace lns {

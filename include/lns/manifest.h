@@ -15,6 +15,7 @@
 
 #include "lns/config.h"
 #include "lns/optim.h"
+#include "parallel/layout.h"
 
 namespace lns {
 
@@ -37,13 +38,6 @@ struct RunState {
   uint64_t consumed_samples = 0;  // the data sampler's position
   uint64_t seed = 0;
   TrainingRecord training;
-};
-
-struct CheckpointLayout {
-  int tp = 1, pp = 1, dp = 1;
-  bool zero = false;
-  int tp_rank = 0, pp_rank = 0, dp_rank = 0;
-  std::vector<std::pair<int, int>> stage_layers;
 };
 
 struct ManifestFile {
@@ -72,7 +66,7 @@ struct OptimizerRecord {
 struct Manifest {
   RunState state;
   LlamaConfig model;
-  CheckpointLayout layout;
+  Layout layout;  // the layout it was written under (parallel/layout.h)
   std::optional<OptimizerRecord> optimizer;  // absent for imported weights
   std::vector<ManifestFile> files;
   std::vector<ManifestPiece> pieces;
@@ -81,7 +75,7 @@ struct Manifest {
 // The manifest document for rank files described by `shards` (each: rank, name,
 // bytes, crc32, pieces, as write_rank_shard returns), with its own CRC32.
 nlohmann::json make_manifest(const std::vector<nlohmann::json>& shards, const LlamaConfig& cfg,
-                             const CheckpointLayout& layout, const RunState& state,
+                             const Layout& layout, const RunState& state,
                              const std::optional<OptimizerRecord>& optim);
 
 // Validates `m` (read from `path`) completely; UserError naming `path` and the field.

@@ -53,10 +53,10 @@ struct LrSchedule {
   double at(int64_t step) const;
 };
 
-// sqrt(sum of squares of all gradients) in double.
-double grad_norm(const ParamSet& params);
-// If max_norm > 0 and norm > max_norm, scales all gradients by max_norm / (norm + 1e-6)
-// (torch.nn.utils.clip_grad_norm_). Returns the factor applied (1 when not clipped).
-float clip_grads(ParamSet& params, double norm, double max_norm);
+// Gradient clipping (torch.nn.utils.clip_grad_norm_): the factor to scale every
+// gradient by, max_norm / (norm + 1e-6) when max_norm > 0 and norm > max_norm, else 1.
+// The norm is GradientSync::global_norm (every parameter counted once across ranks),
+// and GradientSync::scale applies the factor.
+float clip_factor(double norm, double max_norm);
 
 }  // namespace lns

@@ -35,6 +35,10 @@ struct ParamInfo {
   bool tied_copy = false;
   bool decays() const { return shape.ndim == 2; }  // weight decay on matrices only
   bool replicated() const { return split_dim < 0; }
+  // The one rule for counting a parameter once across ranks (gradient norm, checkpoint
+  // pieces, gathers): a replicated tensor counts on tensor-parallel rank 0 only, the
+  // tied copy never (the first stage's embedding is the one that counts).
+  bool counted_on(int tp_rank) const { return !tied_copy && (!replicated() || tp_rank == 0); }
   // Local element (i, j) -> logical (li, lj); false for padding.
   bool to_logical(int64_t i, int64_t j, int64_t* li, int64_t* lj) const;
 };

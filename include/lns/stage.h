@@ -11,7 +11,7 @@
 //
 // Under tensor parallelism (tp.size > 1) the stage holds this rank's shard: its
 // query/key-value heads, its slice of the FFN width and of the vocabulary (padded by
-// the rule of parallel/tensor_parallel.h), and replicated norms. It all-reduces
+// the rule of parallel/shard.h), and replicated norms. It all-reduces
 // after o_proj and down_proj, after the input gradients of q/k/v and gate/up, in the
 // embedding and in the loss; the logits it returns are its vocabulary columns.
 #pragma once

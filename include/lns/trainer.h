@@ -8,11 +8,11 @@
 #include "lns/config.h"
 #include "lns/data.h"
 #include "lns/device.h"
-#include "lns/optim.h"
 #include "lns/evaluator.h"
+#include "lns/gradient_sync.h"
+#include "lns/optim.h"
+#include "lns/pipeline_schedule.h"
 #include "lns/stage.h"
-#include "parallel/gradient_sync.h"
-#include "parallel/pipeline_schedule.h"
 #include "parallel/process_grid.h"
 
 namespace lns {
@@ -117,7 +117,6 @@ class Trainer {
   TrainConfig cfg_;
   std::unique_ptr<ProcessGrid> own_grid_;
   ProcessGrid* grid_;
-  std::vector<std::pair<int, int>> stage_layers_;
   int num_micro_ = 1;
   LrSchedule schedule_;
   std::unique_ptr<LlamaStage> model_;

@@ -20,7 +20,6 @@
 #include "lns/output_dir.h"
 #include "lns/safetensors.h"
 #include "lns/stage.h"
-#include "parallel/process_grid.h"
 
 namespace fs = std::filesystem;
 
@@ -101,14 +100,14 @@ void prune_checkpoints(const fs::path& root, const std::string& newest, int keep
   }
 }
 
+}  // namespace
+
 void write_manifest(const std::string& dir, const std::vector<nlohmann::json>& shards, const LlamaConfig& cfg,
-                    const CheckpointLayout& layout, const RunState& state,
+                    const Layout& layout, const RunState& state,
                     const std::optional<OptimizerRecord>& optim) {
   write_file_atomically(dir + "/manifest.json", make_manifest(shards, cfg, layout, state, optim).dump(1));
   fsync_path(dir);
 }
-
-}  // namespace
 
 uint32_t crc32(const void* data, size_t n, uint32_t crc) {
   const auto& t = crc_table();
@@ -130,8 +129,9 @@ uint32_t file_crc32(const std::string& path) {
   return crc;
 }
 
-nlohmann::json write_rank_shard(const std::string& dir, int rank, const ParamSet& params,
-                                const AdamW* optim, const CheckpointLayout& layout) {
+nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, const AdamW* optim,
+                                const Layout& layout, RankCoords at) {
+  const int rank = layout.rank_of(at);
   // This rank's pieces: parameters from dp rank 0 (replicas are equal), moments from
   // every rank that owns an optimizer range (all dp ranks under ZeRO).
   SafetensorsWriter w;
@@ -139,7 +139,7 @@ nlohmann::json write_rank_shard(const std::string& dir, int rank, const ParamSet
   const std::string file = absl::StrFormat("rank_%05d.safetensors", rank);
   for (int i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params.info(i);
-    if (p.tied_copy || (p.replicated() && layout.tp_rank != 0)) continue;
+    if (!p.counted_on(at.tp)) continue;
     const int64_t n = p.shape.numel();
     auto add = [&](const std::string& kind, const float* data, int64_t eb, int64_t ee) {
       const std::string key = absl::StrFormat("%s/%s@%d", kind, p.name, eb);
@@ -149,8 +149,8 @@ nlohmann::json write_rank_shard(const std::string& dir, int rank, const ParamSet
                         {"split_dim", p.split_dim}, {"shard_begin", p.shard_begin},
                         {"shard_valid", p.shard_valid}, {"elem_begin", eb}, {"elem_end", ee}});
     };
-    if (layout.dp_rank == 0) add("param", params.host_param(i).f32(), 0, n);
-    if (optim && (layout.zero || layout.dp_rank == 0)) {
+    if (at.dp == 0) add("param", params.host_param(i).f32(), 0, n);
+    if (optim && (layout.zero || at.dp == 0)) {
       const int64_t lo = std::max<int64_t>(optim->begin(), p.offset),
                     hi = std::min<int64_t>(optim->end(), p.offset + n);
       if (lo < hi) {
@@ -166,8 +166,8 @@ nlohmann::json write_rank_shard(const std::string& dir, int rank, const ParamSet
 }
 
 std::string save_checkpoint(const std::string& out_dir, Communicator& world, const ParamSet& params,
-                            const AdamW& optim, const LlamaConfig& cfg, const CheckpointLayout& layout,
-                            const RunState& state, int keep, int pause_ms) {
+                            const AdamW& optim, const LlamaConfig& cfg, const Layout& layout,
+                            RankCoords at, const RunState& state, int keep, int pause_ms) {
   const fs::path root = fs::path(out_dir) / "checkpoints";
   const std::string name = absl::StrFormat("step_%07d", state.step);
   const std::string final_dir = (root / name).string();
@@ -181,7 +181,7 @@ std::string save_checkpoint(const std::string& out_dir, Communicator& world, con
     if (ec) fail(tmp_dir, ": cannot create: ", ec.message());
   }
   world.barrier();
-  const nlohmann::json mine = write_rank_shard(tmp_dir, world.rank(), params, &optim, layout);
+  const nlohmann::json mine = write_rank_shard(tmp_dir, params, &optim, layout, at);
   if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
   const std::string text = mine.dump();
   const auto all = world.gather_bytes(std::vector<char>(text.begin(), text.end()));
@@ -369,80 +369,4 @@ void Checkpoint::load_into(ParamSet& params, AdamW* optim) const {
   if (optim) optim->set_steps_taken(info_.optimizer->steps_taken);
 }
 
-void load_from_source(const TensorSource& src, ParamSet& params, AdamW* optim) {
-  for (int i = 0; i < params.size(); ++i) {
-    const ParamInfo& p = params.info(i);
-    if (!src.has(p.name, "param")) fail(src.where(), ": missing weight '", p.name, "'");
-    const auto shape = src.logical_shape(p.name);
-    if (Shape(shape) != p.logical)
-      fail(src.where(), ": tensor '", p.name, "' has shape ", Shape(shape).str(),
-           ", expected ", p.logical.str());
-    const int64_t n = p.shape.numel(), cols = p.shape[p.shape.ndim - 1],
-                  lcols = p.logical[p.logical.ndim - 1];
-    // Local element k -> its logical index, or -1 for tensor-parallel padding.
-    auto logical_index = [&](int64_t k) -> int64_t {
-      int64_t li, lj;
-      return p.to_logical(k / cols, k % cols, &li, &lj) ? li * lcols + lj : -1;
-    };
-    const std::vector<float> w = src.logical(p.name, "param");
-    float* dst = params.host_param(i).f32();
-    for (int64_t k = 0; k < n; ++k) dst[k] = logical_index(k) >= 0 ? w[logical_index(k)] : 0.0f;
-    if (!optim || !src.has(p.name, "exp_avg")) continue;
-    const int64_t lo = std::max<int64_t>(optim->begin(), p.offset),
-                  hi = std::min<int64_t>(optim->end(), p.offset + n);
-    if (lo >= hi) continue;
-    for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
-      const std::vector<float> mom = src.logical(p.name, kind);
-      float* out = (std::string(kind) == "exp_avg" ? optim->exp_avg() : optim->exp_avg_sq()).f32();
-      const int64_t off = static_cast<int64_t>(p.offset);
-      for (int64_t k = lo - off; k < hi - off; ++k)
-        out[off + k - optim->begin()] = logical_index(k) >= 0 ? mom[logical_index(k)] : 0.0f;
-    }
-  }
-  params.upload();  // CUDA: the host mirrors written above go to the device
-  if (optim) optim->upload();
-}
-
-std::vector<std::string> write_checkpoint_from_source(const TensorSource& src, const LlamaConfig& cfg,
-                                                      const CheckpointLayout& target,
-                                                      const std::string& pp_layers,
-                                                      const RunState& state,
-                                                      const AdamWConfig& adam, int64_t optim_steps,
-                                                      const std::string& out_dir, bool overwrite) {
-  validate_layout(cfg, target.tp, target.pp);
-  CheckpointLayout layout = target;
-  layout.stage_layers = stage_layer_ranges(cfg.num_layers, target.pp, pp_layers);
-  StagedDir out(out_dir, "--out", overwrite, checkpoint_inventory, "an lns checkpoint");
-  const bool with_optim = src.has(LlamaStage::model_params(cfg).front().name, "exp_avg");
-  std::vector<nlohmann::json> shards;
-  std::vector<std::string> summary;
-  for (int pr = 0; pr < layout.pp; ++pr)
-    for (int dr = 0; dr < layout.dp; ++dr)
-      for (int tr = 0; tr < layout.tp; ++tr) {
-        layout.tp_rank = tr, layout.dp_rank = dr, layout.pp_rank = pr;
-        const int rank = tr + dr * layout.tp + pr * layout.tp * layout.dp;
-        const auto [first, last] = layout.stage_layers[pr];
-        ParamSet ps = LlamaStage::stage_params(cfg, {first, last, pr == 0, pr == layout.pp - 1},
-                                               {tr, layout.tp, nullptr});
-        ps.finalize();
-        std::unique_ptr<AdamW> optim;
-        if (with_optim) {
-          const ShardRange s = shard_range(ps.numel(), layout.dp, dr);
-          optim = layout.zero ? std::make_unique<AdamW>(ps, adam, s.begin, s.begin + s.valid)
-                              : std::make_unique<AdamW>(ps, adam);
-          optim->set_steps_taken(optim_steps);
-        }
-        load_from_source(src, ps, optim.get());
-        shards.push_back(write_rank_shard(out.path(), rank, ps, optim.get(), layout));
-        summary.push_back(absl::StrFormat("rank %d (tp %d, dp %d, pp %d: layers %d..%d): %s, %d bytes",
-                                          rank, tr, dr, pr, first, last - 1,
-                                          shards.back()["name"].get<std::string>(),
-                                          shards.back()["bytes"].get<int64_t>()));
-      }
-  std::optional<OptimizerRecord> optim;
-  if (with_optim) optim = OptimizerRecord{adam, optim_steps};
-  write_manifest(out.path(), shards, cfg, layout, state, optim);
-  out.commit();
-  return summary;
-}
 }  // namespace lns

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <set>
 
+#include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
@@ -105,6 +106,18 @@ LlamaConfig config_from_hf(const nlohmann::json& hf, const std::string& path) {
 
 namespace {
 
+// The scale block_plan puts on the output of norm gain `p`: its sublayer's pre_scale
+// when p is that sublayer's pre-norm, else 1 (embedding, head, final and other norms).
+float pre_norm_scale(const LlamaConfig& cfg, const ParamInfo& p) {
+  if (p.layer < 0 || p.kind != ParamKind::NormGain) return 1.0f;
+  const BlockPlan plan = block_plan(cfg, p.layer);
+  for (const SublayerPlan* sub : {&plan.attn, &plan.mlp})
+    if (sub->pre_norm && p.name == absl::StrCat("model.layers.", p.layer, ".", norm_slot_name(*sub->pre_norm),
+                                                ".weight"))
+      return sub->pre_scale;
+  return 1.0f;
+}
+
 constexpr const char* kExportMarker = "lns_export_files";
 const char* const kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                                        "special_tokens_map.json"};
@@ -171,12 +184,10 @@ std::vector<std::string> export_hf(const TensorSource& src, const LlamaConfig& c
   SafetensorsWriter w;
   for (const ParamInfo& p : LlamaStage::model_params(cfg)) {
     std::vector<float> t = src.logical(p.name, "param");
-    if (cfg.norm_scheme == NormScheme::LNS && p.layer >= 0 && p.kind == ParamKind::NormGain) {
-      // y = s * (xhat * g) = xhat * (s * g): the LNS scale of this block's depth moves
-      // into the gain, and the model becomes a plain Pre-LN LLaMA.
-      const float s = lns_scale(cfg.depth_of(p.layer));
+    // y = s * (xhat * g) = xhat * (s * g): a scaled pre-norm's scale (LNS: 1/sqrt of
+    // the block's depth) moves into its gain, and the model becomes a plain Pre-LN LLaMA.
+    if (const float s = pre_norm_scale(cfg, p); s != 1.0f)
       for (float& v : t) v *= s;
-    }
     w.add_f32(p.name, p.logical.to_vector(), t.data());
   }
   w.set_metadata("format", "pt");

@@ -16,26 +16,6 @@ constexpr int kMaxRanks = 1 << 20;
 
 std::string shape_str(const std::vector<int64_t>& s) { return Shape(s).str(); }
 
-void parse_layout(const JsonIn& j, int num_layers, CheckpointLayout* l) {
-  l->tp = static_cast<int>(j["tp"].integer(1, kMaxRanks));
-  l->pp = static_cast<int>(j["pp"].integer(1, kMaxRanks));
-  l->dp = static_cast<int>(j["dp"].integer(1, kMaxRanks));
-  l->zero = j["zero"].boolean();
-  const JsonIn stages = j["stage_layers"];
-  if (stages.size() != static_cast<size_t>(l->pp))
-    stages.error("has ", std::to_string(stages.size()), " stages, layout.pp is ", std::to_string(l->pp));
-  int next = 0;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    const auto r = stages.at(s).integers(2, 2, 0, num_layers);
-    if (r[0] != next || r[1] <= r[0])
-      stages.at(s).error("stages must cover layers 0..", std::to_string(num_layers),
-                         " in order, each at least one layer");
-    l->stage_layers.emplace_back(static_cast<int>(r[0]), static_cast<int>(r[1]));
-    next = static_cast<int>(r[1]);
-  }
-  if (next != num_layers) stages.error("covers ", std::to_string(next), " of ", std::to_string(num_layers), " layers");
-}
-
 OptimizerRecord parse_optimizer(const JsonIn& j) {
   if (j["type"].string() != "adamw") j["type"].error("expected \"adamw\"");
   OptimizerRecord o;
@@ -116,7 +96,7 @@ uint32_t manifest_crc(const nlohmann::json& m) {
 }
 
 nlohmann::json make_manifest(const std::vector<nlohmann::json>& shards, const LlamaConfig& cfg,
-                             const CheckpointLayout& layout, const RunState& state,
+                             const Layout& layout, const RunState& state,
                              const std::optional<OptimizerRecord>& optim) {
   nlohmann::json m = {
       {"format", kCheckpointFormat},
@@ -126,9 +106,7 @@ nlohmann::json make_manifest(const std::vector<nlohmann::json>& shards, const Ll
       {"rng", {{"seed", state.seed}, {"kind", "counter-based (seed, tensor name, index)"}}},
       {"lr_schedule", {{"next_step", state.step}}},
       {"model", cfg.to_json()},
-      {"layout",
-       {{"tp", layout.tp}, {"pp", layout.pp}, {"dp", layout.dp}, {"zero", layout.zero},
-        {"stage_layers", layout.stage_layers}}},
+      {"layout", layout.to_json()},
       {"files", nlohmann::json::array()},
       {"tensors", nlohmann::json::array()}};
   const TrainingRecord& t = state.training;
@@ -167,7 +145,7 @@ Manifest parse_manifest(const nlohmann::json& m, const std::string& path) {
   out.state.seed = in["rng"]["seed"].uinteger();
   if (in.has("training")) out.state.training = parse_training(in["training"]);
   out.model = LlamaConfig::from_json(in["model"].raw(), path + ": model");
-  parse_layout(in["layout"], out.model.num_layers, &out.layout);
+  out.layout = Layout::from_json(in["layout"], out.model.num_layers);
   if (in.has("optimizer")) out.optimizer = parse_optimizer(in["optimizer"]);
 
   const JsonIn files = in["files"];

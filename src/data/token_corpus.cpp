@@ -265,31 +265,31 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   LNS_CHECK(token_bytes == 2 || token_bytes == 4);
   LNS_CHECK(!doc_starts.empty() && doc_starts.front() == 0 &&
             doc_starts.back() == static_cast<int64_t>(tokens.size()));
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) fail(path, ": cannot write: ", std::strerror(errno));
-  uint8_t header[kHeaderBytes] = {};
-  std::memcpy(header, kMagic, 8);
-  const uint32_t ver = kVersion, tb = token_bytes;
-  const uint64_t n = tokens.size(), docs = doc_starts.size() - 1, vocab = vocab_size;
-  std::memcpy(header + 8, &ver, 4);
-  std::memcpy(header + 12, &tb, 4);
-  std::memcpy(header + 16, &n, 8);
-  std::memcpy(header + 24, &docs, 8);
-  std::memcpy(header + 32, &vocab, 8);
-  std::fwrite(header, 1, kHeaderBytes, f);
-  for (int32_t t : tokens) {
-    if (token_bytes == 2) {
-      const uint16_t v = static_cast<uint16_t>(t);
-      std::fwrite(&v, 2, 1, f);
-    } else {
-      std::fwrite(&t, 4, 1, f);
+  // The one atomic write of lns/files.h: a reader never maps half a token file.
+  write_file_atomically(path, [&](std::FILE* f) {
+    uint8_t header[kHeaderBytes] = {};
+    std::memcpy(header, kMagic, 8);
+    const uint32_t ver = kVersion, tb = token_bytes;
+    const uint64_t n = tokens.size(), docs = doc_starts.size() - 1, vocab = vocab_size;
+    std::memcpy(header + 8, &ver, 4);
+    std::memcpy(header + 12, &tb, 4);
+    std::memcpy(header + 16, &n, 8);
+    std::memcpy(header + 24, &docs, 8);
+    std::memcpy(header + 32, &vocab, 8);
+    bool ok = std::fwrite(header, 1, kHeaderBytes, f) == kHeaderBytes;
+    for (int32_t t : tokens) {
+      if (token_bytes == 2) {
+        const uint16_t v = static_cast<uint16_t>(t);
+        ok = std::fwrite(&v, 2, 1, f) == 1 && ok;
+      } else {
+        ok = std::fwrite(&t, 4, 1, f) == 1 && ok;
+      }
     }
-  }
-  const uint64_t pad = (8 - (n * token_bytes) % 8) % 8;
-  const uint8_t zeros[8] = {};
-  std::fwrite(zeros, 1, pad, f);
-  std::fwrite(doc_starts.data(), 8, doc_starts.size(), f);
-  if (std::fclose(f) != 0) fail(path, ": write failed");
+    const uint64_t pad = (8 - (n * token_bytes) % 8) % 8;
+    const uint8_t zeros[8] = {};
+    ok = std::fwrite(zeros, 1, pad, f) == pad && ok;
+    return std::fwrite(doc_starts.data(), 8, doc_starts.size(), f) == doc_starts.size() && ok;
+  });
 }
 
 }  // namespace lns

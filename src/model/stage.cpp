@@ -97,7 +97,7 @@ ParamSet LlamaStage::stage_params(const LlamaConfig& cfg, StageSpec spec, Tensor
 
 void LlamaStage::init_dims() {
   LNS_CHECK(cfg_.num_heads % tp_.size == 0 && cfg_.num_kv_heads % tp_.size == 0)
-      << "validate_layout() must reject this layout";
+      << "layout_for_model() must reject this layout";
   Hq_ = cfg_.num_heads / tp_.size;
   Hkv_ = cfg_.num_kv_heads / tp_.size;
   QD_ = Hq_ * cfg_.head_dim();

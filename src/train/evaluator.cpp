@@ -31,11 +31,13 @@ Evaluator::Evaluator(ProcessGrid& grid, LlamaStage& stage, PipelineSchedule1F1B&
 }
 
 // Micro-batch k goes to dp rank k % dp; every stage of that rank walks the same k.
-int64_t Evaluator::my_batches() const { return (batches_ - grid_.dp_rank + grid_.dp - 1) / grid_.dp; }
+int64_t Evaluator::my_batches() const {
+  return (batches_ - grid_.coords.dp + grid_.layout.dp - 1) / grid_.layout.dp;
+}
 
 void Evaluator::fill(int j) {
   const int64_t B = opt_.micro_batch, T = opt_.seq_len;
-  const int64_t k = grid_.dp_rank + int64_t{j} * grid_.dp;
+  const int64_t k = grid_.coords.dp + int64_t{j} * grid_.layout.dp;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t seq = k * B + b;
     int32_t* tgt = tg_.i32() + b * T;
@@ -77,7 +79,7 @@ EvalStats Evaluator::evaluate() {
 std::vector<EvalStats> Evaluator::sweep(const std::vector<int>& layers) {
   const int64_t B = opt_.micro_batch, T = opt_.seq_len;
   std::vector<EvalStats> out;
-  if (grid_.pp > 1) {  // each configuration is a full pipelined evaluation
+  if (grid_.layout.pp > 1) {  // each configuration is a full pipelined evaluation
     out.push_back(evaluate());
     for (int k : layers) {
       stage_.set_skipped_layers({k});
@@ -119,7 +121,7 @@ std::vector<LayerDiagnostics> Evaluator::diagnostics(int max_batches) {
         1, [&](int) { fill(static_cast<int>(j)); return Tensor(in_); },
         [&](int) { fill(static_cast<int>(j)); return tg_.t.view({opt_.micro_batch * opt_.seq_len}); },
         static_cast<int>(j));
-    if (grid_.tp_rank != 0) continue;  // the residual stream is replicated over tp
+    if (grid_.coords.tp != 0) continue;  // the residual stream is replicated over tp
     for (const auto& st : stage_.layer_stats()) {
       double* a = &acc[static_cast<size_t>(st.layer) * kFields];
       a[0] += st.tokens, a[1] += st.sum, a[2] += st.sum_sq, a[3] += st.elements;
@@ -146,14 +148,11 @@ std::vector<double> block_grad_norms(ProcessGrid& grid, const ParamSet& params,
   std::vector<double> sq(num_layers, 0.0);
   const Tensor g = params.flat_grads();
   for (const ParamInfo& p : params.infos()) {
-    if (p.layer < 0 || (p.replicated() && grid.tp_rank != 0)) continue;
+    if (p.layer < 0 || !p.counted_on(grid.coords.tp)) continue;  // blocks only
     const int64_t lo = std::max<int64_t>(sync.shard_begin(), p.offset),
                   hi = std::min<int64_t>(sync.shard_end(), p.offset + p.shape.numel());
     if (lo >= hi) continue;
-    Tensor t = g;
-    t.data = g.f32() + lo;
-    t.shape = Shape{hi - lo};
-    sq[p.layer] += sum_squares(t);
+    sq[p.layer] += sum_squares(g.rows(lo, hi));
   }
   grid.world().all_reduce(sq.data(), num_layers, ReduceOp::Sum);
   for (double& v : sq) v = std::sqrt(v);

@@ -16,6 +16,7 @@
 #include "lns/cpu_info.h"
 #include "lns/errors.h"
 #include "lns/files.h"
+#include "lns/model_layout.h"
 #include "lns/model_flags.h"
 #include "lns/run_dir.h"
 #include "lns/train_flags.h"
@@ -45,12 +46,14 @@ std::string source_revision() {
 
 // run.json: what ran, from which source, where. Collective (gathers every rank's
 // host); the record on rank 0.
-nlohmann::json run_record(ProcessGrid& grid, const std::vector<std::pair<int, int>>& layers) {
+nlohmann::json run_record(ProcessGrid& grid) {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   const std::string mine(host);
   const auto all = grid.world().gather_bytes(std::vector<char>(mine.begin(), mine.end()));
   if (grid.rank != 0) return {};
+  nlohmann::json layout = grid.layout.to_json();  // as in a checkpoint's manifest, plus the world
+  layout["world"] = grid.world_size();
   nlohmann::json hosts = nlohmann::json::array();
   for (const auto& h : all) hosts.push_back(std::string(h.begin(), h.end()));
   const std::time_t now = std::time(nullptr);
@@ -59,8 +62,7 @@ nlohmann::json run_record(ProcessGrid& grid, const std::vector<std::pair<int, in
   return {{"source_revision", source_revision()},
           {"command", g_command_line},
           {"started", when},
-          {"layout", {{"world", grid.world_size}, {"tp", grid.tp}, {"pp", grid.pp},
-                      {"dp", grid.dp}, {"stage_layers", layers}}},
+          {"layout", layout},
           {"hosts", hosts}};
 }
 
@@ -84,24 +86,22 @@ int run() {
   std::unique_ptr<Trainer> trainer;
   LlamaConfig model_cfg;
   TrainConfig cfg;
-  std::vector<std::pair<int, int>> layers;
   std::string error, flags;
   try {
     model_cfg = config_from_flags();
     cfg = train_config_from_flags();
     grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
-    validate_layout(model_cfg, grid->tp, grid->pp);
+    grid->layout = layout_for_model(model_cfg, grid->layout, cfg.pp_layers);
     if (cfg.device == Device::CUDA) {
       const int gpu = bind_local_gpu(local_rank_from_env());
       (void)comm_flag();  // a bad --comm fails here, on every rank
       VLOG(1) << "rank " << grid->rank << ": GPU " << gpu << ", " << current_gpu_description();
       if (grid->rank == 0) LOG(INFO) << "CUDA backend: " << current_gpu_description();
     }
-    layers = stage_layer_ranges(model_cfg.num_layers, grid->pp, cfg.pp_layers);
     if (grid->rank == 0) {
       flags = resolved_flags();
       LOG(INFO) << "configuration:\n" << flags;
-      LOG(INFO) << "layout: " << grid->describe(layers);
+      LOG(INFO) << "layout: " << grid->layout.describe();
       if (cfg.device == Device::CPU) {
         LOG(INFO) << "CPU backend: " << cpu_blas_info();
         if (const std::string w = cpu_blas_warning(); !w.empty()) LOG(WARNING) << w;
@@ -125,7 +125,7 @@ int run() {
   if (!all_ranks_started("lns_train", error)) return 1;
   // The run is accepted (its resume checked against the flags): only now does the run
   // directory change. Collective first: every rank has started and is listening.
-  const nlohmann::json record = run_record(*grid, layers);
+  const nlohmann::json record = run_record(*grid);
   try {
     if (grid->rank == 0 && !cfg.out_dir.empty()) {
       write_file_atomically(cfg.out_dir + "/config.flags", flags);

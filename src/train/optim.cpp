@@ -37,13 +37,7 @@ void AdamW::step(float lr) {
                static_cast<float>(1.0 - std::pow(double(cfg_.beta2), double(t_)))};
   const Tensor m = m_.f32(Shape{end_ - begin_}), v = v_.f32(Shape{end_ - begin_});
   const Tensor p = params_.flat_params(), g = params_.flat_grads(), pc = params_.flat_compute();
-  auto slice = [](Tensor flat, int64_t at, int64_t n) {
-    if (flat.empty()) return flat;
-    Tensor t = flat;
-    t.data = static_cast<char*>(flat.data) + at * dtype_size(flat.dtype);
-    t.shape = Shape{n};
-    return t;
-  };
+  auto slice = [](Tensor flat, int64_t at, int64_t n) { return flat.empty() ? flat : flat.rows(at, at + n); };
   // One call per run of consecutive tensors with the same weight decay (one kernel for
   // the whole buffer without decay, instead of one per tensor). The alignment gaps
   // between tensors hold zeros in p, g, m and v, which an update leaves at zero.
@@ -78,13 +72,9 @@ double LrSchedule::at(int64_t step) const {
   return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * p));
 }
 
-double grad_norm(const ParamSet& params) { return std::sqrt(sum_squares(params.flat_grads())); }
-
-float clip_grads(ParamSet& params, double norm, double max_norm) {
+float clip_factor(double norm, double max_norm) {
   if (max_norm <= 0 || norm <= max_norm) return 1.0f;
-  const float f = static_cast<float>(max_norm / (norm + 1e-6));
-  scale_inplace(params.flat_grads(), f);
-  return f;
+  return static_cast<float>(max_norm / (norm + 1e-6));
 }
 
 }  // namespace lns

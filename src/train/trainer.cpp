@@ -14,10 +14,11 @@
 #include "lns/checkpoint.h"
 #include "lns/device.h"
 #include "lns/errors.h"
+#include "lns/gather.h"
+#include "lns/model_layout.h"
 #include "lns/param_io.h"
 #include "lns/run_dir.h"
 #include "lns/safetensors.h"
-#include "parallel/gather.h"
 
 namespace lns {
 namespace {
@@ -100,9 +101,12 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   cfg_.validate();
   model_cfg_.validate();
   if (cfg_.resume.empty()) check_fresh_run_dir(cfg_.out_dir);  // before anything is allocated
-  validate_layout(model_cfg_, grid_->tp, grid_->pp);
-  stage_layers_ = stage_layer_ranges(model_cfg_.num_layers, grid_->pp, cfg_.pp_layers);
-  const int dp = grid_->dp;
+  // The model's part of the layout: its stage split, and --zero (which shards only
+  // over more than one dp rank).
+  grid_->layout = layout_for_model(model_cfg_, grid_->layout, cfg_.pp_layers);
+  grid_->layout.zero = cfg_.zero && grid_->layout.dp > 1;
+  const Layout& layout = grid_->layout;
+  const int dp = layout.dp;
   LNS_REQUIRE(cfg_.global_batch % (cfg_.micro_batch * dp) == 0, "--global_batch_size=",
               cfg_.global_batch, " must be a multiple of --micro_batch_size=", cfg_.micro_batch,
               " x data-parallel size ", dp);
@@ -125,11 +129,10 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
     BatchSampler check(*val_data_, cfg_.data_mode, cfg_.seq_len, 0, false, model_cfg_.vocab_size);
   }
 
-  const auto [first, last] = stage_layers_[grid_->pp_rank];
-  const StageSpec spec{first, last, grid_->first_stage(), grid_->last_stage()};
+  const StageSpec spec = stage_spec(layout, grid_->coords.pp);
   model_ = std::make_unique<LlamaStage>(
       model_cfg_, spec, cfg_.micro_batch, cfg_.seq_len,
-      PipelineSchedule1F1B::slots_for(num_micro_, grid_->pp_rank, grid_->pp), grid_->tensor_parallel(),
+      PipelineSchedule1F1B::slots_for(num_micro_, grid_->coords.pp, layout.pp), grid_->tensor_parallel(),
       cfg_.device);
   if (cfg_.init_from.empty()) {
     model_->init_weights(cfg_.seed);
@@ -150,7 +153,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   one.eval_tokens = cfg_.micro_batch * cfg_.seq_len;
   diag_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, val_data_ ? *val_data_ : *train_data_, one);
   sync_ = std::make_unique<GradientSync>(*grid_, model_->params(), model_cfg_.tie_embeddings,
-                                         cfg_.zero, cfg_.dp_bucket_mb);
+                                         layout.zero, cfg_.dp_bucket_mb);
   model_->set_grad_ready_hook([this](int64_t from) { sync_->grads_ready(from); });
   // ZeRO: the optimizer owns this dp rank's shard; otherwise every rank updates all.
   optim_ = sync_->zero() ? std::make_unique<AdamW>(model_->params(), cfg_.adam,
@@ -185,14 +188,12 @@ void Trainer::resume_from(const std::string& dir) {
   train_sampler_->set_consumed(st.consumed_samples);
   resumed_step_ = optim_->steps_taken();
   if (is_root())
-    LOG(INFO) << "resumed from " << dir << " at step " << st.step << " (saved under layout tp="
-              << ck.layout().tp << " pp=" << ck.layout().pp << " dp=" << ck.layout().dp << ")";
+    LOG(INFO) << "resumed from " << dir << " at step " << st.step << " (saved under layout "
+              << ck.layout().brief() << ")";
 }
 
 std::string Trainer::save_checkpoint() {
   LNS_REQUIRE(!cfg_.out_dir.empty(), "saving a checkpoint needs --out_dir");
-  CheckpointLayout layout{grid_->tp, grid_->pp, grid_->dp, sync_->zero(),
-                          grid_->tp_rank, grid_->pp_rank, grid_->dp_rank, stage_layers_};
   RunState st;
   st.step = optim_->steps_taken();
   st.tokens_seen = st.step * cfg_.global_batch * cfg_.seq_len;
@@ -205,7 +206,7 @@ std::string Trainer::save_checkpoint() {
   optim_->download();
   check_finite_state();  // a non-finite state is never saved
   const std::string dir = lns::save_checkpoint(cfg_.out_dir, grid_->world(), model_->params(), *optim_,
-                                               model_cfg_, layout, st, cfg_.keep_checkpoints,
+                                               model_cfg_, grid_->layout, grid_->coords, st, cfg_.keep_checkpoints,
                                                cfg_.checkpoint_test_pause_ms);
   if (is_root()) LOG(INFO) << absl::StrFormat("saved checkpoint %s (%.1f s)", dir, now_seconds() - t0);
   return dir;
@@ -226,7 +227,7 @@ int64_t Trainer::flops_per_token() const {
 Trainer::BatchResult Trainer::run_global_batch(const std::function<void(int, Tensor)>& on_logits,
                                                bool overlap) {
   const int64_t B = cfg_.micro_batch, T = cfg_.seq_len;
-  train_sampler_->next_batch(cfg_.global_batch, grid_->dp_rank, grid_->dp, inputs_, targets_);
+  train_sampler_->next_batch(cfg_.global_batch, grid_->coords.dp, grid_->layout.dp, inputs_, targets_);
   // One normaliser for the whole global batch: the loss is the mean over every
   // unmasked target, however the batch is cut into micro-batches and dp ranks.
   const double valid = grid_->dp_comm().all_reduce_sum(
@@ -265,8 +266,7 @@ StepStats Trainer::train_step() {
     throw CollectiveError(absl::StrCat("training diverged at step ", optim_->steps_taken() + 1, ": loss ", s.loss,
                                        ", gradient norm ", s.grad_norm, "; nothing was saved. Likely cause: --lr=",
                                        cfg_.lr, " too large (lower it or set --grad_clip), or the data"));
-  if (cfg_.grad_clip > 0 && s.grad_norm > cfg_.grad_clip)
-    sync_->scale(static_cast<float>(cfg_.grad_clip / (s.grad_norm + 1e-6)));
+  sync_->scale(clip_factor(s.grad_norm, cfg_.grad_clip));
   optim_->step(static_cast<float>(s.lr));
   sync_->gather_params();
   device_synchronize(cfg_.device);  // the step's time includes its queued GPU work
@@ -327,15 +327,15 @@ void Trainer::dump_step_state(const std::string& path) {
   // Gather the logical tensors on rank 0: gradients from dp rank 0, the batch and
   // the logits from every dp rank's share.
   std::vector<TensorPiece> pieces;
-  const int64_t rows = num_micro_ * B, row0 = grid_->dp_rank * rows, G = cfg_.global_batch;
-  if (grid_->dp_rank == 0)
+  const int64_t rows = num_micro_ * B, row0 = grid_->coords.dp * rows, G = cfg_.global_batch;
+  if (grid_->coords.dp == 0)
     for (int i = 0; i < model_->params().size(); ++i) {
       TensorPiece p;
-      if (!param_piece(model_->params(), i, /*grads=*/true, grid_->tp_rank, &p)) continue;
+      if (!param_piece(model_->params(), i, /*grads=*/true, grid_->coords.tp, &p)) continue;
       p.name = "grad." + p.name;
       pieces.push_back(p);
     }
-  if (grid_->first_stage() && grid_->tp_rank == 0) {
+  if (grid_->first_stage() && grid_->coords.tp == 0) {
     pieces.push_back({"inputs", {G, T}, {row0, 0}, {rows, T}, inputs_});
     pieces.push_back({"targets", {G, T}, {row0, 0}, {rows, T}, targets_});
   }
@@ -349,7 +349,7 @@ void Trainer::dump_step_state(const std::string& path) {
   w.set_metadata("config", model_cfg_.to_json().dump());
   w.set_metadata("seq_len", std::to_string(T));
   w.set_metadata("global_batch_size", std::to_string(G));
-  w.set_metadata("layout", absl::StrFormat("tp=%d pp=%d dp=%d", grid_->tp, grid_->pp, grid_->dp));
+  w.set_metadata("layout", grid_->layout.brief());
   w.write(path);
   LOG(INFO) << "first batch: loss " << loss << "; wrote step state to " << path;
 }
@@ -401,7 +401,7 @@ bool Trainer::run() {
                           {"step_time_s", s.seconds}, {"elapsed_s", now_seconds() - start},
                           {"tokens", s.step * tokens_per_step}};
       if (cfg_.peak_tflops > 0)
-        j["mfu"] = flops_per_step / s.seconds / (cfg_.peak_tflops * 1e12 * grid_->world_size);
+        j["mfu"] = flops_per_step / s.seconds / (cfg_.peak_tflops * 1e12 * grid_->world_size());
       metrics.write(j);
     }
     if (s.step % cfg_.log_every == 0 || s.step == cfg_.steps || s.step == 1) {
@@ -409,7 +409,7 @@ bool Trainer::run() {
       std::string mfu;
       if (cfg_.peak_tflops > 0)
         mfu = absl::StrFormat(" | MFU %.1f%%", 100.0 * avg_tps * flops_per_token() /
-                                                   (cfg_.peak_tflops * 1e12 * grid_->world_size));
+                                                   (cfg_.peak_tflops * 1e12 * grid_->world_size()));
       if (is_root())
         LOG(INFO) << absl::StrFormat(
             "step %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s%s | %.1f s", s.step,

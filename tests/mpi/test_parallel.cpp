@@ -94,8 +94,8 @@ void compare_files(const std::string& got_path, const std::string& want_path) {
     EXPECT_LE(err / scale, kTol) << name;
     worst = std::max(worst, err / scale);
   }
-  std::printf("[ layout ] tp=%d pp=%d dp=%d: worst relative error %.2e over %zu tensors\n",
-              g_grid->tp, g_grid->pp, g_grid->dp, worst, want.entries().size());
+  std::printf("[ layout ] %s: worst relative error %.2e over %zu tensors\n", g_grid->layout.brief().c_str(), worst,
+              want.entries().size());
 }
 
 struct Case {
@@ -194,7 +194,7 @@ TEST(InitFrom, ShardedLoadEqualsSingleRank) {
   LlamaConfig c;
   c.vocab_size = 53, c.hidden_size = 36, c.intermediate_size = 45, c.num_layers = 3;
   c.num_heads = 6, c.num_kv_heads = 2, c.norm_scheme = NormScheme::Mix, c.post_layers = 1;
-  if (c.num_kv_heads % g_grid->tp != 0 || c.num_layers < g_grid->pp) GTEST_SKIP() << "layout does not fit";
+  if (c.num_kv_heads % g_grid->layout.tp != 0 || c.num_layers < g_grid->layout.pp) GTEST_SKIP() << "layout does not fit";
   TrainConfig t = train(SampleMode::Packed);
   t.init_from = golden;
   const std::string dir = ::testing::TempDir() + "/lns_mpi_init_" + std::to_string(::getppid());
@@ -226,7 +226,9 @@ TEST(Padding, StaysExactlyZero) {
   }
   // tp = 2: rank 1 holds one padding row of the vocabulary (53 = 27 + 26) and of the
   // FFN (45 = 23 + 22) in each of gate, up (rows) and down (columns).
-  if (g_grid->tp == 2 && g_grid->tp_rank == 1) EXPECT_GT(padded, 0);
+  if (g_grid->layout.tp == 2 && g_grid->coords.tp == 1) {
+    EXPECT_GT(padded, 0);
+  }
 }
 
 }  // namespace

@@ -1,40 +1,338 @@
 #!/usr/bin/env python3
-"""Markdown tables from lns_eval JSON files (--drop_layers=sweep --diag):
-perplexity per model, the layer-removal drop per block, and variance per block."""
+"""Statistics and figures of the depth study (tools/experiments/depth_study.py).
+
+    python3 tools/experiments/depth_report.py runs/depth_study_v2 [--json report.json] [--plots docs/images]
+
+Reads every run directory under the study directory that holds cell.json and
+result.json (eval.json of lns_eval --drop_layers=sweep --diag, metrics.jsonl of
+lns_train) and writes one JSON report:
+
+- cells: per configuration (blocks, scheme, learning rate, steps, embedding std), over
+  its seeds: validation loss mean, sample standard deviation (n - 1), min and max;
+  perplexity exp(mean loss); diverged seeds; per block the mean over seeds of the
+  perplexity increase when the block is skipped (%), the angular distance between its
+  input and output (units of pi) and the residual-stream variance after it; the
+  variance growth (last block / first block) and the mean skip cost of the deeper and
+  the shallower half of the blocks.
+- comparisons: LNS against Pre-LN (and each other scheme against Pre-LN) in the same
+  configuration: difference of mean losses, its standard error
+  sqrt(s_a^2/n_a + s_b^2/n_b), and whether it exceeds the spread: the two seed ranges
+  [min, max] do not overlap (needs >= 2 seeds on each side); and paired by seed (same
+  initial shared weights, same batches): mean and std of the per-seed differences and
+  whether they all have the same sign.
+- best_lr: per (blocks, scheme, steps, embedding std), the learning rate of the lowest
+  mean loss among those tried.
+
+--plots DIR draws depth_study_*.png there. Every failure is one line
+"depth_report: ..." and exit status 1.
+"""
+import argparse
 import json
+import math
+import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from depth_study import cost  # noqa: E402  (the cost model of the ETA, in block-steps)
 
-def main(paths):
-    evals = []
-    for p in paths:
-        with open(p) as f:
-            evals.append(json.load(f))
-    print("| model | validation perplexity | tokens |\n|---|---|---|")
-    for j in evals:
-        print("| %s | %.3f | %d |" % (j["norm_scheme"], j["ppl"], j["tokens"]))
-    L = max(j["num_layers"] for j in evals)
-    print("\nPerplexity increase when one block is skipped (%):\n")
-    print("| block | " + " | ".join(j["norm_scheme"] for j in evals) + " |")
-    print("|---" * (len(evals) + 1) + "|")
-    for l in range(L):
-        cells = []
-        for j in evals:
-            rows = {r["layer"]: r for r in j["sweep"]["layers"]}
-            cells.append("%.2f" % (100 * rows[l]["relative_drop"]) if l in rows else "")
-        print("| %d | %s |" % (l, " | ".join(cells)))
-    print("\nVariance of the residual stream after each block:\n")
-    print("| block | " + " | ".join(j["norm_scheme"] for j in evals) + " |")
-    print("|---" * (len(evals) + 1) + "|")
-    for l in range(L):
-        print("| %d | %s |" % (l, " | ".join("%.4g" % j["diag"][l]["variance"] for j in evals)))
-    print("\nAngular distance between each block's input and output (mean over tokens):\n")
-    print("| block | " + " | ".join(j["norm_scheme"] for j in evals) + " |")
-    print("|---" * (len(evals) + 1) + "|")
-    for l in range(L):
-        print("| %d | %s |" % (l, " | ".join("%.4f" % j["diag"][l]["angular_distance"] for j in evals)))
-    print("\nSweep run time (s): " + ", ".join("%s %.1f" % (j["norm_scheme"], j["sweep"]["seconds"]) for j in evals))
+
+class ReportError(Exception):
+    pass
+
+
+KEY = ("layers", "scheme", "lr", "steps", "embed_std")
+
+
+def key_of(c):
+    return tuple(c[k] for k in KEY)
+
+
+def key_name(k):
+    d = dict(zip(KEY, k))
+    emb = "" if abs(d["embed_std"] - 0.02) < 1e-12 else " emb %.3g" % d["embed_std"]
+    return "%d blocks %s lr %g %d steps%s" % (d["layers"], d["scheme"], d["lr"], d["steps"], emb)
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise ReportError("%s: cannot read (%s)" % (path, e.strerror))
+    except json.JSONDecodeError as e:
+        raise ReportError("%s: not JSON (%s)" % (path, e))
+
+
+def finite(x, what):
+    if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x):
+        raise ReportError("%s: expected a finite number, got %r" % (what, x))
+    return float(x)
+
+
+def read_curve(path):
+    """Validation loss by step from metrics.jsonl; a resumed run repeats steps: last wins."""
+    curve = {}
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a stop
+            if "val_loss" in r and isinstance(r.get("step"), int):
+                curve[r["step"]] = r["val_loss"]
+    return sorted(curve.items())
+
+
+def read_run(d):
+    cell = load_json(os.path.join(d, "cell.json"))
+    res = load_json(os.path.join(d, "result.json"))
+    for k in KEY + ("seed",):
+        if k not in cell:
+            raise ReportError("%s/cell.json: no '%s'" % (d, k))
+    run = dict(cell=cell, status=res.get("status"), dir=d, seconds=res.get("seconds"))
+    if run["status"] == "diverged":
+        return run
+    if run["status"] != "ok":
+        raise ReportError("%s/result.json: status %r, expected 'ok' or 'diverged'" % (d, run["status"]))
+    ev = load_json(os.path.join(d, "eval.json"))
+    where = os.path.join(d, "eval.json")
+    L = cell["layers"]
+    if ev.get("num_layers") != L:
+        raise ReportError("%s: num_layers %r, cell.json says %d" % (where, ev.get("num_layers"), L))
+    run["loss"] = finite(ev.get("loss"), where + ": loss")
+    drops = {r["layer"]: finite(r["relative_drop"], where + ": relative_drop") for r in ev["sweep"]["layers"]}
+    diag = {r["layer"]: r for r in ev["diag"]}
+    if sorted(drops) != list(range(L)) or sorted(diag) != list(range(L)):
+        raise ReportError("%s: the sweep and the diagnostics must cover blocks 0..%d" % (where, L - 1))
+    run["drop_pct"] = [100.0 * drops[l] for l in range(L)]
+    run["angular"] = [finite(diag[l]["angular_distance"], where + ": angular_distance") for l in range(L)]
+    run["variance"] = [finite(diag[l]["variance"], where + ": variance") for l in range(L)]
+    run["curve"] = read_curve(os.path.join(d, "metrics.jsonl"))
+    return run
+
+
+def find_runs(root):
+    if not os.path.isdir(root):
+        raise ReportError("%s: not a directory" % root)
+    runs = []
+    for name in sorted(os.listdir(root)):
+        d = os.path.join(root, name)
+        if os.path.isfile(os.path.join(d, "result.json")) and os.path.isfile(os.path.join(d, "cell.json")):
+            runs.append(read_run(d))
+    return runs
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def sample_std(xs):
+    if len(xs) < 2:
+        return None
+    m = mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def per_block_mean(rows):
+    return [mean(col) for col in zip(*rows)]
+
+
+def summarize_cell(k, runs):
+    ok = [r for r in runs if r["status"] == "ok"]
+    c = dict(zip(KEY, k))
+    c["name"] = key_name(k)
+    c["seeds"] = sorted(r["cell"]["seed"] for r in ok)
+    c["diverged_seeds"] = sorted(r["cell"]["seed"] for r in runs if r["status"] == "diverged")
+    c["n"] = len(ok)
+    if not ok:
+        return c
+    losses = [r["loss"] for r in sorted(ok, key=lambda r: r["cell"]["seed"])]
+    c["losses"] = losses
+    c["mean"] = mean(losses)
+    c["std"] = sample_std(losses)
+    c["min"], c["max"] = min(losses), max(losses)
+    c["ppl"] = math.exp(c["mean"])
+    c["drop_pct"] = per_block_mean([r["drop_pct"] for r in ok])
+    c["angular"] = per_block_mean([r["angular"] for r in ok])
+    c["variance"] = per_block_mean([r["variance"] for r in ok])
+    c["variance_growth"] = mean([r["variance"][-1] / r["variance"][0] for r in ok])
+    L = k[0]
+    half = L // 2
+    c["drop_shallow_half"] = mean(c["drop_pct"][:half])
+    c["drop_deep_half"] = mean(c["drop_pct"][half:])
+    c["curves"] = {str(r["cell"]["seed"]): r["curve"] for r in ok}
+    return c
+
+
+def compare(a, b):
+    """b against a: difference of mean losses, its standard error, and whether it exceeds
+    the spread (the seed ranges do not overlap)."""
+    out = dict(a=a["name"], b=b["name"], n_a=a["n"], n_b=b["n"])
+    if not a["n"] or not b["n"]:
+        return out
+    out["diff"] = b["mean"] - a["mean"]
+    if a["std"] is not None and b["std"] is not None:
+        out["se"] = math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
+        out["beyond_spread"] = b["max"] < a["min"] or a["max"] < b["min"]
+    else:
+        out["se"] = None
+        out["beyond_spread"] = None  # one seed: no spread to compare against
+    # Paired by seed (same initialisation of the shared weights, same batches): the
+    # per-seed differences, and whether they all have the same sign.
+    la, lb = dict(zip(a["seeds"], a["losses"])), dict(zip(b["seeds"], b["losses"]))
+    d = [lb[s] - la[s] for s in sorted(set(la) & set(lb))]
+    if d:
+        out["paired"] = dict(n=len(d), mean=mean(d), std=sample_std(d),
+                             same_sign=len(d) > 1 and (all(x < 0 for x in d) or all(x > 0 for x in d)))
+    return out
+
+
+def build_report(runs):
+    groups = {}
+    for r in runs:
+        groups.setdefault(key_of(r["cell"]), []).append(r)
+    cells = {k: summarize_cell(k, v) for k, v in groups.items()}
+    order = sorted(cells, key=lambda k: (k[0], k[3], k[4], k[2], k[1]))
+    comparisons = []
+    for k in order:
+        if k[1] == "pre":
+            continue
+        ref = (k[0], "pre") + k[2:]
+        if ref in cells:
+            comparisons.append(compare(cells[ref], cells[k]))
+    best = {}
+    for k in order:
+        c = cells[k]
+        if not c["n"]:
+            continue
+        g = (k[0], k[1], k[3], k[4])
+        if g not in best or c["mean"] < best[g]["mean"]:
+            best[g] = dict(layers=k[0], scheme=k[1], steps=k[3], embed_std=k[4], lr=k[2], mean=c["mean"],
+                           n=c["n"], tried=sorted(kk[2] for kk in cells if (kk[0], kk[1], kk[3], kk[4]) == g))
+    # Wall time per block-step (steps x (blocks + head), depth_study.cost) of the runs that
+    # finished, for the projected time of the cells still missing.
+    timed = [r for r in runs if isinstance(r.get("seconds"), (int, float))]
+    timing = dict(runs=len(timed), seconds=sum(r["seconds"] for r in timed),
+                  block_steps=sum(cost(r["cell"]) for r in timed))
+    return dict(runs=len(runs), cells=[cells[k] for k in order], comparisons=comparisons,
+                best_lr=[b for b in best.values() if len(b["tried"]) > 1], timing=timing)
+
+
+def plots(report, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(out_dir, exist_ok=True)
+    cells = [c for c in report["cells"] if c["n"]]
+    colors = {"pre": "tab:blue", "lns": "tab:red", "mix": "tab:green", "post": "tab:purple",
+              "scaled_init": "tab:gray", "lns_scaled_init": "tab:orange"}
+    shared = [c for c in cells if c["steps"] == 400 and abs(c["lr"] - 2e-3) < 1e-12 and abs(c["embed_std"] - 0.02) < 1e-12]
+
+    # 1. validation loss against depth (shared learning rate)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in ("pre", "lns"):
+        pts = sorted((c["layers"], c["mean"], c["std"] or 0.0, c["n"]) for c in shared if c["scheme"] == s)
+        if pts:
+            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                        color=colors[s], label=s)
+            for p in pts:
+                ax.annotate("n=%d" % p[3], (p[0], p[1]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("blocks")
+    ax.set_ylabel("validation loss (mean over seeds, +- std)")
+    ax.set_title("Depth at the shared learning rate")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "depth_study_depth.png"), dpi=110)
+    plt.close(fig)
+
+    # 2-4. per block: skip cost, angular distance, variance, for each depth (pre, lns)
+    depths = sorted({c["layers"] for c in shared})
+    for metric, fname, label, logy in (("drop_pct", "layer_drop", "perplexity increase when skipped (%)", True),
+                                       ("angular", "angular", "angular distance, input to output (pi)", False),
+                                       ("variance", "variance", "residual variance after the block", True)):
+        fig, axes = plt.subplots(1, max(1, len(depths)), figsize=(4 * max(1, len(depths)), 3.4), squeeze=False)
+        for ax, L in zip(axes[0], depths):
+            for c in sorted(shared, key=lambda c: c["scheme"] != "pre"):  # pre first
+                if c["layers"] == L and c["scheme"] in ("pre", "lns"):
+                    ax.plot(range(L), c[metric], marker=".", color=colors[c["scheme"]],
+                            label="%s (n=%d)" % (c["scheme"], c["n"]))
+            ax.set_title("%d blocks" % L)
+            ax.set_xlabel("block")
+            if logy:
+                ax.set_yscale("log")
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+        axes[0][0].set_ylabel(label)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "depth_study_%s.png" % fname), dpi=110)
+        plt.close(fig)
+
+    # 5. validation loss curves at 12 blocks (each seed) and the budget axis
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for c in cells:
+        if c["scheme"] in ("pre", "lns") and abs(c["lr"] - 2e-3) < 1e-12 and abs(c["embed_std"] - 0.02) < 1e-12 \
+                and (c["layers"] == 12 or c["steps"] != 400):
+            for seed, curve in c["curves"].items():
+                if curve:
+                    ax.plot([p[0] for p in curve], [p[1] for p in curve], color=colors[c["scheme"]],
+                            linestyle="-" if c["steps"] == 400 else "--", alpha=0.7,
+                            label="%s %d blocks %d steps" % (c["scheme"], c["layers"], c["steps"]) if seed == str(
+                                min(int(s) for s in c["curves"])) else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("validation loss")
+    ax.set_ylim(top=7.0)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "depth_study_loss.png"), dpi=110)
+    plt.close(fig)
+
+    # 6. learning-rate sweep
+    sweep = [c for c in cells if c["steps"] == 400 and abs(c["embed_std"] - 0.02) < 1e-12 and c["scheme"] in ("pre", "lns")]
+    by = {}
+    for c in sweep:
+        by.setdefault((c["layers"], c["scheme"]), []).append((c["lr"], c["mean"]))
+    if any(len(v) > 1 for v in by.values()):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (L, s), pts in sorted(by.items()):
+            if len(pts) > 1:
+                pts.sort()
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colors[s],
+                        linestyle="-" if L == 12 else ":", label="%s, %d blocks" % (s, L))
+        ax.set_xscale("log")
+        ax.set_xlabel("peak learning rate")
+        ax.set_ylabel("validation loss (mean over seeds)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "depth_study_lr.png"), dpi=110)
+        plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("study", help="the study directory (depth_study.py --out)")
+    ap.add_argument("--json", default="", help="write the report here (default STUDY/report.json)")
+    ap.add_argument("--plots", default="", help="draw the figures into this directory")
+    args = ap.parse_args(argv)
+    try:
+        runs = find_runs(args.study)
+        if not runs:
+            raise ReportError("%s: no finished runs (cell.json and result.json)" % args.study)
+        report = build_report(runs)
+        path = args.json or os.path.join(args.study, "report.json")
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1)
+        if args.plots:
+            plots(report, args.plots)
+    except ReportError as e:
+        print("depth_report: %s" % e, file=sys.stderr)
+        return 1
+    print("depth_report: %d runs, %d configurations -> %s" % (report["runs"], len(report["cells"]), path))
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main())

@@ -1,4 +1,4 @@
-#include "parallel/gradient_sync.h"
+#include "lns/gradient_sync.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,13 +10,6 @@
 
 namespace lns {
 namespace {
-
-Tensor flat_slice(Tensor flat, int64_t begin, int64_t end) {
-  Tensor t = flat;
-  t.data = flat.f32() + begin;
-  t.shape = Shape{end - begin};
-  return t;
-}
 
 // True when [from, to) of the flat buffer overlaps a tensor (not just padding): an
 // uncounted tensor lies between two counted ones, so they cannot be merged.
@@ -30,17 +23,18 @@ bool gap_counted(int64_t from, int64_t to, const ParamSet& params) {
 
 GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool zero,
                            double bucket_mb)
-    : grid_(grid), params_(params), tied_(tied), zero_(zero && grid.dp > 1),
+    : grid_(grid), params_(params), tied_(tied), zero_(zero && grid.layout.dp > 1),
       bucket_floats_(std::max<int64_t>(1024, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4))) {
-  const ShardRange s = shard_range(params.numel(), grid.dp, grid.dp_rank);
-  begin_ = s.begin;
-  end_ = s.begin + s.valid;
+  const ShardRange s = grid.layout.zero_shard(params.numel(), grid.coords.dp);
+  // Clamped: with more dp ranks than elements a share can lie past the buffer's end.
+  begin_ = std::min(s.begin, params.numel());
+  end_ = std::min(s.end(), params.numel());
   shard_size_ = s.size;
   // The counted parameters within this rank's share, merged into runs of adjacent
   // tensors: one reduction (one GPU synchronisation) per run instead of per tensor.
   // Gaps between tensors of a run are alignment padding, whose gradients are zero.
   for (const ParamInfo& p : params.infos()) {
-    if ((p.replicated() && grid.tp_rank != 0) || p.tied_copy) continue;
+    if (!p.counted_on(grid.coords.tp)) continue;
     const int64_t lo = std::max<int64_t>(begin_, p.offset), hi = std::min<int64_t>(end_, p.offset + p.shape.numel());
     if (lo >= hi) continue;
     if (!norm_ranges_.empty() && norm_ranges_.back().second <= lo && !gap_counted(norm_ranges_.back().second, lo, params))
@@ -48,31 +42,31 @@ GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool 
     else
       norm_ranges_.push_back({lo, hi});
   }
-  if (tied && grid.pp > 1 && (grid.first_stage() || grid.last_stage())) {
+  if (tied && grid.layout.pp > 1 && (grid.first_stage() || grid.last_stage())) {
     const int i = params.find("model.embed_tokens.weight");
     if (i >= 0) hold_lo_ = params.info(i).offset, hold_hi_ = hold_lo_ + params.info(i).shape.numel();
   }
   if (zero_) {
-    padded_ = OwnedTensor(DType::F32, Shape{shard_size_ * grid.dp}, params.device());
+    padded_ = OwnedTensor(DType::F32, Shape{shard_size_ * grid.layout.dp}, params.device());
     shard_ = OwnedTensor(DType::F32, Shape{shard_size_}, params.device());
   }
 }
 
 void GradientSync::reduce(bool full) {
   // 1. Tied embedding copies on the first and last stage.
-  if (tied_ && grid_.pp > 1 && (grid_.first_stage() || grid_.last_stage())) {
+  if (tied_ && grid_.layout.pp > 1 && (grid_.first_stage() || grid_.last_stage())) {
     const int i = params_.find("model.embed_tokens.weight");
     LNS_CHECK(i >= 0) << "tied embeddings: the first and last stage both hold the embedding";
     grid_.embed_comm().all_reduce(params_.grad(i), ReduceOp::Sum);
   }
-  if (grid_.dp == 1) return;
+  if (grid_.layout.dp == 1) return;
   const Tensor g = params_.flat_grads();
   const int64_t n = params_.numel();
   if (armed_) {  // 2a, overlapped: start what backward has not, then wait for all
     grads_ready(0);
     for (int64_t k : deferred_) {
       const int64_t b = k * bucket_floats_;
-      grid_.dp_comm().all_reduce_start(flat_slice(g, b, std::min(n, b + bucket_floats_)));
+      grid_.dp_comm().all_reduce_start(g.rows(b, std::min(n, b + bucket_floats_)));
     }
     deferred_.clear();
     grid_.dp_comm().all_reduce_wait();
@@ -81,18 +75,18 @@ void GradientSync::reduce(bool full) {
   }
   if (!zero_ || full) {  // 2a. all-reduce in buckets
     for (int64_t b = 0; b < n; b += bucket_floats_)
-      grid_.dp_comm().all_reduce(flat_slice(g, b, std::min(n, b + bucket_floats_)), ReduceOp::Sum);
+      grid_.dp_comm().all_reduce(g.rows(b, std::min(n, b + bucket_floats_)), ReduceOp::Sum);
     return;
   }
   // 2b. reduce-scatter: this rank receives the sum of its shard.
-  copy_tensor(flat_slice(padded_, 0, n), g);
-  zero_tensor(flat_slice(padded_, n, padded_.t.numel()));
+  copy_tensor(padded_.t.rows(0, n), g);
+  zero_tensor(padded_.t.rows(n, padded_.t.numel()));
   grid_.dp_comm().reduce_scatter(shard_, padded_);
-  copy_tensor(flat_slice(g, begin_, end_), flat_slice(shard_, 0, end_ - begin_));
+  copy_tensor(g.rows(begin_, end_), shard_.t.rows(0, end_ - begin_));
 }
 
 void GradientSync::arm_overlap() {
-  if (grid_.dp == 1 || zero_) return;  // ZeRO's reduce-scatter needs the whole buffer
+  if (grid_.layout.dp == 1 || zero_) return;  // ZeRO's reduce-scatter needs the whole buffer
   armed_ = true;
   next_bucket_ = (params_.numel() + bucket_floats_ - 1) / bucket_floats_ - 1;
 }
@@ -108,14 +102,14 @@ void GradientSync::grads_ready(int64_t from) {
     if (b < hold_hi_ && e > hold_lo_)
       deferred_.push_back(next_bucket_);
     else
-      grid_.dp_comm().all_reduce_start(flat_slice(g, b, e));
+      grid_.dp_comm().all_reduce_start(g.rows(b, e));
   }
 }
 
 double GradientSync::global_norm() {
   const Tensor g = params_.flat_grads();
   double sum = 0.0;
-  for (const auto& [lo, hi] : norm_ranges_) sum += sum_squares(flat_slice(g, lo, hi));
+  for (const auto& [lo, hi] : norm_ranges_) sum += sum_squares(g.rows(lo, hi));
   return std::sqrt(grid_.world().all_reduce_sum(sum));
 }
 
@@ -123,7 +117,7 @@ void GradientSync::scale(float f) {
   if (f == 1.0f) return;
   const Tensor g = params_.flat_grads();
   if (zero_)
-    scale_inplace(flat_slice(g, begin_, end_), f);
+    scale_inplace(g.rows(begin_, end_), f);
   else
     scale_inplace(g, f);
 }
@@ -133,9 +127,9 @@ void GradientSync::gather_params() {
   const Tensor p = params_.flat_params();
   const int64_t n = params_.numel();
   zero_tensor(shard_);
-  copy_tensor(flat_slice(shard_, 0, end_ - begin_), flat_slice(p, begin_, end_));
+  copy_tensor(shard_.t.rows(0, end_ - begin_), p.rows(begin_, end_));
   grid_.dp_comm().all_gather(padded_, shard_);
-  copy_tensor(p, flat_slice(padded_, 0, n));
+  copy_tensor(p, padded_.t.rows(0, n));
   params_.refresh_compute();  // CUDA: the bf16 weights of the other ranks' shards
 }
 

@@ -1,4 +1,4 @@
-#include "parallel/pipeline_schedule.h"
+#include "lns/pipeline_schedule.h"
 
 #include <algorithm>
 #include <cstring>
@@ -65,9 +65,9 @@ double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
                                    const std::function<void(int, Tensor)>& on_logits,
                                    const std::function<void(int)>& before_backward) {
   Communicator& world = grid_.world();
-  const int slots = slots_for(num_micro_, grid_.pp_rank, grid_.pp);
+  const int slots = slots_for(num_micro_, grid_.coords.pp, grid_.layout.pp);
   double loss_sum = 0.0;
-  for (const PipelineOp& op : schedule_1f1b(num_micro_, grid_.pp_rank, grid_.pp)) {
+  for (const PipelineOp& op : schedule_1f1b(num_micro_, grid_.coords.pp, grid_.layout.pp)) {
     const int m = op.micro, slot = m % slots;
     if (op.forward) {
       const Tensor out = forward_micro(m, slot, inputs);

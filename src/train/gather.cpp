@@ -1,4 +1,4 @@
-#include "parallel/gather.h"
+#include "lns/gather.h"
 
 #include <cstring>
 
@@ -39,7 +39,7 @@ void for_each_in_box(const Shape& shape, const Shape& valid, F&& f) {
 
 bool param_piece(const ParamSet& params, int i, bool grads, int tp_rank, TensorPiece* out) {
   const ParamInfo& p = params.info(i);
-  if (p.tied_copy || (p.replicated() && tp_rank != 0)) return false;
+  if (!p.counted_on(tp_rank)) return false;
   out->name = p.name;
   out->logical = p.logical;
   out->offset = {};

@@ -1,0 +1,101 @@
+#include "parallel/layout.h"
+
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_split.h>
+
+#include "lns/errors.h"
+#include "lns/json_in.h"
+
+namespace lns {
+namespace {
+constexpr int kMaxRanks = 1 << 20;  // a manifest's layout sizes are range-checked to this
+}  // namespace
+
+int Layout::rank_of(RankCoords c) const { return c.tp + c.dp * tp + c.pp * tp * dp; }
+
+RankCoords Layout::coords_of(int rank) const { return {rank % tp, (rank / tp) % dp, rank / (tp * dp)}; }
+
+std::pair<int, int> Layout::stage_range(int pp_rank) const {
+  LNS_CHECK(pp_rank >= 0 && pp_rank < static_cast<int>(stage_layers.size()))
+      << "stage " << pp_rank << " of a layout with " << stage_layers.size()
+      << " stages split (layout_for_model fills the split)";
+  return stage_layers[pp_rank];
+}
+
+std::string Layout::brief() const { return absl::StrCat("tp=", tp, " pp=", pp, " dp=", dp, zero ? " zero" : ""); }
+
+std::string Layout::describe() const {
+  std::string s = absl::StrCat("world ", world_size(), " = tp ", tp, " x dp ", dp, " x pp ", pp,
+                               " (rank = tp + dp*", tp, " + pp*", tp * dp, ")");
+  const int stages = static_cast<int>(stage_layers.size());
+  for (int p = 0; p < stages; ++p)
+    absl::StrAppend(&s, "\n  stage ", p, ": layers ", stage_layers[p].first, "..", stage_layers[p].second - 1,
+                    " (", stage_layers[p].second - stage_layers[p].first, ")", p == 0 ? " + embedding" : "",
+                    p + 1 == stages ? " + final norm + head" : "", ", ranks ", rank_of({0, 0, p}), "..",
+                    rank_of({tp - 1, dp - 1, p}));
+  return s;
+}
+
+nlohmann::json Layout::to_json() const {
+  return {{"tp", tp}, {"pp", pp}, {"dp", dp}, {"zero", zero}, {"stage_layers", stage_layers}};
+}
+
+Layout Layout::from_json(const JsonIn& j, int num_layers) {
+  Layout l;
+  l.tp = static_cast<int>(j["tp"].integer(1, kMaxRanks));
+  l.pp = static_cast<int>(j["pp"].integer(1, kMaxRanks));
+  l.dp = static_cast<int>(j["dp"].integer(1, kMaxRanks));
+  l.zero = j["zero"].boolean();
+  const JsonIn stages = j["stage_layers"];
+  if (stages.size() != static_cast<size_t>(l.pp))
+    stages.error("has ", std::to_string(stages.size()), " stages, layout.pp is ", std::to_string(l.pp));
+  int next = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const auto r = stages.at(s).integers(2, 2, 0, num_layers);
+    if (r[0] != next || r[1] <= r[0])
+      stages.at(s).error("stages must cover layers 0..", std::to_string(num_layers),
+                         " in order, each at least one layer");
+    l.stage_layers.emplace_back(static_cast<int>(r[0]), static_cast<int>(r[1]));
+    next = static_cast<int>(r[1]);
+  }
+  if (next != num_layers) stages.error("covers ", std::to_string(next), " of ", std::to_string(num_layers), " layers");
+  return l;
+}
+
+Layout layout_for_world(int tp, int pp, int world) {
+  LNS_REQUIRE(tp >= 1 && pp >= 1, "--tp and --pp must be >= 1, got --tp=", tp, " --pp=", pp);
+  LNS_REQUIRE(world % (int64_t{tp} * pp) == 0, "the world of ", world, " ranks is not divisible by --tp=", tp,
+              " x --pp=", pp, "; launch a multiple of ", int64_t{tp} * pp, " ranks");
+  Layout l;
+  l.tp = tp, l.pp = pp, l.dp = world / (tp * pp);
+  return l;
+}
+
+std::vector<std::pair<int, int>> split_layers(int num_layers, int pp, const std::string& pp_layers) {
+  std::vector<int> counts;
+  if (pp_layers.empty()) {
+    LNS_REQUIRE(pp <= num_layers, "--pp=", pp, " stages for ", num_layers,
+                " layers: every stage needs at least one layer");
+    for (int p = 0; p < pp; ++p) counts.push_back(num_layers / pp + (p < num_layers % pp ? 1 : 0));
+  } else {
+    for (absl::string_view part : absl::StrSplit(pp_layers, ',')) {
+      int c = 0;
+      LNS_REQUIRE(absl::SimpleAtoi(part, &c) && c >= 1, "--pp_layers=", pp_layers,
+                  ": expected positive layer counts per stage, e.g. 3,2,2");
+      counts.push_back(c);
+    }
+    LNS_REQUIRE(static_cast<int>(counts.size()) == pp, "--pp_layers=", pp_layers, " names ", counts.size(),
+                " stages but --pp=", pp);
+    int64_t sum = 0;
+    for (int c : counts) sum += c;
+    LNS_REQUIRE(sum == num_layers, "--pp_layers=", pp_layers, " adds up to ", sum, " layers but --num_layers=",
+                num_layers);
+  }
+  std::vector<std::pair<int, int>> ranges;
+  int first = 0;
+  for (int c : counts) ranges.push_back({first, first + c}), first += c;
+  return ranges;
+}
+
+}  // namespace lns

@@ -1,0 +1,83 @@
+// The parallel layout: a plain value (no MPI, no model) and the one place that knows
+// its rules. Megatron order, tensor-parallel rank innermost, then data-parallel, then
+// pipeline outermost:
+//
+//     rank = tp + dp * TP + pp * TP * DP        (Layout::rank_of / coords_of)
+//
+// Who owns what and when they talk:
+//  - tp group (same dp, pp): splits attention heads, FFN width and vocabulary
+//    (parallel/shard.h); one all-reduce after o_proj and down_proj (forward) and
+//    after the q/k/v and gate/up input gradients (backward); max/sum-exp all-reduces
+//    in the loss.
+//  - dp group (same tp, pp): disjoint shares of every global batch; gradients summed
+//    after backward (all-reduce, or reduce-scatter + all-gather with --zero, each dp
+//    rank owning zero_shard() of the flat buffer).
+//  - pipeline: stage s holds global layers stage_layers[s] = [first, last); it sends
+//    activations to the same (tp, dp) rank of stage s+1 and receives gradients back.
+//  - embed group (tied embeddings, pp > 1): the first and the last stage of the same
+//    (tp, dp) sum the embedding gradient so both copies stay equal.
+//
+// The stage split needs the number of layers, which the model knows: the model side
+// fills it (layout_for_model in lns/stage.h); this file splits counts, nothing more.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "parallel/shard.h"
+
+namespace lns {
+
+class JsonIn;
+
+// Where one rank sits in the layout.
+struct RankCoords {
+  int tp = 0, dp = 0, pp = 0;
+  bool operator==(const RankCoords&) const = default;
+};
+
+struct Layout {
+  int tp = 1, pp = 1, dp = 1;
+  bool zero = false;  // ZeRO-1: AdamW moments sharded over the dp ranks
+  // Global layers [first, last) of each stage; empty until the model side splits.
+  std::vector<std::pair<int, int>> stage_layers;
+
+  int world_size() const { return tp * pp * dp; }
+  // The rank formula, both ways; the only place it is written.
+  int rank_of(RankCoords c) const;
+  RankCoords coords_of(int rank) const;
+  bool first_stage(int pp_rank) const { return pp_rank == 0; }
+  bool last_stage(int pp_rank) const { return pp_rank == pp - 1; }
+  // The global layers [first, last) of stage pp_rank (the split must be filled).
+  std::pair<int, int> stage_range(int pp_rank) const;
+  // The part of a flat buffer of `numel` elements that dp rank `dp_rank` owns under
+  // ZeRO (and sums in the gradient norm either way): the split of parallel/shard.h.
+  ShardRange zero_shard(int64_t numel, int dp_rank) const { return shard_range(numel, dp, dp_rank); }
+
+  // "tp=2 pp=2 dp=2" (+ " zero"): one line for logs, dumps and tool output.
+  std::string brief() const;
+  // "world 8 = tp 2 x dp 2 x pp 2 (rank = ...)" and one line per stage with its
+  // global layers and ranks, printed at start-up.
+  std::string describe() const;
+  // The manifest's "layout" object: {"tp", "pp", "dp", "zero", "stage_layers"}.
+  nlohmann::json to_json() const;
+  // Reads and validates that object (stages cover 0..num_layers in order, each at
+  // least one layer); UserError naming the file and field.
+  static Layout from_json(const JsonIn& j, int num_layers);
+
+  bool operator==(const Layout&) const = default;
+};
+
+// The layout of `world` ranks with tp x pp model-parallel ranks: dp = world / (tp * pp).
+// UserError naming --tp / --pp when they are below 1 or do not divide the world.
+Layout layout_for_world(int tp, int pp, int world);
+
+// The global layers [first, last) of every stage: an even split with the extra layers
+// on the first stages, or the counts of --pp_layers=a,b,c. UserError when the counts
+// do not add up or a stage would be empty.
+std::vector<std::pair<int, int>> split_layers(int num_layers, int pp, const std::string& pp_layers);
+
+}  // namespace lns

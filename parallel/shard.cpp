@@ -1,0 +1,13 @@
+#include "parallel/shard.h"
+
+#include <algorithm>
+
+namespace lns {
+
+ShardRange shard_range(int64_t logical, int parts, int rank) {
+  const int64_t size = (logical + parts - 1) / parts;
+  const int64_t begin = size * rank;
+  return {begin, size, std::clamp<int64_t>(logical - begin, 0, size)};
+}
+
+}  // namespace lns

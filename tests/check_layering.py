@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""The dependency direction of docs/architecture.md, enforced.
+
+Every source file belongs to a layer; a file may include headers of its own layer
+and of the layers below it, never above. The layers, lowest first:
+
+  core < parallel < data < model < optim < checkpoint < train < apps
+
+A file's layer comes from the first matching rule of LAYERS (paths relative to the
+repository root). A header under include/lns/ that no rule names takes the layer of
+the source file with the same name (include/lns/foo.h -> src/<folder>/foo.cpp), so
+a new module needs no edit here unless it lives apart from its header.
+
+  check_layering.py [ROOT]     exit 1 and one line per violation
+  check_layering.py --self-test  shows the check firing on a deliberately bad tree
+"""
+import os
+import re
+import sys
+import tempfile
+
+LAYER_ORDER = ["core", "parallel", "data", "model", "optim", "checkpoint", "train", "apps"]
+
+# (path prefix or exact path, layer); first match wins.
+LAYERS = [
+    ("src/train/lns_train.cpp", "apps"),
+    ("tools/", "apps"),
+    ("src/core/", "core"),
+    ("src/cpu/", "core"),
+    ("src/cuda/", "core"),
+    ("parallel/", "parallel"),
+    ("src/data/", "data"),
+    ("src/model/", "model"),
+    ("include/lns/optim.h", "optim"),
+    ("src/train/optim.cpp", "optim"),
+    ("src/checkpoint/", "checkpoint"),
+    ("src/train/", "train"),
+    # Headers whose source file has another name.
+    ("include/lns/manifest.h", "checkpoint"),
+    ("include/lns/bf16.h", "core"),
+    ("include/lns/config.h", "model"),
+    ("include/lns/stage.h", "model"),
+    ("include/lns/rope.h", "model"),
+    ("include/lns/ops.h", "core"),
+    ("include/lns/data.h", "data"),
+    ("include/lns/hf_llama.h", "checkpoint"),
+    ("include/lns/model_layout.h", "model"),
+    ("include/lns/pipeline_schedule.h", "train"),
+    ("include/lns/gradient_sync.h", "train"),
+    ("include/lns/gather.h", "train"),
+]
+
+SOURCE_DIRS = ["include/lns", "src", "parallel", "tools"]
+EXTENSIONS = (".h", ".cpp", ".cu", ".cuh")
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def layer_of(root, path):
+    for prefix, layer in LAYERS:
+        if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
+            return layer
+    if path.startswith("include/lns/"):
+        stem = os.path.splitext(os.path.basename(path))[0]
+        for dirpath, _, files in os.walk(os.path.join(root, "src")):
+            for f in files:
+                if os.path.splitext(f)[0] == stem and f.endswith((".cpp", ".cu")):
+                    return layer_of(root, os.path.relpath(os.path.join(dirpath, f), root))
+    return None
+
+
+def resolve(root, including, name):
+    """The repository path an #include "name" refers to, or None (system, third party)."""
+    for base in ("include", "src", "", os.path.dirname(including)):
+        p = os.path.normpath(os.path.join(base, name))
+        if os.path.isfile(os.path.join(root, p)):
+            return p
+    return None
+
+
+def check(root):
+    problems = []
+    for top in SOURCE_DIRS:
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for f in sorted(files):
+                if not f.endswith(EXTENSIONS):
+                    continue
+                path = os.path.relpath(os.path.join(dirpath, f), root)
+                mine = layer_of(root, path)
+                if mine is None:
+                    problems.append(f"{path}: in no layer; add it to LAYERS in tests/check_layering.py "
+                                    "and to docs/architecture.md")
+                    continue
+                with open(os.path.join(root, path), encoding="utf-8", errors="replace") as fh:
+                    text = fh.read()
+                for name in INCLUDE.findall(text):
+                    target = resolve(root, path, name)
+                    if target is None:
+                        continue
+                    theirs = layer_of(root, target)
+                    if theirs is None:
+                        problems.append(f"{target}: in no layer; add it to LAYERS in tests/check_layering.py")
+                    elif LAYER_ORDER.index(theirs) > LAYER_ORDER.index(mine):
+                        problems.append(f'{path} ({mine}) includes "{name}" ({theirs}): {mine} sits below '
+                                        f"{theirs} (docs/architecture.md)")
+    return sorted(set(problems))
+
+
+def self_test():
+    """A tree with one legal and one illegal include: the check must name the illegal one only."""
+    with tempfile.TemporaryDirectory() as root:
+        files = {
+            "include/lns/tensor.h": "",
+            "src/core/tensor.cpp": '#include "lns/tensor.h"\n',
+            "include/lns/stage.h": '#include "lns/tensor.h"\n#include "parallel/layout.h"\n',
+            "src/model/stage.cpp": '#include "lns/stage.h"\n',
+            "parallel/layout.h": '#include "lns/tensor.h"\n',
+            "parallel/bad.cpp": '#include "parallel/layout.h"\n#include "lns/stage.h"\n',
+        }
+        for p, text in files.items():
+            os.makedirs(os.path.join(root, os.path.dirname(p)), exist_ok=True)
+            with open(os.path.join(root, p), "w") as fh:
+                fh.write(text)
+        got = check(root)
+        want = ['parallel/bad.cpp (parallel) includes "lns/stage.h" (model): parallel sits below model '
+                "(docs/architecture.md)"]
+        if got != want:
+            print("check_layering self-test: expected\n  %s\ngot\n  %s" % (want, "\n  ".join(got) or "nothing"))
+            return 1
+        print("check_layering self-test: the bad include was reported:\n  " + got[0])
+        return 0
+
+
+def main(argv):
+    if argv[1:] == ["--self-test"]:
+        return self_test()
+    root = argv[1] if len(argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    problems = check(root)
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"check_layering: {len(problems)} include(s) against the dependency direction")
+        return 1
+    print("check_layering: every include follows " + " < ".join(LAYER_ORDER))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

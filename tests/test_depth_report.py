@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""tools/experiments/depth_report.py and depth_doc.py on a synthetic study whose
+statistics are computed by hand here; bad run files are refused with one line; the
+study's grid is unique, in priority order, and names each cell apart."""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXP = os.path.join(HERE, "..", "tools", "experiments")
+sys.path.insert(0, EXP)
+import depth_doc  # noqa: E402
+import depth_report  # noqa: E402
+import depth_study  # noqa: E402
+
+# Per seed: validation loss, relative_drop per block (fractions), variance per block.
+PRE = {1: (5.0, [1.0, 0.2, 0.1, 0.3], [0.1, 0.2, 0.3, 0.4]),
+       2: (5.2, [3.0, 0.4, 0.1, 0.1], [0.2, 0.4, 0.6, 1.0]),
+       3: (5.1, [2.0, 0.3, 0.4, 0.2], [0.5, 1.0, 2.0, 3.0])}
+LNS = {1: (4.8, [1.0, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.1]),
+       2: (4.9, [1.0, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.2]),
+       3: (4.7, [1.0, 0.1, 0.1, 0.1], [0.1, 0.1, 0.2, 0.3])}
+MIX = {1: (5.05, [0.1] * 4, [1.0] * 4), 2: (5.25, [0.1] * 4, [1.0] * 4)}
+LNS_LR4 = {1: (4.75, [0.5] * 4, [0.1] * 4)}
+
+
+def write_run(root, scheme, seed, loss, drops, variance, lr=2e-3, status="ok", layers=4, seconds=10.0):
+    c = depth_study.cell("depth", layers, scheme, seed, lr=lr)
+    d = os.path.join(root, depth_study.run_name(c))
+    os.makedirs(d)
+    with open(os.path.join(d, "cell.json"), "w") as f:
+        json.dump(c, f)
+    with open(os.path.join(d, "result.json"), "w") as f:
+        json.dump(dict(c, status=status, seconds=seconds), f)
+    if status != "ok":
+        return d
+    ev = {"num_layers": layers, "loss": loss, "ppl": math.exp(loss), "norm_scheme": scheme,
+          "sweep": {"layers": [{"layer": l, "relative_drop": r} for l, r in enumerate(drops)]},
+          "diag": [{"layer": l, "variance": v, "angular_distance": 0.1 * (l + 1)} for l, v in enumerate(variance)]}
+    with open(os.path.join(d, "eval.json"), "w") as f:
+        json.dump(ev, f)
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        # step 100 twice: a resumed run repeats steps; the last line counts
+        for step, v in ((100, 9.0), (100, 6.0), (200, loss)):
+            f.write(json.dumps({"step": step, "val_loss": v}) + "\n")
+        f.write('{"step": 300, "val_lo')  # a line cut short by a stop
+    return d
+
+
+def synthetic(root):
+    for table, scheme, lr in ((PRE, "pre", 2e-3), (LNS, "lns", 2e-3), (MIX, "mix", 2e-3), (LNS_LR4, "lns", 4e-3)):
+        for seed, (loss, drops, var) in table.items():
+            write_run(root, scheme, seed, loss, drops, var, lr=lr)
+    write_run(root, "post", 1, None, None, None, status="diverged")
+
+
+class DepthReportTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.root = self.tmp.name
+        synthetic(self.root)
+        self.report = depth_report.build_report(depth_report.find_runs(self.root))
+        self.cells = {(c["scheme"], c["lr"]): c for c in self.report["cells"]}
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_mean_and_spread(self):
+        pre = self.cells[("pre", 2e-3)]
+        self.assertEqual(pre["n"], 3)
+        self.assertEqual(pre["seeds"], [1, 2, 3])
+        self.assertAlmostEqual(pre["mean"], 5.1, places=12)
+        # deviations -0.1, 0.1, 0: sum of squares 0.02 over n - 1 = 2
+        self.assertAlmostEqual(pre["std"], 0.1, places=12)
+        self.assertEqual((pre["min"], pre["max"]), (5.0, 5.2))
+        self.assertAlmostEqual(pre["ppl"], math.exp(5.1), places=9)
+        mix = self.cells[("mix", 2e-3)]
+        self.assertAlmostEqual(mix["std"], math.sqrt(0.02), places=12)  # 5.05, 5.25
+        self.assertIsNone(self.cells[("lns", 4e-3)]["std"])  # one seed has no spread
+
+    def test_comparisons(self):
+        by = {(c["b"]): c for c in self.report["comparisons"]}
+        lns = by[self.cells[("lns", 2e-3)]["name"]]
+        self.assertAlmostEqual(lns["diff"], -0.3, places=12)
+        self.assertAlmostEqual(lns["se"], math.sqrt(0.01 / 3 + 0.01 / 3), places=12)
+        self.assertTrue(lns["beyond_spread"])  # lns max 4.9 < pre min 5.0
+        mix = by[self.cells[("mix", 2e-3)]["name"]]
+        self.assertAlmostEqual(mix["diff"], 0.05, places=12)
+        self.assertAlmostEqual(mix["se"], math.sqrt(0.01 / 3 + 0.02 / 2), places=12)
+        self.assertFalse(mix["beyond_spread"])  # [5.05, 5.25] overlaps [5.0, 5.2]
+        # paired by seed: lns - pre = -0.2, -0.3, -0.4; mix - pre = +0.05, +0.05
+        self.assertEqual(lns["paired"]["n"], 3)
+        self.assertAlmostEqual(lns["paired"]["mean"], -0.3, places=12)
+        self.assertAlmostEqual(lns["paired"]["std"], 0.1, places=12)
+        self.assertTrue(lns["paired"]["same_sign"])
+        self.assertEqual(mix["paired"]["n"], 2)
+        self.assertAlmostEqual(mix["paired"]["mean"], 0.05, places=12)
+        self.assertAlmostEqual(mix["paired"]["std"], 0.0, places=12)
+        self.assertTrue(mix["paired"]["same_sign"])  # consistent by seed though the ranges overlap
+        self.assertNotIn(self.cells[("lns", 4e-3)]["name"], by)  # no Pre-LN at that learning rate
+
+    def test_per_block(self):
+        pre = self.cells[("pre", 2e-3)]
+        for got, want in zip(pre["drop_pct"], [200.0, 30.0, 20.0, 20.0]):
+            self.assertAlmostEqual(got, want, places=9)
+        self.assertAlmostEqual(pre["drop_shallow_half"], 115.0, places=9)
+        self.assertAlmostEqual(pre["drop_deep_half"], 20.0, places=9)
+        # growth last / first per seed: 4, 5, 6
+        self.assertAlmostEqual(pre["variance_growth"], 5.0, places=12)
+        for got, want in zip(pre["variance"], [0.8 / 3, 1.6 / 3, 2.9 / 3, 4.4 / 3]):
+            self.assertAlmostEqual(got, want, places=12)
+        self.assertAlmostEqual(pre["angular"][2], 0.3, places=12)
+        self.assertEqual(pre["curves"]["1"], [(100, 6.0), (200, 5.0)])  # the repeated step: last wins
+
+    def test_diverged_and_best_lr(self):
+        post = self.cells[("post", 2e-3)]
+        self.assertEqual((post["n"], post["diverged_seeds"]), (0, [1]))
+        best = {b["scheme"]: b for b in self.report["best_lr"]}
+        self.assertEqual(best["lns"]["lr"], 4e-3)  # 4.75 < mean 4.8
+        self.assertEqual(best["lns"]["tried"], [2e-3, 4e-3])
+        self.assertNotIn("pre", best)  # one learning rate: no sweep
+        self.assertEqual(self.report["timing"]["runs"], 10)
+        self.assertAlmostEqual(self.report["timing"]["block_steps"], 10 * 400 * (4 + depth_study.HEAD_BLOCKS))
+
+    def test_doc_tables(self):
+        md = depth_doc.tables(self.report, missing=["L06_x"], projected_s=7200)
+        self.assertIn("| 4 | 5.1000 +- 0.1000 (3) | 4.8000 +- 0.1000 (3) | -0.3000 | 0.0816 | yes | "
+                      "-0.3000 +- 0.1000, all 3 same sign | 164.0 | 121.5 | x5.00 | x2.00 | 20.00 | 10.00 |", md)
+        self.assertIn("| post | diverged (1) |", md)
+        self.assertIn("Best learning rate of those tried: lns 0.004 (loss 4.7500, 1 seed)", md)
+        self.assertIn("Projected time for them at the measured rate: 2.0 h.", md)
+
+    def test_bad_runs_are_refused(self):
+        cli = [sys.executable, os.path.join(EXP, "depth_report.py")]
+        cases = []
+        with tempfile.TemporaryDirectory() as bad:
+            d = write_run(os.path.join(bad, "nan"), "pre", 1, float("nan"), [0.1] * 4, [1.0] * 4)
+            cases.append((os.path.join(bad, "nan"), "eval.json: loss: expected a finite number"))
+            d = write_run(os.path.join(bad, "short"), "pre", 1, 5.0, [0.1] * 3, [1.0] * 3)
+            cases.append((os.path.join(bad, "short"), "must cover blocks 0..3"))
+            d = write_run(os.path.join(bad, "status"), "pre", 1, 5.0, [0.1] * 4, [1.0] * 4)
+            with open(os.path.join(d, "result.json"), "w") as f:
+                json.dump({"status": "running"}, f)
+            cases.append((os.path.join(bad, "status"), "status 'running'"))
+            os.makedirs(os.path.join(bad, "empty"))
+            cases.append((os.path.join(bad, "empty"), "no finished runs"))
+            for root, want in cases:
+                p = subprocess.run(cli + [root], capture_output=True, text=True)
+                self.assertEqual(p.returncode, 1, root)
+                self.assertIn(want, p.stderr)
+                self.assertTrue(p.stderr.startswith("depth_report: ") and p.stderr.count("\n") == 1, p.stderr)
+            p = subprocess.run(cli + [self.root, "--json", os.path.join(bad, "r.json")], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+
+
+class GridTest(unittest.TestCase):
+    def test_grids(self):
+        for name in ("smoke", "session", "full"):
+            cells = depth_study.grid(name)
+            names = [depth_study.run_name(c) for c in cells]
+            self.assertEqual(len(names), len(set(names)), name)
+        session = depth_study.grid("session")
+        # priority: 3 seeds of pre and lns at 6 and 12 blocks first, at the shared rate
+        first = session[:12]
+        self.assertEqual({(c["layers"], c["scheme"], c["seed"]) for c in first},
+                         {(L, s, seed) for L in (6, 12) for s in ("pre", "lns") for seed in (1, 2, 3)})
+        self.assertTrue(all(c["lr"] == depth_study.SHARED_LR for c in first))
+        lrs = {c["lr"] for c in session if c["group"] == "lr"} | {depth_study.SHARED_LR}
+        self.assertEqual(len(lrs), 4)
+        self.assertAlmostEqual(max(lrs) / min(lrs), 8.0)
+        self.assertGreater(len(depth_study.grid("full")), len(session))
+        with self.assertRaises(SystemExit):
+            depth_study.grid("huge")
+
+    def test_flags(self):
+        class A:
+            vocab, data, eval_tokens, device, nice = 4096, "data/x", 16384, "cpu", 0
+        mix = depth_study.train_flags(depth_study.cell("schemes", 12, "mix", 1), "/tmp/r", A)
+        self.assertIn("--post_layers=3", mix)  # the paper's 25%
+        emb = depth_study.cell("embed", 12, "pre", 2, embed_std=depth_study.PAPER_EMBED_STD)
+        self.assertIn("--embed_init_std=0.632456", depth_study.train_flags(emb, "/tmp/r", A))
+        self.assertIn("--seed=2", depth_study.train_flags(emb, "/tmp/r", A))
+        self.assertNotEqual(depth_study.run_name(emb), depth_study.run_name(dict(emb, embed_std=0.02)))
+        sc = depth_study.train_flags(depth_study.cell("schemes", 12, "lns_scaled_init", 1), "/tmp/r", A)
+        self.assertIn("--norm_scheme=lns", sc)
+        self.assertIn("--init_from=/tmp/r/init/hf/model.safetensors", sc)
+
+
+if __name__ == "__main__":
+    unittest.main()

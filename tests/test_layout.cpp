@@ -1,0 +1,195 @@
+// The parallel layout as a pure value (parallel/layout.h), checked against
+// independent computations: the Megatron rank order enumerated by nested loops, the
+// stage split and the ZeRO shard by counting, the manifest object against the text
+// existing checkpoints hold. No MPI here; tests/mpi/ runs the same layouts for real.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "lns/errors.h"
+#include "lns/json_in.h"
+#include "lns/model_layout.h"
+#include "lns/param_set.h"
+#include "parallel/layout.h"
+
+namespace lns {
+namespace {
+
+void expect_user_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning " << needle;
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+Layout sizes(int tp, int pp, int dp) {
+  Layout l;
+  l.tp = tp, l.pp = pp, l.dp = dp;
+  return l;
+}
+
+// Megatron order by enumeration: ranks are handed out with tp innermost, then dp,
+// then pp, so a running counter over the nested loops is the rank.
+TEST(Layout, RankOrderIsMegatronAndRoundTrips) {
+  for (int tp : {1, 2, 3, 4})
+    for (int pp : {1, 2, 3})
+      for (int dp : {1, 2, 5}) {
+        const Layout l = sizes(tp, pp, dp);
+        ASSERT_EQ(l.world_size(), tp * pp * dp);
+        int counter = 0;
+        for (int p = 0; p < pp; ++p)
+          for (int d = 0; d < dp; ++d)
+            for (int t = 0; t < tp; ++t, ++counter) {
+              EXPECT_EQ(l.rank_of({t, d, p}), counter) << tp << " " << pp << " " << dp;
+              EXPECT_EQ(l.coords_of(counter), (RankCoords{t, d, p})) << counter;
+            }
+      }
+}
+
+TEST(Layout, ProcessGridExampleOfTheDocs) {
+  // docs/parallelism.md: 8 ranks = tp 2 x dp 2 x pp 2; rank 6 is tp 0, dp 1, pp 1.
+  const Layout l = layout_for_world(2, 2, 8);
+  EXPECT_EQ(l.dp, 2);
+  EXPECT_EQ(l.coords_of(6), (RankCoords{0, 1, 1}));
+  EXPECT_EQ(l.rank_of({1, 0, 1}), 5);
+}
+
+TEST(Layout, WorldSizeIsValidated) {
+  EXPECT_EQ(layout_for_world(1, 1, 7).dp, 7);
+  EXPECT_EQ(layout_for_world(3, 2, 12).dp, 2);
+  expect_user_error([] { layout_for_world(4, 1, 6); }, "the world of 6 ranks is not divisible by --tp=4 x --pp=1");
+  expect_user_error([] { layout_for_world(2, 3, 8); }, "launch a multiple of 6 ranks");
+  expect_user_error([] { layout_for_world(0, 1, 4); }, "--tp and --pp must be >= 1");
+  expect_user_error([] { layout_for_world(1, -2, 4); }, "--pp=-2");
+}
+
+// Even split: stage sizes differ by at most one, the larger ones first, contiguous
+// and covering every layer.
+TEST(Layout, EvenStageSplit) {
+  for (int layers = 1; layers <= 13; ++layers)
+    for (int pp = 1; pp <= layers; ++pp) {
+      const auto r = split_layers(layers, pp, "");
+      ASSERT_EQ(static_cast<int>(r.size()), pp);
+      int next = 0, prev_size = layers + 1;
+      for (const auto& [first, last] : r) {
+        EXPECT_EQ(first, next);
+        const int size = last - first;
+        EXPECT_GE(size, 1);
+        EXPECT_LE(size, prev_size);  // extra layers on the first stages
+        EXPECT_TRUE(size == layers / pp || size == layers / pp + 1);
+        prev_size = size, next = last;
+      }
+      EXPECT_EQ(next, layers);
+    }
+  EXPECT_EQ(split_layers(7, 3, ""), (std::vector<std::pair<int, int>>{{0, 3}, {3, 5}, {5, 7}}));
+}
+
+TEST(Layout, ExplicitStageSplit) {
+  EXPECT_EQ(split_layers(7, 3, "1,4,2"), (std::vector<std::pair<int, int>>{{0, 1}, {1, 5}, {5, 7}}));
+  expect_user_error([] { split_layers(7, 3, "3,2"); }, "--pp_layers=3,2 names 2 stages but --pp=3");
+  expect_user_error([] { split_layers(7, 2, "3,3"); }, "adds up to 6 layers but --num_layers=7");
+  expect_user_error([] { split_layers(7, 2, "5,x"); }, "expected positive layer counts");
+  expect_user_error([] { split_layers(7, 2, "7,0"); }, "expected positive layer counts");
+  expect_user_error([] { split_layers(2, 3, ""); }, "every stage needs at least one layer");
+  // Counts whose int sum would overflow are refused, not wrapped.
+  expect_user_error([] { split_layers(7, 2, "2147483647,2147483647"); }, "adds up to 4294967294");
+}
+
+TEST(Layout, StageRangeAndSpec) {
+  LlamaConfig cfg;
+  cfg.num_layers = 7, cfg.num_heads = 4, cfg.num_kv_heads = 2;
+  const Layout l = layout_for_model(cfg, sizes(2, 3, 1), "");
+  EXPECT_EQ(l.stage_range(1), (std::pair<int, int>{3, 5}));
+  const StageSpec first = stage_spec(l, 0), mid = stage_spec(l, 1), last = stage_spec(l, 2);
+  EXPECT_EQ(first.first_layer, 0);
+  EXPECT_EQ(first.last_layer, 3);
+  EXPECT_TRUE(first.has_embedding);
+  EXPECT_FALSE(first.has_head);
+  EXPECT_EQ(mid.first_layer, 3);
+  EXPECT_EQ(mid.last_layer, 5);
+  EXPECT_FALSE(mid.has_embedding);
+  EXPECT_FALSE(mid.has_head);
+  EXPECT_EQ(last.first_layer, 5);
+  EXPECT_EQ(last.last_layer, 7);
+  EXPECT_FALSE(last.has_embedding);
+  EXPECT_TRUE(last.has_head);
+}
+
+TEST(Layout, ModelConstraints) {
+  LlamaConfig cfg;
+  cfg.num_layers = 3, cfg.num_heads = 6, cfg.num_kv_heads = 2;
+  EXPECT_EQ(layout_for_model(cfg, sizes(2, 3, 1), "").stage_layers.size(), 3u);
+  expect_user_error([&] { layout_for_model(cfg, sizes(4, 1, 1), ""); }, "--num_heads=6 must be divisible by --tp=4");
+  expect_user_error([&] { layout_for_model(cfg, sizes(3, 1, 1), ""); }, "--num_kv_heads=2 must be divisible by --tp=3");
+  expect_user_error([&] { layout_for_model(cfg, sizes(1, 4, 1), ""); }, "--pp=4 stages for --num_layers=3");
+  expect_user_error([&] { layout_for_model(cfg, sizes(1, 2, 1), "1,1"); }, "adds up to 2 layers");
+}
+
+// The ZeRO shard: equal padded shares that tile [0, n) without overlap, in dp order.
+TEST(Layout, ZeroShardTilesTheBuffer) {
+  for (int dp : {1, 2, 3, 7})
+    for (int64_t n : {int64_t{1}, int64_t{6}, int64_t{7}, int64_t{1000}, int64_t{1} << 33}) {
+      const Layout l = sizes(1, 1, dp);
+      const int64_t share = (n + dp - 1) / dp;  // ceil, as reduce-scatter needs equal sizes
+      int64_t next = 0;
+      for (int d = 0; d < dp; ++d) {
+        const ShardRange s = l.zero_shard(n, d);
+        EXPECT_EQ(s.size, share);
+        EXPECT_EQ(s.begin, d * share);
+        EXPECT_EQ(s.end(), s.begin + s.valid);
+        if (s.begin >= n) {  // more ranks than elements: an empty share past the end
+          EXPECT_EQ(s.valid, 0);
+          continue;
+        }
+        EXPECT_EQ(s.begin, next);
+        EXPECT_EQ(s.end(), std::min(n, (d + 1) * share));
+        next = s.end();
+      }
+      EXPECT_EQ(next, n) << "dp " << dp;
+    }
+}
+
+// The manifest's "layout" object is what existing checkpoints hold, byte for byte.
+TEST(Layout, ManifestObjectIsUnchanged) {
+  Layout l = sizes(2, 2, 2);
+  l.zero = true, l.stage_layers = {{0, 3}, {3, 5}};
+  EXPECT_EQ(l.to_json().dump(), R"({"dp":2,"pp":2,"stage_layers":[[0,3],[3,5]],"tp":2,"zero":true})");
+  const nlohmann::json j = l.to_json();
+  EXPECT_EQ(Layout::from_json(JsonIn(j, "m.json", "layout"), 5), l);
+  nlohmann::json bad = j;
+  bad["stage_layers"] = {{0, 2}, {3, 5}};
+  expect_user_error([&] { Layout::from_json(JsonIn(bad, "m.json", "layout"), 5); }, "m.json: layout.stage_layers[1]");
+  bad = j;
+  bad["tp"] = 0;
+  expect_user_error([&] { Layout::from_json(JsonIn(bad, "m.json", "layout"), 5); }, "m.json: layout.tp");
+  expect_user_error([&] { Layout::from_json(JsonIn(j, "m.json", "layout"), 6); }, "covers 5 of 6 layers");
+}
+
+TEST(Layout, OnePrinter) {
+  Layout l = layout_for_world(2, 2, 8);
+  l.stage_layers = split_layers(7, 2, "");
+  EXPECT_EQ(l.brief(), "tp=2 pp=2 dp=2");
+  l.zero = true;
+  EXPECT_EQ(l.brief(), "tp=2 pp=2 dp=2 zero");
+  EXPECT_EQ(l.describe(),
+            "world 8 = tp 2 x dp 2 x pp 2 (rank = tp + dp*2 + pp*4)\n"
+            "  stage 0: layers 0..3 (4) + embedding, ranks 0..3\n"
+            "  stage 1: layers 4..6 (3) + final norm + head, ranks 4..7");
+}
+
+// Who reports a parameter once: split tensors on every tp rank (each its own slice),
+// replicated ones on tp rank 0, the tied head copy nowhere.
+TEST(Layout, CountedOnce) {
+  ParamInfo split, replicated, tied;
+  split.split_dim = 0, replicated.split_dim = -1, tied.split_dim = 0, tied.tied_copy = true;
+  for (int r : {0, 1, 3}) {
+    EXPECT_TRUE(split.counted_on(r));
+    EXPECT_EQ(replicated.counted_on(r), r == 0);
+    EXPECT_FALSE(tied.counted_on(r));
+  }
+}
+
+}  // namespace
+}  // namespace lns

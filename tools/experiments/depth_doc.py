@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Writes the depth study's tables (from depth_report.py's report.json) into
+docs/depth_study.md, between the lines "<!-- depth_doc:begin -->" and
+"<!-- depth_doc:end -->"; the prose around them is left alone.
+
+    python3 tools/experiments/depth_doc.py runs/depth_study_v2/report.json [--doc docs/depth_study.md]
+        [--grid session --study runs/depth_study_v2 --jobs 2]
+
+With --grid it also lists the grid's cells that have not finished and the projected
+time to run them, from the measured wall time per block-step of the finished runs.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import depth_study  # noqa: E402  (the grid, the run names and the cost model)
+
+BEGIN, END = "<!-- depth_doc:begin -->", "<!-- depth_doc:end -->"
+SHARED_LR, STEPS, EMB = depth_study.SHARED_LR, depth_study.STEPS, 0.02
+
+
+def close(a, b):
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+def find(cells, layers, scheme, lr=SHARED_LR, steps=STEPS, emb=EMB):
+    for c in cells:
+        if c["layers"] == layers and c["scheme"] == scheme and close(c["lr"], lr) and c["steps"] == steps \
+                and close(c["embed_std"], emb):
+            return c
+    return None
+
+
+def loss_cell(c):
+    """'5.1234 +- 0.0100 (3)': mean validation loss, sample std over seeds, seeds."""
+    if c is None:
+        return "not run"
+    if not c["n"]:
+        return "diverged (%d)" % len(c["diverged_seeds"])
+    std = " +- %.4f" % c["std"] if c["std"] is not None else ""
+    div = ", %d diverged" % len(c["diverged_seeds"]) if c["diverged_seeds"] else ""
+    return "%.4f%s (%d%s)" % (c["mean"], std, c["n"], div)
+
+
+def comparison(report, a, b):
+    if a is None or b is None:
+        return None
+    for cmp in report["comparisons"]:
+        if cmp["a"] == a["name"] and cmp["b"] == b["name"]:
+            return cmp
+    return None
+
+
+def diff_cells(cmp):
+    if cmp is None or "diff" not in cmp:
+        return "-", "-", "-"
+    se = "%.4f" % cmp["se"] if cmp["se"] is not None else "-"
+    beyond = {True: "yes", False: "no", None: "one seed"}[cmp["beyond_spread"]]
+    return "%+.4f" % cmp["diff"], se, beyond
+
+
+def paired_cell(cmp):
+    """Per-seed differences: '-0.0700 +- 0.0100, all 3 same sign'."""
+    p = (cmp or {}).get("paired")
+    if not p or p["n"] < 2:
+        return "-"
+    return "%+.4f +- %.4f, %s" % (p["mean"], p["std"], "all %d same sign" % p["n"] if p["same_sign"] else "mixed signs")
+
+
+def fmt(x, spec):
+    return spec % x if x is not None else "-"
+
+
+def tables(report, missing=None, projected_s=None):
+    cells = report["cells"]
+    out = []
+    w = out.append
+    depths = sorted({c["layers"] for c in cells if c["scheme"] in ("pre", "lns") and close(c["lr"], SHARED_LR)
+                     and c["steps"] == STEPS and close(c["embed_std"], EMB)})
+    w("### Depth, shared learning rate %g, %d steps\n" % (SHARED_LR, STEPS))
+    w("Validation loss: mean +- sample std over seeds (seeds). Difference = LNS - Pre-LN; "
+      "\"beyond spread\": the seed ranges do not overlap; paired: the per-seed differences.\n")
+    w("| blocks | pre | lns | lns - pre | std error | beyond spread | paired by seed | ppl pre | ppl lns |"
+      " variance growth pre | lns | skip cost deep half pre (%) | lns |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for L in depths:
+        p, l = find(cells, L, "pre"), find(cells, L, "lns")
+        cmp = comparison(report, p, l)
+        d, se, beyond = diff_cells(cmp)
+        g = lambda c, k, spec: fmt(c.get(k), spec) if c and c["n"] else "-"
+        w("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            L, loss_cell(p), loss_cell(l), d, se, beyond, paired_cell(cmp), g(p, "ppl", "%.1f"), g(l, "ppl", "%.1f"),
+            g(p, "variance_growth", "x%.2f"), g(l, "variance_growth", "x%.2f"),
+            g(p, "drop_deep_half", "%.2f"), g(l, "drop_deep_half", "%.2f")))
+    w("")
+
+    lrs = sorted({c["lr"] for c in cells if c["steps"] == STEPS and close(c["embed_std"], EMB)
+                  and c["scheme"] in ("pre", "lns")})
+    sweep_depths = [L for L in depths if len({c["lr"] for c in cells if c["layers"] == L and c["steps"] == STEPS
+                                             and close(c["embed_std"], EMB) and c["scheme"] in ("pre", "lns")}) > 1]
+    for L in sweep_depths:
+        w("### Learning-rate sweep, %d blocks, %d steps\n" % (L, STEPS))
+        w("| peak lr | pre | lns | lns - pre | beyond spread |")
+        w("|---|---|---|---|---|")
+        for lr in lrs:
+            p, l = find(cells, L, "pre", lr=lr), find(cells, L, "lns", lr=lr)
+            if p is None and l is None:
+                continue
+            d, _, beyond = diff_cells(comparison(report, p, l))
+            w("| %g | %s | %s | %s | %s |" % (lr, loss_cell(p), loss_cell(l), d, beyond))
+        best = {b["scheme"]: b for b in report["best_lr"] if b["layers"] == L and b["steps"] == STEPS
+                and close(b["embed_std"], EMB)}
+        if best:
+            w("\nBest learning rate of those tried: " + "; ".join(
+                "%s %g (loss %.4f, %d seed%s)" % (s, b["lr"], b["mean"], b["n"], "s" if b["n"] > 1 else "")
+                for s, b in sorted(best.items())))
+            if "pre" in best and "lns" in best:
+                w("; each at its best: lns - pre = %+.4f." % (best["lns"]["mean"] - best["pre"]["mean"]))
+        w("")
+
+    others = [c for c in cells if c["scheme"] not in ("pre", "lns") and close(c["lr"], SHARED_LR)
+              and c["steps"] == STEPS and close(c["embed_std"], EMB)]
+    for L in sorted({c["layers"] for c in others}):
+        w("### Schemes, %d blocks, lr %g, %d steps\n" % (L, SHARED_LR, STEPS))
+        w("| scheme | validation loss | - pre | beyond spread | variance growth | skip cost deep half (%) |")
+        w("|---|---|---|---|---|---|")
+        p = find(cells, L, "pre")
+        for s in ("pre", "lns", "mix", "post", "scaled_init", "lns_scaled_init", "sandwich", "deepnorm"):
+            c = find(cells, L, s)
+            if c is None:
+                continue
+            d, _, beyond = diff_cells(comparison(report, p, c)) if s != "pre" else ("-", "-", "-")
+            w("| %s | %s | %s | %s | %s | %s |" % (s, loss_cell(c), d, beyond,
+                                                  fmt(c.get("variance_growth"), "x%.2f"),
+                                                  fmt(c.get("drop_deep_half"), "%.2f")))
+        w("")
+
+    emb_cells = [c for c in cells if not close(c["embed_std"], EMB)]
+    for L in sorted({c["layers"] for c in emb_cells}):
+        w("### Embedding std, %d blocks\n" % L)
+        w("| embedding std | pre | lns | lns - pre |")
+        w("|---|---|---|---|")
+        for e in sorted({EMB} | {c["embed_std"] for c in emb_cells if c["layers"] == L}):
+            p, l = find(cells, L, "pre", emb=e), find(cells, L, "lns", emb=e)
+            w("| %.4g | %s | %s | %s |" % (e, loss_cell(p), loss_cell(l), diff_cells(comparison(report, p, l))[0]))
+        w("")
+
+    budget = sorted({(c["layers"], c["steps"]) for c in cells if c["steps"] != STEPS})
+    for L in sorted({b[0] for b in budget}):
+        w("### Budget, %d blocks, lr %g\n" % (L, SHARED_LR))
+        w("| steps | pre | lns | lns - pre |")
+        w("|---|---|---|---|")
+        for steps in sorted({STEPS} | {b[1] for b in budget if b[0] == L}):
+            p, l = find(cells, L, "pre", steps=steps), find(cells, L, "lns", steps=steps)
+            w("| %d | %s | %s | %s |" % (steps, loss_cell(p), loss_cell(l), diff_cells(comparison(report, p, l))[0]))
+        w("")
+
+    for L in depths:
+        p, l = find(cells, L, "pre"), find(cells, L, "lns")
+        if not (p and p["n"] and l and l["n"]):
+            continue
+        w("### Per block, %d blocks (mean over seeds: pre %d, lns %d)\n" % (L, p["n"], l["n"]))
+        w("| block | skip cost pre (%) | lns | angular distance pre (pi) | lns | residual variance pre | lns |")
+        w("|---|---|---|---|---|---|---|")
+        for b in range(L):
+            w("| %d | %.2f | %.2f | %.4f | %.4f | %.4g | %.4g |" % (
+                b, p["drop_pct"][b], l["drop_pct"][b], p["angular"][b], l["angular"][b], p["variance"][b],
+                l["variance"][b]))
+        w("")
+
+    t = report.get("timing", {})
+    if t.get("block_steps"):
+        w("Measured: %d runs, %.0f block-steps in %.1f h of run time (%.3f s per block-step per job, "
+          "with 2 jobs sharing 2 cores with other work at nice 19)." % (
+              t["runs"], t["block_steps"], t["seconds"] / 3600, t["seconds"] / t["block_steps"]))
+    if missing is not None:
+        w("")
+        if missing:
+            w("Not run (%d cells): %s." % (len(missing), ", ".join("`%s`" % m for m in missing)))
+            if projected_s is not None:
+                w("Projected time for them at the measured rate: %.1f h." % (projected_s / 3600))
+        else:
+            w("Every cell of the grid finished.")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("report")
+    ap.add_argument("--doc", default="docs/depth_study.md")
+    ap.add_argument("--grid", default="", help="list this grid's unfinished cells (with --study)")
+    ap.add_argument("--study", default="", help="the study directory, for --grid")
+    ap.add_argument("--jobs", type=int, default=2, help="jobs in parallel, for the projection")
+    args = ap.parse_args(argv)
+    try:
+        with open(args.report) as f:
+            report = json.load(f)
+        with open(args.doc) as f:
+            doc = f.read()
+    except (OSError, json.JSONDecodeError) as e:
+        print("depth_doc: %s" % e, file=sys.stderr)
+        return 1
+    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
+        print("depth_doc: %s: expected one '%s' line before one '%s' line" % (args.doc, BEGIN, END), file=sys.stderr)
+        return 1
+    missing, projected = None, None
+    if args.grid:
+        cells = depth_study.grid(args.grid)
+        todo = [c for c in cells
+                if not os.path.exists(os.path.join(args.study, depth_study.run_name(c), "result.json"))]
+        missing = [depth_study.run_name(c) for c in todo]
+        t = report.get("timing", {})
+        if t.get("block_steps"):
+            projected = sum(depth_study.cost(c) for c in todo) * t["seconds"] / t["block_steps"] / max(1, args.jobs)
+    body = tables(report, missing, projected)
+    new = doc[:doc.index(BEGIN) + len(BEGIN)] + "\n" + body + doc[doc.index(END):]
+    with open(args.doc, "w") as f:
+        f.write(new)
+    print("depth_doc: tables written into %s" % args.doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

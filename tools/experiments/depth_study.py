@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""The depth study (issue 20) as one resumable script: a grid of ./build/lns_train runs,
+each followed by lns_eval's layer-removal sweep and diagnostics on the validation data.
+
+    python3 tools/experiments/depth_study.py --grid session --jobs 2 --nice 19
+    python3 tools/experiments/depth_study.py --grid full --list      # what it would run
+
+Every run has its own directory OUT/<name> (name = the cell: depth, scheme, learning
+rate, steps, embedding std, seed). A run is finished when OUT/<name>/result.json exists
+(written after lns_eval succeeded, or after a training that stopped on a non-finite
+loss: status "diverged"); finished runs are skipped, so rerunning the same command
+resumes the grid, and a run cut short resumes from its newest checkpoint
+(--save_every, lns_train --resume=auto). Runs are started in the grid's order, which is
+the order of priority: stop it at any time and the most important cells are done.
+
+A progress line (stderr) gives done/running/left, elapsed time and an ETA from a cost
+model (steps x (blocks + head)), calibrated on the runs finished in this invocation.
+
+On a GPU node add --device=cuda (docs/cuda.md); the grid is the same, each run takes
+seconds there. Then run tools/experiments/depth_report.py on OUT.
+"""
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+# The paper's released code draws the token embedding from normal(0, sqrt(2/5)) instead of
+# Hugging Face's 0.02 (LayerNorm-Scaling repository, peft_pretraining/modeling_llama.py,
+# _init_weights); "paper-era" below.
+PAPER_EMBED_STD = math.sqrt(2.0 / 5.0)
+
+BASE = dict(hidden=64, heads=4, intermediate=176, seq=128, batch=16, micro=8)
+SHARED_LR = 2e-3
+STEPS = 400
+# Cost of the embedding/head and the rest, in blocks' worth of a width-64 block with a
+# 4096 vocabulary (3.2 of 13 GFLOP per step at 12 blocks): only for the ETA.
+HEAD_BLOCKS = 4.0
+
+
+def cell(group, layers, scheme, seed, lr=SHARED_LR, steps=STEPS, embed_std=0.02):
+    return dict(group=group, layers=layers, scheme=scheme, seed=seed, lr=lr, steps=steps, embed_std=embed_std)
+
+
+def run_name(c):
+    emb = "" if c["embed_std"] == 0.02 else "_emb%.3g" % c["embed_std"]
+    return "L%02d_%s_lr%.0e_s%d%s_seed%d" % (c["layers"], c["scheme"], c["lr"], c["steps"], emb, c["seed"])
+
+
+def grid(name):
+    """Cells in order of priority, no duplicates."""
+    seeds3 = (1, 2, 3)
+    out = []
+    if name == "smoke":  # seconds: checks the machinery end to end
+        for s in ("pre", "lns", "mix", "lns_scaled_init"):
+            out.append(cell("depth", 2, s, 1, steps=6))
+        return out
+    # session: what 2 busy cores give in about 1.5 hours, in order of priority: 3 seeds
+    # at 6 and 12 blocks, one at 24, one seed of each other axis, then more seeds
+    n_seeds = seeds3 if name == "full" else (1,)
+    # 1. depth at the shared learning rate, 3 seeds (24 blocks: seed 1 first)
+    for layers in (6, 12):
+        for seed in seeds3:
+            for s in ("pre", "lns"):
+                out.append(cell("depth", layers, s, seed))
+    for s in ("pre", "lns"):
+        out.append(cell("depth", 24, s, 1))
+    # 2. learning-rate sweep at 12 blocks: 4 values spanning 8x (2e-3 is in 1.); the larger
+    # ones first: LNS shrinks what deep blocks write, much as a smaller step size would
+    for seed in n_seeds:
+        for lr in (4e-3, 8e-3, 1e-3):
+            for s in ("pre", "lns"):
+                out.append(cell("lr", 12, s, seed, lr=lr))
+    # 3. the other schemes at 12 blocks
+    for seed in n_seeds:
+        for s in ("mix", "post", "lns_scaled_init", "scaled_init"):
+            out.append(cell("schemes", 12, s, seed))
+    # 4. the paper-era embedding std
+    for seed in n_seeds:
+        for s in ("pre", "lns"):
+            out.append(cell("embed", 12, s, seed, embed_std=PAPER_EMBED_STD))
+    # 5. more seeds at 24 blocks
+    for seed in (2, 3):
+        for s in ("pre", "lns"):
+            out.append(cell("depth", 24, s, seed))
+    # 6. budget: 4x the steps at 6 blocks (1x is in 1.; 6 blocks: the cheapest depth)
+    for seed in n_seeds:
+        for s in ("pre", "lns"):
+            out.append(cell("budget", 6, s, seed, steps=4 * STEPS))
+    # 7. 48 blocks
+    for seed in n_seeds:
+        for s in ("pre", "lns"):
+            out.append(cell("depth", 48, s, seed))
+    if name == "full":  # the same axes at 24 blocks too
+        for seed in seeds3:
+            for lr in (1e-3, 4e-3, 8e-3):
+                for s in ("pre", "lns"):
+                    out.append(cell("lr", 24, s, seed, lr=lr))
+            for s in ("post", "mix"):
+                out.append(cell("schemes", 24, s, seed))
+    elif name != "session":
+        raise SystemExit("depth_study: --grid=%s: expected smoke, session or full" % name)
+    seen, uniq = set(), []
+    for c in out:
+        if run_name(c) not in seen:
+            seen.add(run_name(c))
+            uniq.append(c)
+    return uniq
+
+
+def cost(c):
+    return c["steps"] * (c["layers"] + HEAD_BLOCKS)
+
+
+def train_flags(c, run_dir, args):
+    scheme = c["scheme"]
+    flags = ["--flagfile=configs/tiny_lns.flags",
+             "--vocab_size=%d" % args.vocab, "--data=%s.train.tok" % args.data, "--val_data=%s.val.tok" % args.data,
+             "--num_layers=%d" % c["layers"], "--hidden_size=%d" % BASE["hidden"], "--num_heads=%d" % BASE["heads"],
+             "--num_kv_heads=%d" % BASE["heads"], "--intermediate_size=%d" % BASE["intermediate"],
+             "--seq_len=%d" % BASE["seq"], "--global_batch_size=%d" % BASE["batch"],
+             "--micro_batch_size=%d" % BASE["micro"], "--steps=%d" % c["steps"],
+             "--warmup_steps=%d" % max(1, c["steps"] // 10), "--lr=%g" % c["lr"], "--min_lr_ratio=0.1",
+             "--embed_init_std=%.6g" % c["embed_std"], "--seed=%d" % c["seed"],
+             "--eval_every=%d" % max(1, c["steps"] // 4), "--eval_tokens=%d" % args.eval_tokens,
+             "--diag_every=%d" % max(1, c["steps"] // 8), "--log_every=%d" % max(1, c["steps"] // 8),
+             "--save_every=%d" % max(1, c["steps"] // 4), "--keep_checkpoints=1",
+             "--out_dir=%s" % run_dir, "--resume=auto",
+             "--device=%s" % args.device,
+             "--exit_code_on_signal=143"]  # a run stopped by a signal is not finished
+    if scheme == "mix":
+        flags += ["--norm_scheme=mix", "--post_layers=%d" % max(1, c["layers"] // 4)]  # the paper's 25%
+    elif scheme == "lns_scaled_init":
+        flags += ["--norm_scheme=lns", "--init_from=%s" % os.path.join(run_dir, "init", "hf", "model.safetensors")]
+    else:
+        flags += ["--norm_scheme=%s" % scheme]
+    return flags
+
+
+def eval_flags(run_dir, args):
+    """lns_eval's flags but --checkpoint (the newest one, found when the training ends)."""
+    return ["--data=%s.val.tok" % args.data, "--seq_len=%d" % BASE["seq"],
+            "--micro_batch_size=8", "--eval_tokens=%d" % args.eval_tokens, "--drop_layers=sweep", "--diag",
+            "--out=%s" % os.path.join(run_dir, "eval"), "--plot=false", "--device=%s" % args.device]
+
+
+def script_for(c, run_dir, args):
+    """The shell commands of one run: (init for lns_scaled_init), train, evaluate."""
+    nice = ["nice", "-n", str(args.nice)] if args.nice else []
+    q = lambda xs: " ".join("'%s'" % x.replace("'", "'\\''") for x in xs)
+    lines = ["set -o pipefail", "cd '%s'" % ROOT]
+    if c["scheme"] == "lns_scaled_init":
+        # scaled_init's weights (o_proj and down_proj at init_std/sqrt(2L)) with LNS on top: the
+        # two schemes share every parameter name, so a scaled_init model saved at step 0 and
+        # exported is LNS's initialisation with the paper's scaled init (no C++ scheme needed).
+        init = dict(c, scheme="scaled_init")
+        init_dir = os.path.join(run_dir, "init")
+        flags = [f for f in train_flags(init, init_dir + "/run", args)
+                 if not f.startswith(("--steps=", "--resume", "--val_data="))]
+        lines.append("if [ ! -f '%s/hf/model.safetensors' ]; then" % init_dir)
+        lines.append("  rm -rf '%s'" % init_dir)
+        lines.append("  %s --steps=0 --val_data= > '%s/init.log' 2>&1 || exit 3"
+                     % (q(nice + ["./build/lns_train"] + flags), run_dir))
+        lines.append("  ck=$(ls -d '%s'/run/checkpoints/step_* | tail -1)" % init_dir)
+        lines.append("  ./build/lns_convert export-hf --in=\"$ck\" --out='%s/hf' >> '%s/init.log' 2>&1 || exit 3"
+                     % (init_dir, run_dir))
+        lines.append("fi")
+    lines.append("%s >> '%s/train.log' 2>&1 || exit 1" % (q(nice + ["./build/lns_train"] + train_flags(c, run_dir, args)),
+                                                        run_dir))
+    lines.append("ck=$(ls -d '%s'/checkpoints/step_* | tail -1)" % run_dir)
+    lines.append("%s \"--checkpoint=$ck\" > '%s/eval.log' 2>&1 || exit 2"
+                 % (q(nice + ["./build/lns_eval"] + eval_flags(run_dir, args)), run_dir))
+    return "\n".join(lines) + "\n"
+
+
+def diverged(run_dir):
+    """True when the training stopped on a non-finite loss or norm (docs/training.md)."""
+    try:
+        with open(os.path.join(run_dir, "train.log"), errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return "training diverged" in text or "non-finite" in text
+
+
+def finish(c, run_dir, rc, seconds):
+    if rc == 0:
+        with open(os.path.join(run_dir, "eval.json")) as f:
+            ev = json.load(f)
+        res = dict(c, status="ok", val_ppl=ev["ppl"], seconds=seconds)
+    elif rc == 1 and diverged(run_dir):
+        res = dict(c, status="diverged", val_ppl=None, seconds=seconds)
+    else:
+        return None
+    tmp = os.path.join(run_dir, "result.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=1, sort_keys=True)
+    os.replace(tmp, os.path.join(run_dir, "result.json"))
+    return res
+
+
+def fmt_s(s):
+    if s is None:
+        return "?"
+    s = int(s)
+    return "%dh%02dm" % (s // 3600, s % 3600 // 60) if s >= 3600 else "%dm%02ds" % (s // 60, s % 60)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--grid", default="session", help="smoke, session (priority order; hours on 2 busy cores) or full")
+    ap.add_argument("--out", default="runs/depth_study_v2", help="directory of the run directories")
+    ap.add_argument("--data", default="data/fortunes_bpe4k", help="token files prefix (tools/experiments/bpe_corpus.py)")
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--eval_tokens", type=int, default=16384)
+    ap.add_argument("--jobs", type=int, default=1, help="runs at a time (each gets cores/jobs OpenBLAS threads)")
+    ap.add_argument("--nice", type=int, default=0, help="nice level of the trainings (19: only idle CPU)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--only", default="", help="comma-separated groups to run (depth, lr, budget, schemes, embed)")
+    ap.add_argument("--max_runs", type=int, default=0, help="start at most this many runs (0 = all)")
+    ap.add_argument("--list", action="store_true", help="print the grid and what is done, run nothing")
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        raise SystemExit("depth_study: --jobs=%d: expected >= 1" % args.jobs)
+    os.chdir(ROOT)
+    cells = grid(args.grid)
+    if args.only:
+        groups = set(args.only.split(","))
+        cells = [c for c in cells if c["group"] in groups]
+    out = os.path.abspath(args.out)
+    todo = [c for c in cells if not os.path.exists(os.path.join(out, run_name(c), "result.json"))]
+    if args.list:
+        for c in cells:
+            done = os.path.exists(os.path.join(out, run_name(c), "result.json"))
+            print("%-8s %-44s %s" % (c["group"], run_name(c), "done" if done else "-"))
+        print("depth_study: %d cells, %d to run, cost %.0f block-steps left" % (len(cells), len(todo),
+                                                                              sum(cost(c) for c in todo)))
+        return 0
+    for p in (args.data + ".train.tok", args.data + ".val.tok", "build/lns_train", "build/lns_eval"):
+        if not os.path.exists(p):
+            raise SystemExit("depth_study: %s missing (bash tools/experiments/depth_study.sh builds and prepares it)" % p)
+    if args.max_runs:
+        todo = todo[:args.max_runs]
+    env = dict(os.environ)
+    threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
+    env.update(OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
+    t0 = time.time()
+    running = {}  # pid -> (cell, popen, start)
+    done_cost, done_time, failed = 0.0, 0.0, []
+    total_cost = sum(cost(c) for c in todo)
+    n_total, n_done = len(todo), 0
+    stopping = [False]
+
+    def on_signal(signum, frame):
+        stopping[0] = True
+        for _, p, _ in running.values():
+            try:
+                os.killpg(p.pid, signal.SIGTERM)  # lns_train saves a checkpoint on SIGTERM
+            except OSError:
+                pass
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    queue = list(todo)
+    last_line = 0.0
+    while (queue or running) and not stopping[0]:
+        while queue and len(running) < args.jobs and not stopping[0]:
+            c = queue.pop(0)
+            run_dir = os.path.join(out, run_name(c))
+            os.makedirs(run_dir, exist_ok=True)
+            with open(os.path.join(run_dir, "cell.json"), "w") as f:
+                json.dump(c, f, indent=1, sort_keys=True)
+            sh = os.path.join(run_dir, "run.sh")
+            with open(sh, "w") as f:
+                f.write(script_for(c, run_dir, args))
+            p = subprocess.Popen(["bash", sh], env=env, start_new_session=True)
+            running[p.pid] = (c, p, time.time())
+        time.sleep(1.0)
+        for pid in list(running):
+            c, p, start = running[pid]
+            rc = p.poll()
+            if rc is None:
+                continue
+            del running[pid]
+            n_done += 1
+            secs = time.time() - start
+            run_dir = os.path.join(out, run_name(c))
+            res = finish(c, run_dir, rc, secs) if not stopping[0] else None
+            if stopping[0]:
+                sys.stderr.write("\ndepth_study: %s stopped; it resumes from its checkpoint\n" % run_name(c))
+            elif res is None:
+                failed.append(run_name(c))
+                sys.stderr.write("\ndepth_study: %s failed (exit %d; see %s/*.log)\n" % (run_name(c), rc, run_dir))
+            else:
+                done_cost += cost(c)
+                done_time += secs
+                sys.stderr.write("\ndepth_study: %s %s ppl %s in %s\n" % (
+                    run_name(c), res["status"], "%.4f" % res["val_ppl"] if res["val_ppl"] else "-", fmt_s(secs)))
+        now = time.time()
+        if now - last_line >= 10 or not (queue or running):
+            last_line = now
+            left = sum(cost(c) for c in queue) + sum(cost(c) * 0.5 for c, _, _ in running.values())
+            # per-job seconds per cost unit, times the cost left, over the jobs in parallel
+            eta = left * (done_time / done_cost) / args.jobs if done_cost else None
+            sys.stderr.write("\r[depth_study] %d/%d done, %d running, %d queued, %d failed | elapsed %s | ETA %s   "
+                             % (n_done, n_total, len(running), len(queue), len(failed), fmt_s(now - t0), fmt_s(eta)))
+            sys.stderr.flush()
+    for _, p, _ in running.values():
+        p.wait()
+    sys.stderr.write("\ndepth_study: %s; %d runs finished, %d failed, %s of %.0f block-steps in %s\n" % (
+        "stopped" if stopping[0] else "grid done", n_done - len(failed), len(failed),
+        "%.0f" % done_cost, total_cost, fmt_s(time.time() - t0)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
