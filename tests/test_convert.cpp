@@ -99,7 +99,8 @@ TEST(Convert, FoldedLnsExportComputesTheSameFunction) {
 }
 
 TEST(Convert, RemoveLayersEqualsSkippingBlocks) {
-  for (NormScheme s : {NormScheme::LNS, NormScheme::Mix}) {
+  // hybrid: lns, scale_res_pre_norm, deeppost, sandwich, lns (test_util.h small_model)
+  for (NormScheme s : {NormScheme::LNS, NormScheme::Mix, NormScheme::ScaleResPre, NormScheme::Hybrid}) {
     const Checkpoint ck(trained(s, std::string("rm_") + norm_scheme_name(s)));
     const LlamaConfig old = ck.config();
     const LayerRemoval plan = plan_layer_removal(old, parse_layer_list("1,3", old.num_layers, "--layers"));
@@ -123,7 +124,10 @@ TEST(Convert, RemoveLayersEqualsSkippingBlocks) {
     EXPECT_EQ(std::vector<float>(b.f32(), b.f32() + b.numel()), la) << norm_scheme_name(s);
     // Depth, not position: kept layer 1 sits at position 1 < post_layers = 2 but was
     // trained at depth 2, so Mix-LN keeps it Pre-LN, and LNS keeps its 1/sqrt(3).
-    EXPECT_EQ(block_plan(removed.config(), 1).effective, s == NormScheme::Mix ? NormScheme::Pre : NormScheme::LNS);
+    const NormScheme want = s == NormScheme::Mix      ? NormScheme::Pre
+                            : s == NormScheme::Hybrid ? NormScheme::DeepPost
+                                                      : s;
+    EXPECT_EQ(block_plan(removed.config(), 1).effective, want) << norm_scheme_name(s);
     if (s == NormScheme::LNS) {
       EXPECT_FLOAT_EQ(block_plan(removed.config(), 1).attn.pre_scale, 1.0f / std::sqrt(3.0f));
     }
@@ -146,6 +150,114 @@ TEST(Convert, RefusesWhatAPlainLlamaCannotExpress) {
             std::string::npos);
   EXPECT_NE(error_of([&] { plan_layer_removal(small_model(NormScheme::LNS), {0, 1, 2, 3, 4}); }).find("every layer"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace lns
+
+// ---- the LNS retrofit (lns/retrofit.h) ------------------------------------------------------
+namespace lns {
+namespace {
+
+// The logits of `cfg`'s model on fixed tokens, weights from `src`; when `lns_by_hand`,
+// the model runs as Pre-LN with every block norm's gain and bias multiplied here by
+// 1/sqrt(l) (f64, then rounded): the retrofit's function computed independently of the
+// LNS code path.
+std::vector<float> logits_from(const TensorSource& src, LlamaConfig cfg, bool lns_by_hand) {
+  if (lns_by_hand) cfg.norm_scheme = NormScheme::Pre;
+  LlamaStage m(cfg, StageSpec::whole(cfg), 2, 8);
+  load_from_source(src, m.params(), nullptr);
+  if (lns_by_hand) {
+    for (int i = 0; i < m.params().size(); ++i) {
+      const ParamInfo& p = m.params().info(i);
+      if (p.layer < 0 || (p.kind != ParamKind::NormGain && p.kind != ParamKind::NormBias)) continue;
+      float* w = m.params().param(i).f32();
+      for (int64_t j = 0; j < p.shape.numel(); ++j) w[j] = static_cast<float>(w[j] / std::sqrt(p.layer + 1.0));
+    }
+  }
+  std::vector<int32_t> ids(16);
+  for (int i = 0; i < 16; ++i) ids[i] = (i * 13 + 5) % 53;
+  const Tensor l = m.forward(view(ids, {2, 8}));
+  return {l.f32(), l.f32() + l.numel()};
+}
+
+TEST(Retrofit, LnsRetrofitIsPreLnWithGainsScaledByDepth) {
+  const std::string in = trained(NormScheme::Pre, "rf_in"), out = dir("rf_out");
+  const RunResult r = run_binary(LNS_CONVERT_BIN, "retrofit --in=" + in + " --out=" + out + " --norm_scheme=lns");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: retrofit --norm_scheme=lns changes the model's function"), std::string::npos)
+      << r.err;
+  const Checkpoint a(in), b(out);
+  EXPECT_EQ(b.config().norm_scheme, NormScheme::LNS);
+  ASSERT_EQ(b.run_state().conversions.size(), 1u);
+  const ConversionRecord rec = b.run_state().conversions[0];  // run_state() is a copy
+  EXPECT_EQ(rec.command, "retrofit");
+  EXPECT_EQ(rec.from, "pre");
+  EXPECT_EQ(rec.to, "lns");
+  EXPECT_EQ(rec.source, in);
+  EXPECT_EQ(b.run_state().step, a.run_state().step);
+  for (const std::string& name : a.tensor_names()) EXPECT_EQ(b.logical(name, "param"), a.logical(name, "param"));
+  const auto got = logits_from(b, b.config(), false), want = logits_from(a, b.config(), true);
+  const double err = rel_max_err(got.data(), want.data(), static_cast<int64_t>(got.size()));
+  EXPECT_LE(err, 1e-5);
+  // ... and it is a different function from the input (the warning is not idle).
+  const auto before = logits_from(a, a.config(), false);
+  EXPECT_GT(rel_max_err(got.data(), before.data(), static_cast<int64_t>(got.size())), 1e-2);
+
+  // Fine-tuning keeps the record in every later checkpoint.
+  TrainConfig t;
+  t.data = "random", t.seq_len = 8, t.micro_batch = 2, t.global_batch = 4, t.steps = 3;
+  t.out_dir = dir("rf_ft"), t.resume = out;
+  Trainer tr(b.config(), t);
+  tr.train_step();
+  const Checkpoint c(tr.save_checkpoint());
+  EXPECT_EQ(c.run_state().conversions, b.run_state().conversions);
+}
+
+TEST(Retrofit, ImportHfWithLnsRetrofitsAndRecordsIt) {
+  const Checkpoint pre(trained(NormScheme::Pre, "rf_hf_in"));
+  const std::string hf = dir("rf_hf"), out = dir("rf_hf_out");
+  export_hf(pre, pre.config(), hf, "", 256);
+  const RunResult r = run_binary(LNS_CONVERT_BIN, "import-hf --in=" + hf + " --out=" + out + " --norm_scheme=lns");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: import-hf --norm_scheme=lns changes"), std::string::npos) << r.err;
+  const Checkpoint b(out);
+  EXPECT_EQ(b.config().norm_scheme, NormScheme::LNS);
+  ASSERT_EQ(b.run_state().conversions.size(), 1u);
+  EXPECT_EQ(b.run_state().conversions[0].command, "import-hf");
+  const auto got = logits_from(b, b.config(), false), want = logits_from(pre, b.config(), true);
+  EXPECT_LE(rel_max_err(got.data(), want.data(), static_cast<int64_t>(got.size())), 1e-5);
+  // Without the flag (or with pre) the import is the plain Pre-LN model, no record.
+  const std::string plain = dir("rf_hf_plain");
+  ASSERT_EQ(run_binary(LNS_CONVERT_BIN, "import-hf --in=" + hf + " --out=" + plain).code, 0);
+  EXPECT_EQ(Checkpoint(plain).config().norm_scheme, NormScheme::Pre);
+  EXPECT_TRUE(Checkpoint(plain).run_state().conversions.empty());
+}
+
+TEST(Retrofit, RefusesWhatIsNotAPreLnToLnsRetrofit) {
+  const std::string lns = trained(NormScheme::LNS, "rf_bad_lns"), pre = trained(NormScheme::Pre, "rf_bad_pre");
+  struct Case {
+    std::string args, needle;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"retrofit --in=" + lns + " --norm_scheme=lns", "the LNS retrofit takes a Pre-LN model"},
+           {"retrofit --in=" + pre + " --norm_scheme=post", "--norm_scheme=post cannot be retrofitted"},
+           {"retrofit --in=" + pre, "retrofit: --norm_scheme is required"},
+           {"retrofit --in=" + pre + " --norm_scheme=lnss", "--norm_scheme=lnss is not a normalization scheme"}}) {
+    const std::string out = dir("rf_bad_out");
+    const RunResult r = run_binary(LNS_CONVERT_BIN, c.args + " --out=" + out);
+    EXPECT_EQ(r.code, 1) << c.args;
+    EXPECT_NE(r.last_line().find(c.needle), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out)) << c.args;
+  }
+  // A manifest whose conversions record is damaged is refused by name.
+  LlamaConfig cfg = small_model(NormScheme::Pre);
+  RunState st;
+  st.conversions.push_back({"retrofit", "pre", "lns", "x", "y"});
+  nlohmann::json m = make_manifest({}, cfg, Layout{}, st, std::nullopt);
+  m["conversions"][0].erase("note");
+  m["manifest_crc32"] = manifest_crc(m);
+  EXPECT_NE(error_of([&] { parse_manifest(m, "m.json"); }).find("conversions"), std::string::npos);
 }
 
 }  // namespace

@@ -65,7 +65,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values("rmsnorm_pre", "rmsnorm_lns", "rmsnorm_post", "rmsnorm_mix",
                       "rmsnorm_sandwich", "rmsnorm_deepnorm", "rmsnorm_scaled_init",
                       "layernorm_pre", "layernorm_lns", "layernorm_post", "layernorm_mix",
-                      "layernorm_sandwich", "layernorm_deepnorm", "layernorm_scaled_init"),
+                      "layernorm_sandwich", "layernorm_deepnorm", "layernorm_scaled_init",
+                      // the reference repository's other variants (docs/model.md)
+                      "rmsnorm_deeppost", "rmsnorm_scale_post_pre", "rmsnorm_hybrid",
+                      "rmsnorm_scale_res_pre_norm", "layernorm_deeppost", "layernorm_scale_post_pre",
+                      "layernorm_hybrid", "layernorm_scale_res_pre_norm"),
     [](const auto& info) { return info.param; });
 
 }  // namespace

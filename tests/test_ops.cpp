@@ -282,6 +282,28 @@ TEST(Ops, CrossEntropyWithIgnoreIndex) {
   for (int64_t j = 0; j < V; ++j) ASSERT_EQ(dl[1 * V + j], 0.0f);  // ignored row
 }
 
+// ---- learnable residual scale (scale_res_pre_norm) ---------------------------------------
+TEST(Ops, ScaledResidualForwardBackward) {
+  const int64_t n = 5 * 36;
+  auto x = randn(n, 31), f = randn(n, 32), dr = randn(n, 33);
+  std::vector<float> alpha = {0.7f}, r(n), dx(n), dalpha = {0.25f};  // dalpha accumulates
+  scaled_residual_forward(view(r, {5, 36}), view(x, {5, 36}), view(f, {5, 36}), view(alpha, {1}));
+  auto ref = [&](const Vec& xx, double a) {
+    Vec o(n);
+    for (int64_t i = 0; i < n; ++i) o[i] = a * xx[i] + f[i];
+    return o;
+  };
+  expect_close(r, ref(to_f64(x), 0.7), kFwdTol, "r");
+  const Vec xd = to_f64(x), drd = to_f64(dr);
+  // dx aliases dr, as in the block: dalpha must be taken before dr is overwritten.
+  std::vector<float> dr_inplace = dr;
+  scaled_residual_backward(view(dr_inplace, {5, 36}), view(dalpha, {1}), view(dr_inplace, {5, 36}),
+                           view(x, {5, 36}), view(alpha, {1}));
+  expect_close(dr_inplace, fd_grad([&](const Vec& v) { return dot(ref(v, 0.7), drd); }, xd), kBwdTol, "dx");
+  const double da = fd_grad([&](const Vec& a) { return dot(ref(xd, a[0]), drd); }, {0.7})[0];
+  EXPECT_NEAR(dalpha[0], 0.25 + da, kBwdTol * std::abs(da)) << "dalpha accumulates";
+}
+
 TEST(Ops, Axpby) {
   std::vector<float> y = {1, 2, 3}, x = {4, 5, 6};
   axpby(view(y, {3}), 2.0f, view(x, {3}), -1.0f);

@@ -18,6 +18,8 @@ LlamaConfig tiny(NormScheme scheme, bool tied) {
   c.vocab_size = 29, c.hidden_size = 36, c.intermediate_size = 45, c.num_layers = 4;
   c.num_heads = 6, c.num_kv_heads = 3, c.norm_scheme = scheme, c.post_layers = 2;
   c.tie_embeddings = tied, c.init_std = 0.2f, c.embed_init_std = 1.0f;
+  if (scheme == NormScheme::Hybrid)  // learned residual scales, deeppost, ... on both sides of a split
+    c.layer_schemes = "scale_res_pre_norm,deeppost,*";
   return c;
 }
 
@@ -87,7 +89,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(SplitCase{NormScheme::LNS, 1, false}, SplitCase{NormScheme::LNS, 3, true},
                       SplitCase{NormScheme::Mix, 1, false},   // split inside the post range
                       SplitCase{NormScheme::Mix, 2, false},   // split at its edge
-                      SplitCase{NormScheme::Mix, 3, true}));  // split in the pre range
+                      SplitCase{NormScheme::Mix, 3, true},    // split in the pre range
+                      SplitCase{NormScheme::Hybrid, 1, false},
+                      SplitCase{NormScheme::Hybrid, 2, true}));
 
 TEST(BlockPlan, SchemesOwnExactlyTheirNorms) {
   auto names = [](NormScheme s, int layer) {

@@ -99,6 +99,7 @@ inline LlamaConfig small_model(NormScheme s) {
   LlamaConfig c;
   c.vocab_size = 53, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 5;
   c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = s, c.post_layers = 2, c.init_std = 0.1f;
+  if (s == NormScheme::Hybrid) c.layer_schemes = "lns,scale_res_pre_norm,deeppost,sandwich,*";
   return c;
 }
 

@@ -3,8 +3,13 @@
 //   lns_convert reshard       --in=CKPT --out=DIR --tp=T --pp=P [--pp_layers=a,b] [--dp=D --zero]
 //   lns_convert merge         --in=CKPT --out=DIR
 //   lns_convert export-hf     --in=CKPT --out=HFDIR [--tokenizer=FILE|DIR] [--max_position_embeddings=N]
-//   lns_convert import-hf     --in=HFDIR --out=DIR [--tp=T --pp=P]
+//   lns_convert import-hf     --in=HFDIR --out=DIR [--tp=T --pp=P] [--norm_scheme=lns]
+//   lns_convert retrofit      --in=CKPT --out=DIR --norm_scheme=lns [--tp=T --pp=P]
 //   lns_convert remove-layers --in=CKPT --out=DIR --layers=3,7 [--tp=T --pp=P]
+//
+// retrofit and import-hf --norm_scheme=lns turn a Pre-LN model into an LNS one with the
+// same weights (lns/retrofit.h): a different function, so they warn and record it in
+// the manifest's "conversions".
 //
 // Every subcommand reads any layout and prints what it wrote. Checkpoint outputs are
 // complete checkpoints (manifest, CRC32s) that lns_train --resume=DIR and lns_eval read.
@@ -25,6 +30,7 @@
 #include "lns/errors.h"
 #include "lns/hf_llama.h"
 #include "lns/layer_removal.h"
+#include "lns/retrofit.h"
 #include "lns/train_flags.h"
 
 DEFINE_string(in, "", "Input checkpoint directory (or Hugging Face directory for import-hf).");
@@ -38,6 +44,7 @@ DEFINE_string(tokenizer, "", "export-hf: tokenizer file or directory to copy nex
 DEFINE_int32(max_position_embeddings, 2048, "export-hf: max_position_embeddings in config.json.");
 DECLARE_string(pp_layers);
 DECLARE_bool(zero);
+DECLARE_string(norm_scheme);  // retrofit, import-hf: lns (the LNS retrofit)
 
 namespace lns {
 namespace {
@@ -60,6 +67,11 @@ int64_t optim_steps(const Checkpoint& ck) {
 void print(const std::string& what, const std::vector<std::string>& lines) {
   std::printf("lns_convert: %s\n", what.c_str());
   for (const std::string& l : lines) std::printf("  %s\n", l.c_str());
+}
+
+// --norm_scheme as the user gave it, or "" when left at its default (lns_train's).
+std::string norm_scheme_flag() {
+  return gflags::GetCommandLineFlagInfoOrDie("norm_scheme").is_default ? "" : FLAGS_norm_scheme;
 }
 
 int run(const std::string& cmd) {
@@ -87,11 +99,36 @@ int run(const std::string& cmd) {
   }
   if (cmd == "import-hf") {
     const HfDirectory hf(FLAGS_in);
-    const auto lines = write_checkpoint_from_source(hf, hf.config(), target_layout(), FLAGS_pp_layers,
-                                                    RunState{}, AdamWConfig{}, 0, FLAGS_out, FLAGS_overwrite);
+    LlamaConfig cfg = hf.config();
+    RunState state;
+    const std::string scheme = norm_scheme_flag();
+    if (!scheme.empty() && scheme != "pre") {
+      const Retrofit r = plan_lns_retrofit(cfg, scheme, "import-hf", FLAGS_in);
+      std::fprintf(stderr, "lns_convert: %s\n", r.warning.c_str());
+      cfg = r.config;
+      state.conversions.push_back(r.record);
+    }
+    const auto lines = write_checkpoint_from_source(hf, cfg, target_layout(), FLAGS_pp_layers, state,
+                                                    AdamWConfig{}, 0, FLAGS_out, FLAGS_overwrite);
     print(absl::StrFormat("imported %s (%d layers, hidden %d) to %s; resume or evaluate it with "
-                          "--norm_scheme=pre and its shape flags",
-                          FLAGS_in, hf.config().num_layers, hf.config().hidden_size, FLAGS_out),
+                          "--norm_scheme=%s and its shape flags",
+                          FLAGS_in, cfg.num_layers, cfg.hidden_size, FLAGS_out, norm_scheme_name(cfg.norm_scheme)),
+          lines);
+    return 0;
+  }
+  if (cmd == "retrofit") {
+    const std::string scheme = norm_scheme_flag();
+    LNS_REQUIRE(!scheme.empty(), "retrofit: --norm_scheme is required (lns: the LNS retrofit)");
+    const Checkpoint ck(FLAGS_in);
+    const Retrofit r = plan_lns_retrofit(ck.config(), scheme, "retrofit", FLAGS_in);
+    std::fprintf(stderr, "lns_convert: %s\n", r.warning.c_str());
+    RunState state = ck.run_state();
+    state.conversions.push_back(r.record);
+    const auto lines = write_checkpoint_from_source(ck, r.config, target_layout(), FLAGS_pp_layers, state,
+                                                    adam_of(ck), optim_steps(ck), FLAGS_out, FLAGS_overwrite);
+    print(absl::StrFormat("wrote %s: %s as --norm_scheme=lns (same weights; fine-tune it with lns_train "
+                          "--resume=%s --norm_scheme=lns)",
+                          FLAGS_out, FLAGS_in, FLAGS_out),
           lines);
     return 0;
   }
@@ -113,7 +150,7 @@ int run(const std::string& cmd) {
           lines);
     return 0;
   }
-  fail("unknown subcommand '", cmd, "'; expected reshard, merge, export-hf, import-hf or remove-layers");
+  fail("unknown subcommand '", cmd, "'; expected reshard, merge, export-hf, import-hf, retrofit or remove-layers");
 }
 
 }  // namespace
@@ -121,13 +158,13 @@ int run(const std::string& cmd) {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
-      "lns_convert reshard|merge|export-hf|import-hf|remove-layers --in=... --out=... [flags]");
+      "lns_convert reshard|merge|export-hf|import-hf|retrofit|remove-layers --in=... --out=... [flags]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   if (argc != 2) {
     std::fprintf(stderr, "lns_convert: error: expected one subcommand (reshard, merge, export-hf, "
-                         "import-hf, remove-layers); see --help\n");
+                         "import-hf, retrofit, remove-layers); see --help\n");
     return 1;
   }
   return lns::main_guard("lns_convert", [&] { return lns::run(argv[1]); });

@@ -4,7 +4,7 @@
 //   u  = s * N_pre(x)         if pre_norm,  else u = x
 //   f  = F(u)
 //   f2 = N_out(f)             if out_norm (sandwich), else f
-//   r  = alpha * x + f2
+//   r  = alpha * x + f2       (alpha a learned scalar in scale_res_pre_norm)
 //   y  = N_add(r)             if add_norm (post, deepnorm), else r
 //
 // A scheme is a choice of which norms exist, their names, s and alpha; the block code
@@ -31,6 +31,9 @@ struct SublayerPlan {
   float pre_scale = 1.0f;            // s: 1/sqrt(l) for LNS
   std::optional<NormSlot> out_norm;  // N_out (sandwich)
   float residual_alpha = 1.0f;       // alpha: (2L)^(1/4) for DeepNorm
+  // alpha is instead a learned scalar parameter (scale_res_pre_norm), initialised to 1:
+  // model.layers.{i}.self_attn.residual_scale / mlp.residual_scale, shape [1].
+  bool learnable_alpha = false;
   std::optional<NormSlot> add_norm;  // N_add (post-LN family)
 };
 
@@ -46,7 +49,8 @@ BlockPlan block_plan(const LlamaConfig& cfg, int global_layer);
 
 // How a parameter is initialised: normal(0, std). `std` already includes every
 // scheme rule (scaled_init's 1/sqrt(2L), DeepNorm's Xavier gains).
-enum class ParamKind { Embedding, LmHead, NormGain, NormBias, Q, K, V, O, Gate, Up, Down };
+// ResidualScale: a learnable residual scale [1] (initialised to 1, no weight decay).
+enum class ParamKind { Embedding, LmHead, NormGain, NormBias, ResidualScale, Q, K, V, O, Gate, Up, Down };
 float init_std_for(const LlamaConfig& cfg, ParamKind kind, int64_t fan_out, int64_t fan_in);
 
 }  // namespace lns

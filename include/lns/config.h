@@ -11,9 +11,17 @@
 
 namespace lns {
 
-enum class NormScheme { Pre, LNS, Post, Mix, Sandwich, DeepNorm, ScaledInit };
+enum class NormScheme {
+  Pre, LNS, Post, Mix, Sandwich, DeepNorm, ScaledInit,
+  // The reference repository's other variants (docs/model.md):
+  DeepPost,      // post with the residual multiplied by a fixed 2*sqrt(2)
+  ScalePostPre,  // Mix-LN with scaled_init's initialisation
+  Hybrid,        // a per-layer pattern of block forms (--layer_schemes, lns/layer_schemes.h)
+  ScaleResPre,   // pre with a learnable residual scale per sublayer: r = a * x + F(N(x))
+};
 
-// "pre", "lns", "post", "mix", "sandwich", "deepnorm", "scaled_init"
+// "pre", "lns", "post", "mix", "sandwich", "deepnorm", "scaled_init", "deeppost",
+// "scale_post_pre", "hybrid", "scale_res_pre_norm"
 const char* norm_scheme_name(NormScheme s);
 // Throws UserError naming `flag` and the accepted values.
 NormScheme parse_norm_scheme(const std::string& s, const std::string& flag = "--norm_scheme");
@@ -39,6 +47,7 @@ struct LlamaConfig {
   NormType norm_type = NormType::RMSNorm;
   NormScheme norm_scheme = NormScheme::LNS;
   int post_layers = 0;  // Mix-LN: layers with 0-based index < post_layers are Post-LN
+  std::string layer_schemes;  // hybrid: the per-layer pattern (lns/layer_schemes.h)
   bool tie_embeddings = false;
   float init_std = 0.02f;
   float embed_init_std = 0.02f;

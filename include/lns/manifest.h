@@ -31,6 +31,17 @@ struct TrainingRecord {
   int64_t micro_batch = 0, global_batch = 0;
 };
 
+// A conversion that changed what the model computes (lns_convert retrofit, import-hf
+// --norm_scheme=lns): the manifest's "conversions", carried into every later
+// checkpoint of the model (the trainer keeps them across resumes).
+struct ConversionRecord {
+  std::string command;   // "retrofit", "import-hf"
+  std::string from, to;  // norm schemes
+  std::string source;    // the input checkpoint or Hugging Face directory
+  std::string note;      // what changed, in words
+  bool operator==(const ConversionRecord&) const = default;
+};
+
 // What the trainer needs back, besides tensors.
 struct RunState {
   int64_t step = 0;             // optimizer steps taken
@@ -38,6 +49,7 @@ struct RunState {
   uint64_t consumed_samples = 0;  // the data sampler's position
   uint64_t seed = 0;
   TrainingRecord training;
+  std::vector<ConversionRecord> conversions;  // oldest first
 };
 
 struct ManifestFile {

@@ -10,6 +10,7 @@
 #include "lns/device.h"
 #include "lns/evaluator.h"
 #include "lns/gradient_sync.h"
+#include "lns/manifest.h"
 #include "lns/optim.h"
 #include "lns/pipeline_schedule.h"
 #include "lns/stage.h"
@@ -129,6 +130,7 @@ class Trainer {
   std::vector<double> last_block_grad_norms_;
   OwnedTensor inputs_, targets_;  // [M * B, T]: this dp rank's share of the global batch
   int64_t resumed_step_ = -1;     // the checkpoint's step when resumed, else -1
+  std::vector<ConversionRecord> conversions_;  // the resumed checkpoint's, written again
 };
 
 }  // namespace lns

@@ -25,14 +25,26 @@ void check_hf_exportable(const LlamaConfig& cfg) {
   if (cfg.norm_type != NormType::RMSNorm)
     fail("export-hf: LlamaForCausalLM has RMSNorm only; this model uses --norm_type=layernorm ",
          "(mean subtraction and norm biases would be lost)");
+  if (cfg.norm_scheme == NormScheme::Hybrid) {
+    for (int i = 0; i < cfg.num_layers; ++i) {
+      const NormScheme e = block_plan(cfg, i).effective;
+      if (e != NormScheme::Pre && e != NormScheme::LNS)  // scale_res_pre_norm: learned residual scales
+        fail("export-hf: --norm_scheme=hybrid layer ", i, " is ", norm_scheme_name(e),
+             "; LlamaForCausalLM expresses pre-norm (pre, lns) blocks only");
+    }
+    return;
+  }
   switch (cfg.norm_scheme) {
     case NormScheme::Pre:
     case NormScheme::LNS:
     case NormScheme::ScaledInit:
+    case NormScheme::Hybrid:
       return;
     case NormScheme::Post:
     case NormScheme::Mix:
     case NormScheme::DeepNorm:
+    case NormScheme::DeepPost:
+    case NormScheme::ScalePostPre:
       fail("export-hf: --norm_scheme=", norm_scheme_name(cfg.norm_scheme),
            " normalizes after the residual add (x = N(alpha*x + F(x))), which LlamaForCausalLM ",
            "cannot express; exporting would silently change the model");
@@ -41,6 +53,9 @@ void check_hf_exportable(const LlamaConfig& cfg) {
            "(post_attention_layernorm, post_feedforward_layernorm), which LlamaForCausalLM lacks; ",
            "Gemma 2 has such norms but also scales embeddings and soft-caps logits, so no exact ",
            "format exists");
+    case NormScheme::ScaleResPre:
+      fail("export-hf: --norm_scheme=scale_res_pre_norm multiplies each residual by a learned scale, which ",
+           "LlamaForCausalLM cannot express");
   }
 }
 

@@ -113,6 +113,12 @@ nlohmann::json make_manifest(const std::vector<nlohmann::json>& shards, const Ll
   if (t.seq_len > 0)
     m["training"] = {{"seq_len", t.seq_len}, {"data_mode", t.data_mode},
                      {"micro_batch_size", t.micro_batch}, {"global_batch_size", t.global_batch}};
+  if (!state.conversions.empty()) {
+    m["conversions"] = nlohmann::json::array();
+    for (const ConversionRecord& c : state.conversions)
+      m["conversions"].push_back(
+          {{"command", c.command}, {"from", c.from}, {"to", c.to}, {"source", c.source}, {"note", c.note}});
+  }
   if (optim)
     m["optimizer"] = {{"type", "adamw"}, {"steps_taken", optim->steps_taken},
                       {"beta1", optim->adam.beta1}, {"beta2", optim->adam.beta2},
@@ -144,6 +150,16 @@ Manifest parse_manifest(const nlohmann::json& m, const std::string& path) {
   out.state.consumed_samples = in["data"]["consumed_samples"].uinteger();
   out.state.seed = in["rng"]["seed"].uinteger();
   if (in.has("training")) out.state.training = parse_training(in["training"]);
+  if (in.has("conversions")) {
+    const JsonIn cs = in["conversions"];
+    if (cs.size() > 1000) cs.error("has ", std::to_string(cs.size()), " records, more than 1000");
+    for (size_t i = 0; i < cs.size(); ++i) {
+      const JsonIn c = cs.at(i);
+      c.require_object();
+      out.state.conversions.push_back({c["command"].string(), c["from"].string(), c["to"].string(),
+                                       c["source"].string(), c["note"].string()});
+    }
+  }
   out.model = LlamaConfig::from_json(in["model"].raw(), path + ": model");
   out.layout = Layout::from_json(in["layout"], out.model.num_layers);
   if (in.has("optimizer")) out.optimizer = parse_optimizer(in["optimizer"]);

@@ -34,4 +34,33 @@ void cast(Tensor dst, Tensor src) {
   }
 }
 
+// r = a*x + f                                              x, f, r [N*C]; alpha [1]
+void scaled_residual_forward(Tensor r, Tensor x, Tensor f, Tensor alpha) {
+  LNS_DISPATCH(r, scaled_residual_forward(r, x, f, alpha));
+  cpu::require_cpu({&r, &x, &f, &alpha});
+  LNS_CHECK(r.numel() == x.numel() && f.numel() == x.numel() && alpha.numel() == 1);
+  const float a = alpha.f32()[0];
+  float* rp = r.f32();
+  const float *xp = x.f32(), *fp = f.f32();
+  const int64_t n = r.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) rp[i] = a * xp[i] + fp[i];
+}
+
+// dalpha += sum(dr*x) in index order (f64), then dx = a*dr  dr, x, dx [N*C]; alpha, dalpha [1]
+void scaled_residual_backward(Tensor dx, Tensor dalpha, Tensor dr, Tensor x, Tensor alpha) {
+  LNS_DISPATCH(dx, scaled_residual_backward(dx, dalpha, dr, x, alpha));
+  cpu::require_cpu({&dx, &dalpha, &dr, &x, &alpha});
+  LNS_CHECK(dx.numel() == dr.numel() && x.numel() == dr.numel() && alpha.numel() == 1 && dalpha.numel() == 1);
+  const float a = alpha.f32()[0];
+  const float *drp = dr.f32(), *xp = x.f32();
+  float* dxp = dx.f32();
+  const int64_t n = dr.numel();
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += double(drp[i]) * xp[i];  // before dx overwrites an aliased dr
+  dalpha.f32()[0] += static_cast<float>(s);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) dxp[i] = a * drp[i];
+}
+
 }  // namespace lns

@@ -29,6 +29,45 @@ __global__ void axpby_kernel(void* y, bool y_bf16, float a, const void* x, bool 
   }
 }
 
+// r = a*x + f, a read from device memory (a parameter)      r, x, f [n] bf16; alpha [1]
+__global__ void scaled_residual_forward_kernel(bf16* r, const bf16* x, const bf16* f, const float* alpha,
+                                               int64_t n) {
+  const float a = *alpha;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    r[i] = to_bf(a * to_f(x[i]) + to_f(f[i]));
+}
+
+// Fixed grid, so the partial sums and their order are the same every run (deterministic).
+constexpr int kResidualBlocks = 256;
+
+// partial[block] = sum over its elements of dr*x (f64); dx = a*dr. dx may alias dr:
+// each element is read before it is written, by the same thread.   dx, dr, x [n] bf16
+__global__ void scaled_residual_backward_kernel(bf16* dx, double* partial, const bf16* dr, const bf16* x,
+                                                const float* alpha, int64_t n) {
+  __shared__ double red[kBlock];
+  const float a = *alpha;
+  double s = 0.0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float d = to_f(dr[i]);
+    s += double(d) * to_f(x[i]);
+    dx[i] = to_bf(a * d);
+  }
+  red[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = kBlock / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = red[0];
+}
+
+// *out += sum of partial[0, n) in index order (one thread: n is a few hundred)
+__global__ void sum_partials_kernel(float* out, const double* partial, int n) {
+  double s = 0.0;
+  for (int i = 0; i < n; ++i) s += partial[i];
+  *out += static_cast<float>(s);
+}
+
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
 // Elementwise kernels walk groups of W elements (W = 8: 16-byte vectors, when every
@@ -136,6 +175,34 @@ void axpby(Tensor y, float a, Tensor x, float b) {
 void cast(Tensor dst, Tensor src) {
   LNS_CHECK(dst.dtype != DType::I32 && src.dtype != DType::I32);
   cuda::axpby(dst, 0.0f, src, 1.0f);
+}
+
+void scaled_residual_forward(Tensor r, Tensor x, Tensor f, Tensor alpha) {
+  expect(r, DType::BF16, "scaled_residual r");
+  expect(x, DType::BF16, "scaled_residual x");
+  expect(f, DType::BF16, "scaled_residual f");
+  expect(alpha, DType::F32, "scaled_residual alpha");
+  const int64_t n = r.numel();
+  LNS_CHECK(x.numel() == n && f.numel() == n && alpha.numel() == 1);
+  if (n == 0) return;
+  scaled_residual_forward_kernel<<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(r), ptr<bf16>(x), ptr<bf16>(f), ptr<float>(alpha), n);
+  LNS_CUDA_LAUNCHED();
+}
+
+void scaled_residual_backward(Tensor dx, Tensor dalpha, Tensor dr, Tensor x, Tensor alpha) {
+  expect(dx, DType::BF16, "scaled_residual dx");
+  expect(dr, DType::BF16, "scaled_residual dr");
+  expect(x, DType::BF16, "scaled_residual x");
+  expect(alpha, DType::F32, "scaled_residual alpha");
+  expect(dalpha, DType::F32, "scaled_residual dalpha");
+  const int64_t n = dr.numel();
+  LNS_CHECK(dx.numel() == n && x.numel() == n && alpha.numel() == 1 && dalpha.numel() == 1);
+  if (n == 0) return;
+  auto* partial = static_cast<double*>(scratch(Scratch::Reduce, sizeof(double) * kResidualBlocks));
+  scaled_residual_backward_kernel<<<kResidualBlocks, kBlock, 0, stream()>>>(ptr<bf16>(dx), partial, ptr<bf16>(dr), ptr<bf16>(x), ptr<float>(alpha), n);
+  LNS_CUDA_LAUNCHED();
+  sum_partials_kernel<<<1, 1, 0, stream()>>>(ptr<float>(dalpha), partial, kResidualBlocks);
+  LNS_CUDA_LAUNCHED();
 }
 
 void swiglu_forward(Tensor out, Tensor gate, Tensor up) {

@@ -45,6 +45,8 @@ void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, 
 
 void axpby(Tensor y, float a, Tensor x, float b);
 void cast(Tensor dst, Tensor src);
+void scaled_residual_forward(Tensor r, Tensor x, Tensor f, Tensor alpha);
+void scaled_residual_backward(Tensor dx, Tensor dalpha, Tensor dr, Tensor x, Tensor alpha);
 
 void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h, Tensor p_compute);
 double sum_squares(Tensor x);

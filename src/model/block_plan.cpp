@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lns/layer_schemes.h"
+
 namespace lns {
 
 const char* norm_slot_name(NormSlot s) {
@@ -29,25 +31,32 @@ BlockPlan block_plan(const LlamaConfig& cfg, int global_layer) {
   // Depth, not position: a block keeps the depth it was trained at (layer removal).
   const int depth = cfg.depth_of(global_layer);
   NormScheme s = cfg.norm_scheme;
-  if (s == NormScheme::Mix) s = depth < cfg.post_layers ? NormScheme::Post : NormScheme::Pre;
+  if (s == NormScheme::Mix || s == NormScheme::ScalePostPre)
+    s = depth < cfg.post_layers ? NormScheme::Post : NormScheme::Pre;
+  if (s == NormScheme::Hybrid) s = resolve_layer_schemes(cfg.layer_schemes, cfg.depth_layers())[depth];
   BlockPlan p{s, {}, {}};
   switch (s) {
     case NormScheme::Pre:
     case NormScheme::ScaledInit:
-    case NormScheme::LNS: {
+    case NormScheme::LNS:
+    case NormScheme::ScaleResPre: {
       const float scale = s == NormScheme::LNS ? lns_scale(depth) : 1.0f;
       p.attn.pre_norm = NormSlot::InputLayernorm;
       p.mlp.pre_norm = NormSlot::PostAttentionLayernorm;  // Hugging Face's name for it
       p.attn.pre_scale = p.mlp.pre_scale = scale;
+      p.attn.learnable_alpha = p.mlp.learnable_alpha = s == NormScheme::ScaleResPre;
       break;
     }
     case NormScheme::Post:
-    case NormScheme::DeepNorm: {
+    case NormScheme::DeepNorm:
+    case NormScheme::DeepPost: {
       p.attn.add_norm = NormSlot::PostAttentionLayernorm;
       p.mlp.add_norm = NormSlot::PostFeedforwardLayernorm;
       if (s == NormScheme::DeepNorm)
         p.attn.residual_alpha = p.mlp.residual_alpha =
             static_cast<float>(std::pow(2.0 * cfg.depth_layers(), 0.25));
+      if (s == NormScheme::DeepPost)  // the reference repository's fixed residual scale
+        p.attn.residual_alpha = p.mlp.residual_alpha = static_cast<float>(2.0 * std::sqrt(2.0));
       break;
     }
     case NormScheme::Sandwich:
@@ -56,7 +65,9 @@ BlockPlan block_plan(const LlamaConfig& cfg, int global_layer) {
       p.mlp.pre_norm = NormSlot::PreFeedforwardLayernorm;
       p.mlp.out_norm = NormSlot::PostFeedforwardLayernorm;
       break;
-    case NormScheme::Mix: break;  // resolved above
+    case NormScheme::Mix:
+    case NormScheme::ScalePostPre:
+    case NormScheme::Hybrid: break;  // resolved above
   }
   return p;
 }
@@ -73,7 +84,8 @@ float init_std_for(const LlamaConfig& cfg, ParamKind kind, int64_t fan_out, int6
       return static_cast<float>(gain * std::sqrt(2.0 / double(fan_in + fan_out)));
     }
   }
-  if (cfg.norm_scheme == NormScheme::ScaledInit && (kind == ParamKind::O || kind == ParamKind::Down))
+  const bool scaled = cfg.norm_scheme == NormScheme::ScaledInit || cfg.norm_scheme == NormScheme::ScalePostPre;
+  if (scaled && (kind == ParamKind::O || kind == ParamKind::Down))
     return static_cast<float>(cfg.init_std / std::sqrt(2.0 * L));
   return cfg.init_std;
 }

@@ -7,6 +7,7 @@
 #include "lns/errors.h"
 #include "lns/files.h"
 #include "lns/json_in.h"
+#include "lns/layer_schemes.h"
 
 namespace lns {
 namespace {
@@ -15,7 +16,9 @@ constexpr std::pair<NormScheme, const char*> kSchemes[] = {
     {NormScheme::Pre, "pre"},           {NormScheme::LNS, "lns"},
     {NormScheme::Post, "post"},         {NormScheme::Mix, "mix"},
     {NormScheme::Sandwich, "sandwich"}, {NormScheme::DeepNorm, "deepnorm"},
-    {NormScheme::ScaledInit, "scaled_init"}};
+    {NormScheme::ScaledInit, "scaled_init"}, {NormScheme::DeepPost, "deeppost"},
+    {NormScheme::ScalePostPre, "scale_post_pre"}, {NormScheme::Hybrid, "hybrid"},
+    {NormScheme::ScaleResPre, "scale_res_pre_norm"}};
 
 }  // namespace
 
@@ -29,7 +32,7 @@ NormScheme parse_norm_scheme(const std::string& s, const std::string& flag) {
   for (auto& [k, v] : kSchemes)
     if (s == v) return k;
   fail(flag, "=", printable(s), " is not a normalization scheme; expected one of pre, lns, post, mix, ",
-       "sandwich, deepnorm, scaled_init");
+       "sandwich, deepnorm, scaled_init, deeppost, scale_post_pre, hybrid, scale_res_pre_norm");
 }
 
 const char* norm_type_name(NormType t) { return t == NormType::RMSNorm ? "rmsnorm" : "layernorm"; }
@@ -83,6 +86,11 @@ void LlamaConfig::validate() const {
               "layer_depths has ", layer_depths.size(), " entries for ", num_layers, " layers");
   for (int d : layer_depths)
     LNS_REQUIRE(d >= 0 && d < depth_layers(), "layer depth ", d, " outside [0, ", depth_layers(), ")");
+  if (norm_scheme == NormScheme::Hybrid)
+    resolve_layer_schemes(layer_schemes, depth_layers());  // throws on a bad pattern
+  else
+    LNS_REQUIRE(layer_schemes.empty(), "--layer_schemes=", printable(layer_schemes),
+                " needs --norm_scheme=hybrid (got ", norm_scheme_name(norm_scheme), ")");
 }
 
 nlohmann::json LlamaConfig::to_json() const {
@@ -102,6 +110,7 @@ nlohmann::json LlamaConfig::to_json() const {
           {"embed_init_std", embed_init_std}};
   if (!layer_depths.empty()) j["layer_depths"] = layer_depths;
   if (trained_num_layers > 0) j["trained_num_layers"] = trained_num_layers;
+  if (!layer_schemes.empty()) j["layer_schemes"] = layer_schemes;
   return j;
 }
 
@@ -130,6 +139,7 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& j, const std::string& s
     for (int64_t d : in["layer_depths"].integers(0, kMaxLayers, 0, kMaxLayers - 1))
       c.layer_depths.push_back(static_cast<int>(d));
   }
+  if (in.has("layer_schemes")) c.layer_schemes = in["layer_schemes"].string();
   if (in.has("norm_type")) c.norm_type = parse_norm_type(in["norm_type"].string(), source + ": norm_type");
   if (in.has("norm_scheme"))
     c.norm_scheme = parse_norm_scheme(in["norm_scheme"].string(), source + ": norm_scheme");

@@ -16,8 +16,13 @@ DEFINE_string(attention, "auto",
               "memory linear in T), materialized (cuBLASLt through score chunks, any head dim) or auto "
               "(fused where it applies). Chosen once per model and logged.");
 DEFINE_string(norm_scheme, "lns",
-              "pre, lns (LayerNorm Scaling), post, mix (Mix-LN), sandwich, deepnorm or scaled_init.");
+              "pre, lns (LayerNorm Scaling), post, mix (Mix-LN), sandwich, deepnorm, scaled_init, deeppost "
+              "(post, residual x 2*sqrt(2)), scale_post_pre (mix with scaled_init's init) or hybrid "
+              "(per layer, --layer_schemes) or scale_res_pre_norm (pre, learnable residual scales).");
 DEFINE_int32(post_layers, 0, "Mix-LN: layers with 0-based index below this use Post-LN.");
+DEFINE_string(layer_schemes, "",
+              "--norm_scheme=hybrid: block form per layer, FORM[:COUNT],...[,*], e.g. pre:7,post or "
+              "pre:3,post,* (every 4th layer post); docs/model.md.");
 DEFINE_bool(tie_embeddings, false, "Share the embedding matrix with the LM head.");
 DEFINE_double(init_std, 0.02, "Std of the normal init of linear weights (schemes may rescale).");
 DEFINE_double(embed_init_std, 0.02, "Std of the normal init of the token embedding.");
@@ -38,6 +43,7 @@ LlamaConfig config_from_flags() {
   c.norm_scheme = parse_norm_scheme(FLAGS_norm_scheme);
   c.attention = parse_attention_impl(FLAGS_attention);
   c.post_layers = FLAGS_post_layers;
+  c.layer_schemes = FLAGS_layer_schemes;
   c.tie_embeddings = FLAGS_tie_embeddings;
   c.init_std = static_cast<float>(FLAGS_init_std);
   c.embed_init_std = static_cast<float>(FLAGS_embed_init_std);

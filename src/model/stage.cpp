@@ -40,6 +40,7 @@ struct LlamaStage::Layer {
   int first_param = -1;  // the layer's first registered parameter (lowest flat offset)
   BlockPlan plan;
   int wq = -1, wk = -1, wv = -1, wo = -1, wg = -1, wu = -1, wd = -1;
+  int res[2] = {-1, -1};  // learnable residual scale of each sublayer (scale_res_pre_norm)
   Sublayer sub[2];  // 0: attention, 1: MLP
 };
 
@@ -234,6 +235,12 @@ void LlamaStage::register_params() {
     };
     const SublayerPlan* plans[2] = {&l.plan.attn, &l.plan.mlp};
     for (int w = 0; w < 2; ++w) {
+      LNS_CHECK(!plans[w]->learnable_alpha || !plans[w]->add_norm) << "learned alpha on the pre-norm path only";
+      if (plans[w]->learnable_alpha)
+        l.res[w] = p.add(layer_name(g, w == 0 ? "self_attn.residual_scale" : "mlp.residual_scale"), {1},
+                         ParamKind::ResidualScale, g);
+    }
+    for (int w = 0; w < 2; ++w) {
       l.sub[w].plan = *plans[w];
       l.sub[w].pre = use(plans[w]->pre_norm, plans[w]->pre_scale);
       l.sub[w].out = use(plans[w]->out_norm, 1.0f);
@@ -323,8 +330,9 @@ void LlamaStage::init_weights(uint64_t seed) {
     const ParamInfo& info = params_.info(i);
     float* w = params_.host_param(i).f32();
     const int64_t n = info.shape.numel();
-    if (info.kind == ParamKind::NormGain || info.kind == ParamKind::NormBias) {
-      const float v = info.kind == ParamKind::NormGain ? 1.0f : 0.0f;
+    if (info.kind == ParamKind::NormGain || info.kind == ParamKind::NormBias ||
+        info.kind == ParamKind::ResidualScale) {
+      const float v = info.kind == ParamKind::NormBias ? 0.0f : 1.0f;
       for (int64_t j = 0; j < n; ++j) w[j] = v;
       continue;
     }
@@ -383,6 +391,10 @@ Tensor LlamaStage::sublayer_forward(Layer& l, int w, Slot& s, Tensor x) {
                           params_.param(n.gain), bias, n.scale, cfg_.norm_eps);
     return a.y;
   }
+  if (l.res[w] >= 0) {
+    scaled_residual_forward(a.r, x, f2, params_.param(l.res[w]));
+    return a.r;
+  }
   copy(a.r, x);
   axpby(a.r, alpha, f2, 1.0f);
   return a.r;
@@ -409,7 +421,10 @@ void LlamaStage::sublayer_backward(Layer& l, int w, Slot& s, Tensor dy, Tensor d
     mlp_bwd(l, s, df, sc.du);
   // dx = alpha * dr + d(u)/d(x) . du
   const float alpha = sl.plan.residual_alpha;
-  if (alpha != 1.0f) axpby(dr, alpha, dr, 0.0f);  // dr is consumed above; scale in place
+  if (l.res[w] >= 0)  // d(alpha) += sum(dr * x), then dr *= alpha in place
+    scaled_residual_backward(dr, params_.grad(l.res[w]), dr, a.x, params_.param(l.res[w]));
+  else if (alpha != 1.0f)
+    axpby(dr, alpha, dr, 0.0f);  // dr is consumed above; scale in place
   if (sl.pre.active()) {
     norm_bwd(sl.pre, s, dx, dr, sc.du, a.x);
   } else {

@@ -187,6 +187,7 @@ void Trainer::resume_from(const std::string& dir) {
   const RunState st = ck.run_state();
   train_sampler_->set_consumed(st.consumed_samples);
   resumed_step_ = optim_->steps_taken();
+  conversions_ = st.conversions;
   if (is_root())
     LOG(INFO) << "resumed from " << dir << " at step " << st.step << " (saved under layout "
               << ck.layout().brief() << ")";
@@ -201,6 +202,7 @@ std::string Trainer::save_checkpoint() {
   st.seed = cfg_.seed;
   st.training = {cfg_.seq_len, cfg_.data_mode == SampleMode::Packed ? "packed" : "document", cfg_.micro_batch,
                  cfg_.global_batch};
+  st.conversions = conversions_;
   const double t0 = now_seconds();
   model_->params().download();  // CUDA: checkpoints read the host mirrors
   optim_->download();

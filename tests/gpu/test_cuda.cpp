@@ -232,6 +232,26 @@ TEST_P(SwiGLU, ForwardAndBackwardMatchCpu) {
 }
 INSTANTIATE_TEST_SUITE_P(Sizes, SwiGLU, ::testing::Values(37 * 45, 1024));
 
+// Learnable residual scale (scale_res_pre_norm): r = a*x + f, then dalpha += sum(dr*x)
+// (fixed-grid f64 partial sums: deterministic) and dx = a*dr in place, as the block calls it.
+TEST(ScaledResidual, ForwardAndBackwardMatchCpuAndRepeat) {
+  REQUIRE_GPU();
+  const int64_t n = 37 * 45;
+  Dev x(randn(n, 90), {n}), f(randn(n, 91), {n}), dr(randn(n, 92), {n}), r = zeros({n});
+  Dev alpha(std::vector<float>{0.8f}, {1}, DType::F32), dalpha(std::vector<float>{0.5f}, {1}, DType::F32);
+  scaled_residual_forward(r, x, f, alpha);
+  scaled_residual_backward(dr, dalpha, dr, x, alpha);
+  std::vector<float> xh = x.host, fh = f.host, drh = dr.host, wr(n), a = {0.8f}, da = {0.5f};
+  scaled_residual_forward(cpu(wr, {n}), cpu(xh, {n}), cpu(fh, {n}), cpu(a, {1}));
+  scaled_residual_backward(cpu(drh, {n}), cpu(da, {1}), cpu(drh, {n}), cpu(xh, {n}), cpu(a, {1}));
+  EXPECT_LE(rel(r.get(), wr), kOut);
+  EXPECT_LE(rel(dr.get(), drh), kOut);
+  EXPECT_NEAR(dalpha.get()[0], da[0], kF32 * std::abs(da[0]));
+  Dev dr2(dr.host, {n}), dalpha2(std::vector<float>{0.5f}, {1}, DType::F32);
+  scaled_residual_backward(dr2, dalpha2, dr2, x, alpha);
+  EXPECT_EQ(dalpha2.get(), dalpha.get()) << "not deterministic";
+}
+
 // C = 36: scalar copies; C = 64: 16-byte vectors.
 class Embedding : public ::testing::TestWithParam<int64_t> {};
 TEST_P(Embedding, VocabShardForwardBackwardMatchCpuAndRepeat) {
@@ -401,7 +421,8 @@ TEST_P(ModelStep, GpuStepMatchesCpuStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schemes, ModelStep,
-                         ::testing::Values(NormScheme::Pre, NormScheme::LNS, NormScheme::Post, NormScheme::Sandwich),
+                         ::testing::Values(NormScheme::Pre, NormScheme::LNS, NormScheme::Post, NormScheme::Sandwich,
+                                           NormScheme::ScaleResPre, NormScheme::Hybrid),
                          [](const auto& info) { return std::string(norm_scheme_name(info.param)); });
 
 TEST(ModelStep, TwoIdenticalGpuStepsAreBitwiseEqual) {

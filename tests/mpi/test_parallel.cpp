@@ -41,6 +41,9 @@ LlamaConfig model(NormScheme scheme, bool tied) {
   c.vocab_size = 53, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 7;
   c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = scheme, c.post_layers = 3;
   c.tie_embeddings = tied, c.init_std = 0.1f, c.embed_init_std = 0.5f;
+  // pre, scale_res_pre_norm, deeppost, sandwich, pre, scale_res_pre_norm, deeppost:
+  // each form of the reference repository's variants on both sides of a split
+  if (scheme == NormScheme::Hybrid) c.layer_schemes = "pre,scale_res_pre_norm,deeppost,sandwich,*";
   return c;
 }
 
@@ -135,7 +138,8 @@ INSTANTIATE_TEST_SUITE_P(
     Schemes, Layout,
     ::testing::Values(Case{NormScheme::LNS, false, SampleMode::Packed},
                       Case{NormScheme::Mix, true, SampleMode::Document},
-                      Case{NormScheme::Sandwich, true, SampleMode::Packed}),
+                      Case{NormScheme::Sandwich, true, SampleMode::Packed},
+                      Case{NormScheme::Hybrid, false, SampleMode::Packed}),
     [](const auto& info) {
       return std::string(norm_scheme_name(info.param.scheme)) + (info.param.tied ? "_tied" : "") +
              (info.param.mode == SampleMode::Document ? "_document" : "");

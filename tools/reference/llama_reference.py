@@ -9,7 +9,10 @@ Config keys (a plain dict):
     num_kv_heads, rope_theta, norm_eps,
     norm_type   : "rmsnorm" | "layernorm"
     norm_scheme : "pre" | "lns" | "post" | "mix" | "sandwich" | "deepnorm" | "scaled_init"
-    post_layers : int (mix only: blocks with index < post_layers are post-norm)
+                  | "deeppost" | "scale_post_pre" | "hybrid"
+    post_layers : int (mix / scale_post_pre: blocks with index < post_layers are post-norm)
+    layer_schemes : str (hybrid only, optional key otherwise): the per-layer pattern
+                  FORM[:COUNT],...[,*] of include/lns/layer_schemes.h
     tie_embeddings : bool (logits use model.embed_tokens.weight, no lm_head.weight)
     seq_len, micro_batch_size
 
@@ -31,6 +34,9 @@ IGNORE_INDEX = -100
 
 NORM_TYPES = ("rmsnorm", "layernorm")
 NORM_SCHEMES = ("pre", "lns", "post", "mix", "sandwich", "deepnorm", "scaled_init")
+# The reference repository's other variants (docs/model.md), golden files of their own.
+EXTRA_SCHEMES = ("deeppost", "scale_post_pre", "hybrid", "scale_res_pre_norm")
+BLOCK_FORMS = ("pre", "lns", "post", "deeppost", "sandwich", "scale_res_pre_norm")
 
 CONFIG_KEYS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -45,7 +51,7 @@ def check_config(cfg):
         raise ValueError(f"config is missing keys: {missing}")
     if cfg["norm_type"] not in NORM_TYPES:
         raise ValueError(f"bad norm_type {cfg['norm_type']!r}")
-    if cfg["norm_scheme"] not in NORM_SCHEMES:
+    if cfg["norm_scheme"] not in NORM_SCHEMES + EXTRA_SCHEMES:
         raise ValueError(f"bad norm_scheme {cfg['norm_scheme']!r}")
     if cfg["hidden_size"] % cfg["num_heads"]:
         raise ValueError("hidden_size must be divisible by num_heads")
@@ -63,6 +69,37 @@ def head_dim(cfg):
 # Which norms a block uses, and how (the norm-scheme table)
 # ----------------------------------------------------------------------------
 
+def layer_forms(pattern, L):
+    """The block form of each of L layers from a --layer_schemes pattern, written
+    from its specification (include/lns/layer_schemes.h), not from the C++ code."""
+    items = pattern.split(",")
+    repeat = items[-1] == "*"
+    if repeat:
+        items = items[:-1]
+    runs = []
+    for k, item in enumerate(items):
+        form, _, count = item.partition(":")
+        if form not in BLOCK_FORMS:
+            raise ValueError(f"bad form {form!r}")
+        if count:
+            n = int(count)
+        elif k == len(items) - 1 and not repeat:
+            n = None  # the rest
+        else:
+            n = 1
+        runs.append((form, n))
+    fixed = sum(n for _, n in runs if n is not None)
+    out = []
+    while len(out) < L:
+        for form, n in runs:
+            out += [form] * (L - fixed if n is None else n)
+        if not repeat:
+            break
+    if not repeat and len(out) != L:
+        raise ValueError(f"pattern {pattern!r} covers {len(out)} of {L} layers")
+    return out[:L]
+
+
 def block_plan(cfg, i):
     """Norm layout of block i (0-based).
 
@@ -73,20 +110,25 @@ def block_plan(cfg, i):
     scheme = cfg["norm_scheme"]
     L = cfg["num_layers"]
     l = i + 1
-    if scheme == "mix":
+    if scheme in ("mix", "scale_post_pre"):
         scheme = "post" if i < cfg["post_layers"] else "pre"
+    if scheme == "hybrid":
+        scheme = layer_forms(cfg["layer_schemes"], L)[i]
 
     s, alpha = 1.0, 1.0
-    if scheme in ("pre", "scaled_init", "lns"):
+    res = scheme == "scale_res_pre_norm"  # r = a * x + f, a a learned scalar per sublayer
+    if scheme in ("pre", "scaled_init", "lns", "scale_res_pre_norm"):
         attn = dict(pre="input_layernorm", out=None, add=None)
         mlp = dict(pre="post_attention_layernorm", out=None, add=None)
         if scheme == "lns":
             s = 1.0 / math.sqrt(l)
-    elif scheme in ("post", "deepnorm"):
+    elif scheme in ("post", "deepnorm", "deeppost"):
         attn = dict(pre=None, out=None, add="post_attention_layernorm")
         mlp = dict(pre=None, out=None, add="post_feedforward_layernorm")
         if scheme == "deepnorm":
             alpha = (2.0 * L) ** 0.25
+        if scheme == "deeppost":
+            alpha = 2.0 * math.sqrt(2.0)
     elif scheme == "sandwich":
         attn = dict(pre="input_layernorm", out="post_attention_layernorm", add=None)
         mlp = dict(pre="pre_feedforward_layernorm", out="post_feedforward_layernorm", add=None)
@@ -95,6 +137,8 @@ def block_plan(cfg, i):
     for sub in (attn, mlp):
         sub["s"] = s
         sub["alpha"] = alpha
+    attn["res"] = "self_attn.residual_scale" if res else None
+    mlp["res"] = "mlp.residual_scale" if res else None
     return {"attn": attn, "mlp": mlp}
 
 
@@ -125,10 +169,15 @@ def weight_shapes(cfg):
             shapes[p + n + ".weight"] = (C,)
             if ln:
                 shapes[p + n + ".bias"] = (C,)
+        plan = block_plan(cfg, i)
+        if plan["attn"]["res"]:  # each residual scale first in its sublayer's module
+            shapes[p + plan["attn"]["res"]] = (1,)
         shapes[p + "self_attn.q_proj.weight"] = (Hq * D, C)
         shapes[p + "self_attn.k_proj.weight"] = (Hkv * D, C)
         shapes[p + "self_attn.v_proj.weight"] = (Hkv * D, C)
         shapes[p + "self_attn.o_proj.weight"] = (C, Hq * D)
+        if plan["mlp"]["res"]:
+            shapes[p + plan["mlp"]["res"]] = (1,)
         shapes[p + "mlp.gate_proj.weight"] = (I, C)
         shapes[p + "mlp.up_proj.weight"] = (I, C)
         shapes[p + "mlp.down_proj.weight"] = (C, I)
@@ -171,7 +220,7 @@ def load_weights(cfg, tensors, requires_grad=True):
 def init_weights(cfg, generator=None):
     """Random float32 weights (the golden-file init):
     linear: N(0, 1/fan_in); embedding: N(0, 1); lm_head: N(0, 1/C);
-    norm gains: 1 + 0.2 N(0,1); layernorm biases: 0.1 N(0,1).
+    norm gains and residual scales: 1 + 0.2 N(0,1); layernorm biases: 0.1 N(0,1).
     """
     C = cfg["hidden_size"]
     f32 = torch.float32
@@ -182,7 +231,7 @@ def init_weights(cfg, generator=None):
             w = z
         elif name == "lm_head.weight":
             w = z * (1.0 / math.sqrt(C))
-        elif name.endswith("norm.weight"):
+        elif name.endswith("norm.weight") or name.endswith("residual_scale"):
             w = 1.0 + 0.2 * z
         elif name.endswith("norm.bias"):
             w = 0.1 * z
@@ -268,7 +317,10 @@ def sublayer(cfg, W, p, plan, fn, x):
     f = fn(cfg, W, p, u)
     if plan["out"]:
         f = norm(cfg, W, p + plan["out"], f)
-    r = plan["alpha"] * x + f if plan["alpha"] != 1.0 else x + f
+    if plan.get("res"):
+        r = W[p + plan["res"]] * x + f
+    else:
+        r = plan["alpha"] * x + f if plan["alpha"] != 1.0 else x + f
     if plan["add"]:
         r = norm(cfg, W, p + plan["add"], r)
     return r

@@ -159,6 +159,11 @@ class Block(nn.Module):
                                        dtype, device))
         self.self_attn = Attention(cfg, dtype, device)
         self.mlp = MLP(cfg, dtype, device)
+        # scale_res_pre_norm: one learned residual scale per sublayer, a parameter of the
+        # sublayer's module (self_attn.residual_scale, mlp.residual_scale), as in C++.
+        for sub, mod in (("attn", self.self_attn), ("mlp", self.mlp)):
+            if self.plan[sub]["res"]:
+                mod.residual_scale = nn.Parameter(torch.ones(1, dtype=dtype, device=device))
 
     def _sublayer(self, plan, fn, x, *args):
         # u = s N_pre(x); f = F(u); f2 = N_out(f); r = alpha x + f2; y = N_add(r)
@@ -166,7 +171,10 @@ class Block(nn.Module):
         f = fn(u, *args)
         if plan["out"]:
             f = getattr(self, plan["out"])(f)
-        r = f + x if plan["alpha"] == 1.0 else torch.add(f, x, alpha=plan["alpha"])
+        if plan["res"]:
+            r = fn.residual_scale * x + f
+        else:
+            r = f + x if plan["alpha"] == 1.0 else torch.add(f, x, alpha=plan["alpha"])
         if plan["add"]:
             r = getattr(self, plan["add"])(r)
         return r
@@ -251,6 +259,9 @@ class LlamaModel(nn.Module):
             if name.endswith("norm.bias"):
                 p.zero_()
                 continue
+            if name.endswith("residual_scale"):
+                p.fill_(1.0)
+                continue
             fan_out, fan_in = p.shape
             kind = name.rsplit(".", 2)[-2]                # q_proj, ..., embed_tokens, lm_head
             if kind == "embed_tokens":
@@ -258,7 +269,7 @@ class LlamaModel(nn.Module):
             elif scheme == "deepnorm" and kind.endswith("_proj"):
                 gain = 1.0 if kind in ("q_proj", "k_proj") else (8.0 * L) ** -0.25
                 std = gain * math.sqrt(2.0 / (fan_in + fan_out))
-            elif scheme == "scaled_init" and kind in ("o_proj", "down_proj"):
+            elif scheme in ("scaled_init", "scale_post_pre") and kind in ("o_proj", "down_proj"):
                 std = init_std / math.sqrt(2.0 * L)
             else:
                 std = init_std
@@ -389,11 +400,14 @@ def check_against_reference(tol=1e-10, verbose=True):
     and one GQA case with explicit kv-head expansion. Raises AssertionError."""
     cases = []
     idx = 0
-    for norm_type in ref.NORM_TYPES:
-        for norm_scheme in ref.NORM_SCHEMES:
-            cases.append((f"{norm_type:9s} {norm_scheme:11s}", tiny_config(norm_type, norm_scheme),
-                          1000 + idx, False))
-            idx += 1
+    for schemes in (ref.NORM_SCHEMES, ref.EXTRA_SCHEMES):
+        for norm_type in ref.NORM_TYPES:
+            for norm_scheme in schemes:
+                cfg = tiny_config(norm_type, norm_scheme)
+                if norm_scheme == "hybrid":
+                    cfg["layer_schemes"] = "scale_res_pre_norm,deeppost,sandwich"
+                cases.append((f"{norm_type:9s} {norm_scheme:11s}", cfg, 1000 + idx, False))
+                idx += 1
     cases.append(("rmsnorm   lns  MHA   ", tiny_config("rmsnorm", "lns", num_kv_heads=6), 2000, False))
     cases.append(("layernorm mix  expand", tiny_config("layernorm", "mix"), 2001, True))
     failed = []

@@ -46,15 +46,23 @@ def case_config(norm_type, norm_scheme):
         "tie_embeddings": layernorm,
         "seq_len": 7,
         "micro_batch_size": 2,
-    }
+    } | ({"layer_schemes": HYBRID_PATTERNS[norm_type]} if norm_scheme == "hybrid" else {})
+
+
+# hybrid golden files: Pre-LN, Post-LN, Pre-LN (the "every other layer" pattern, cut
+# short by the 3 layers) with rmsnorm; sandwich then deeppost with layernorm.
+HYBRID_PATTERNS = {"rmsnorm": "pre,post,*", "layernorm": "sandwich:1,deeppost"}
 
 
 def cases():
+    """(seed index, norm_type, norm_scheme): the seven schemes first, then the extra
+    ones, so that adding a scheme never changes an existing file's seed."""
     idx = 0
-    for norm_type in ref.NORM_TYPES:
-        for norm_scheme in ref.NORM_SCHEMES:
-            yield idx, norm_type, norm_scheme
-            idx += 1
+    for schemes in (ref.NORM_SCHEMES, ref.EXTRA_SCHEMES):
+        for norm_type in ref.NORM_TYPES:
+            for norm_scheme in schemes:
+                yield idx, norm_type, norm_scheme
+                idx += 1
 
 
 def make_case(cfg, seed):
@@ -127,7 +135,7 @@ def main():
                     "model.layers.1.self_attn.k_proj.weight",
                     "model.layers.2.mlp.down_proj.weight",
                     "model.norm.weight"]
-        fd_names += [n for n in W if n.startswith("model.layers.0.") and "norm" in n]
+        fd_names += [n for n in W if n.startswith("model.layers.0.") and ("norm" in n or "residual_scale" in n)]
         if norm_type == "layernorm":
             fd_names.append("model.norm.bias")
         else:

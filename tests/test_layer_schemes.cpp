@@ -1,0 +1,154 @@
+// The reference repository's other variants (docs/model.md): the per-layer pattern of
+// --layer_schemes, deeppost and scale_post_pre. Their numbers against PyTorch are in
+// test_model_golden.cpp (rmsnorm/layernorm x deeppost, scale_post_pre, hybrid); here:
+// the pattern's meaning for the four hybrids of the repository, spelled out by hand;
+// every bad pattern refused with a message naming the flag; a hybrid equal to the
+// scheme it spells (post:2,pre = Mix-LN with 2 post layers, bit for bit); and the
+// init rule of scale_post_pre against Mix-LN's.
+#include "lns/layer_schemes.h"
+#include "lns/stage.h"
+#include "test_util.h"
+
+namespace lns {
+namespace {
+
+using namespace lns::test;
+constexpr NormScheme P = NormScheme::Pre, O = NormScheme::Post, S = NormScheme::Sandwich;
+
+TEST(LayerSchemes, TheRepositorysHybridsAtTwelveLayers) {
+  using V = std::vector<NormScheme>;
+  // first 7 layers pre, then post / sandwich
+  EXPECT_EQ(resolve_layer_schemes("pre:7,post", 12), (V{P, P, P, P, P, P, P, O, O, O, O, O}));
+  EXPECT_EQ(resolve_layer_schemes("pre:7,sandwich", 12), (V{P, P, P, P, P, P, P, S, S, S, S, S}));
+  // every 4th layer post among pre (0-based layers 3, 7, 11), and the reverse
+  EXPECT_EQ(resolve_layer_schemes("pre:3,post,*", 12), (V{P, P, P, O, P, P, P, O, P, P, P, O}));
+  EXPECT_EQ(resolve_layer_schemes("post:3,pre,*", 12), (V{O, O, O, P, O, O, O, P, O, O, O, P}));
+  // a repetition cut short; explicit counts that add up
+  EXPECT_EQ(resolve_layer_schemes("pre:2,post,*", 5), (V{P, P, O, P, P}));
+  EXPECT_EQ(resolve_layer_schemes("post:1,deeppost:2,lns:1", 4),
+            (V{O, NormScheme::DeepPost, NormScheme::DeepPost, NormScheme::LNS}));
+}
+
+TEST(LayerSchemes, BadPatternsNameTheFlag) {
+  auto err = [](const std::string& p, int L = 4) { return error_of([&] { resolve_layer_schemes(p, L); }); };
+  EXPECT_NE(err("").find("--layer_schemes is empty"), std::string::npos);
+  EXPECT_NE(err("pre:2,poost").find("--layer_schemes=pre:2,poost: 'poost' is not a block form"), std::string::npos);
+  EXPECT_NE(err("mix:2,pre").find("'mix' is not a block form"), std::string::npos);
+  EXPECT_NE(err("pre:0,post").find("count '0' of item 1"), std::string::npos);
+  EXPECT_NE(err("pre:x,post").find("count 'x'"), std::string::npos);
+  EXPECT_NE(err("pre:99999999999999999999,post").find("must be an integer"), std::string::npos);
+  EXPECT_NE(err("pre:2,post:1").find("describes 3 layers but the model has 4"), std::string::npos);
+  EXPECT_NE(err("pre:4,post").find("needs at least one"), std::string::npos);
+  EXPECT_NE(err("*").find("no FORM before '*'"), std::string::npos);
+  // The config refuses a pattern without hybrid, and hybrid without a pattern.
+  LlamaConfig c = small_model(NormScheme::Pre);
+  c.layer_schemes = "pre:2,post";
+  EXPECT_NE(error_of([&] { c.validate(); }).find("needs --norm_scheme=hybrid"), std::string::npos);
+  c.norm_scheme = NormScheme::Hybrid, c.layer_schemes = "";
+  EXPECT_NE(error_of([&] { c.validate(); }).find("--layer_schemes is empty"), std::string::npos);
+  c.layer_schemes = "pre:2,post:2";  // 4 of 5 layers
+  EXPECT_NE(error_of([&] { c.validate(); }).find("but the model has 5"), std::string::npos);
+}
+
+TEST(LayerSchemes, LnsTrainRefusesABadPatternInOneLine) {
+  const std::string model = "--vocab_size=53 --hidden_size=32 --intermediate_size=45 --num_layers=5 "
+                            "--num_heads=4 --num_kv_heads=2 --seq_len=8 --micro_batch_size=2 "
+                            "--global_batch_size=2 --steps=1";
+  const RunResult bad = run_binary(LNS_TRAIN_BIN, model + " --norm_scheme=hybrid --layer_schemes=pre:3,post:3");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.last_line().find("--layer_schemes=pre:3,post:3 describes 6 layers but the model has 5"),
+            std::string::npos)
+      << bad.err;
+  const RunResult stray = run_binary(LNS_TRAIN_BIN, model + " --norm_scheme=pre --layer_schemes=pre:3,post");
+  EXPECT_EQ(stray.code, 1);
+  EXPECT_NE(stray.last_line().find("needs --norm_scheme=hybrid"), std::string::npos) << stray.err;
+  const RunResult ok = run_binary(LNS_TRAIN_BIN, model + " --norm_scheme=hybrid --layer_schemes=pre:3,post,*");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
+std::vector<float> logits_of(const LlamaConfig& cfg, uint64_t seed, std::vector<std::string>* names) {
+  const int64_t B = 2, T = 5;
+  LlamaStage m(cfg, StageSpec::whole(cfg), B, T);
+  m.init_weights(seed);
+  for (const ParamInfo& p : m.params().infos()) names->push_back(p.name);
+  std::vector<int32_t> ids(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = (11 * i + 2) % cfg.vocab_size;
+  const Tensor l = m.forward(view(ids, {B, T}));
+  return {l.f32(), l.f32() + l.numel()};
+}
+
+TEST(LayerSchemes, HybridSpellingMixLnIsMixLn) {
+  LlamaConfig mix = small_model(NormScheme::Mix);  // post_layers = 2 of 5
+  LlamaConfig hyb = small_model(NormScheme::Hybrid);
+  hyb.layer_schemes = "post:2,pre";
+  std::vector<std::string> n1, n2;
+  EXPECT_EQ(logits_of(hyb, 7, &n1), logits_of(mix, 7, &n2));
+  EXPECT_EQ(n1, n2);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(block_plan(hyb, i).effective, i < 2 ? O : P) << i;
+}
+
+TEST(LayerSchemes, LayersKeepTheirFormByTrainedDepth) {
+  // Layers 1 and 3 of "pre,post,*" (pre, post, pre, post, pre) removed: the kept
+  // layers 0, 2, 4 are all pre, though positions 1 and 3 of a 5-layer pattern are post.
+  LlamaConfig c = small_model(NormScheme::Hybrid);
+  c.layer_schemes = "pre,post,*";
+  c.num_layers = 3, c.trained_num_layers = 5, c.layer_depths = {0, 2, 4};
+  c.validate();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(block_plan(c, i).effective, P) << i;
+}
+
+TEST(DeepPost, PostLnWithResidualTimesTwoSqrtTwo) {
+  const BlockPlan p = block_plan(small_model(NormScheme::DeepPost), 3);
+  const BlockPlan post = block_plan(small_model(NormScheme::Post), 3);
+  EXPECT_EQ(p.norms(), post.norms());
+  EXPECT_FLOAT_EQ(p.attn.residual_alpha, 2.0f * std::sqrt(2.0f));
+  EXPECT_FLOAT_EQ(p.mlp.residual_alpha, 2.0f * std::sqrt(2.0f));
+  EXPECT_FALSE(p.attn.pre_norm.has_value());
+}
+
+TEST(ScalePostPre, MixLnForwardWithScaledInitsInit) {
+  // Same blocks as Mix-LN; o_proj and down_proj drawn from the same streams but
+  // scaled by 1/sqrt(2L), every other tensor identical.
+  const LlamaConfig spp = small_model(NormScheme::ScalePostPre), mix = small_model(NormScheme::Mix);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(block_plan(spp, i).effective, block_plan(mix, i).effective);
+  LlamaStage a(spp, StageSpec::whole(spp), 1, 2), b(mix, StageSpec::whole(mix), 1, 2);
+  a.init_weights(3), b.init_weights(3);
+  const double k = 1.0 / std::sqrt(2.0 * 5);
+  int scaled = 0;
+  for (int i = 0; i < a.params().size(); ++i) {
+    const std::string& name = a.params().info(i).name;
+    const Tensor x = a.params().param(i), y = b.params().param(b.params().find(name));
+    const bool s = name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos;
+    scaled += s;
+    for (int64_t j = 0; j < x.numel(); ++j)
+      ASSERT_NEAR(x.f32()[j], s ? y.f32()[j] * k : y.f32()[j], 1e-7 * std::abs(y.f32()[j])) << name;
+  }
+  EXPECT_EQ(scaled, 2 * 5);
+}
+
+TEST(ScaleResPreNorm, StartsAsPreLnWithTwoScalarsPerLayer) {
+  // At init (every residual scale 1) the block is Pre-LN: 1*x + f rounds as x + f.
+  std::vector<std::string> names, pre_names;
+  const LlamaConfig c = small_model(NormScheme::ScaleResPre);
+  EXPECT_EQ(logits_of(c, 9, &names), logits_of(small_model(NormScheme::Pre), 9, &pre_names));
+  LlamaStage m(c, StageSpec::whole(c), 1, 2);
+  m.init_weights(9);
+  int scales = 0;
+  for (int i = 0; i < m.params().size(); ++i) {
+    const ParamInfo& p = m.params().info(i);
+    if (p.kind != ParamKind::ResidualScale) continue;
+    ++scales;
+    EXPECT_EQ(p.shape, Shape{1});
+    EXPECT_TRUE(p.replicated());
+    EXPECT_FALSE(p.decays()) << p.name;
+    EXPECT_EQ(m.params().param(i).f32()[0], 1.0f);
+    EXPECT_TRUE(p.name == absl::StrCat("model.layers.", p.layer, ".self_attn.residual_scale") ||
+                p.name == absl::StrCat("model.layers.", p.layer, ".mlp.residual_scale"))
+        << p.name;
+  }
+  EXPECT_EQ(scales, 2 * c.num_layers);
+  EXPECT_EQ(names.size(), pre_names.size() + 2 * c.num_layers);
+}
+
+}  // namespace
+}  // namespace lns
