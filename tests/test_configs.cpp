@@ -54,5 +54,23 @@ TEST(Configs, FlagfilesHaveThePapersShapes) {
     }
 }
 
+// The long-sequence variant: the 1b LNS model, the same tokens per step, T = 4096,
+// the fused attention.
+TEST(Configs, OneBillionAtSequence4096) {
+  gflags::FlagSaver restore;
+  const std::string path = std::string(LNS_SOURCE_DIR) + "/configs/1b_lns_seq4k.flags";
+  ASSERT_TRUE(gflags::ReadFromFlagsFile(path, "lns_tests", true)) << path;
+  const LlamaConfig m = config_from_flags();
+  const TrainConfig t = train_config_from_flags();
+  EXPECT_EQ(m.hidden_size, 2048);
+  EXPECT_EQ(m.num_layers, 24);
+  EXPECT_EQ(m.norm_scheme, NormScheme::LNS);
+  EXPECT_EQ(m.attention, AttentionImpl::Fused);
+  EXPECT_TRUE(fused_attention_takes(m.head_dim()));
+  EXPECT_EQ(t.seq_len, 4096);
+  EXPECT_EQ(int64_t{t.seq_len} * t.global_batch, 256 * 512);
+  EXPECT_EQ(t.device, Device::CUDA);
+}
+
 }  // namespace
 }  // namespace lns

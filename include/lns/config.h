@@ -57,6 +57,9 @@ struct LlamaConfig {
   // 0: the identity and num_layers.
   std::vector<int> layer_depths;
   int trained_num_layers = 0;
+  // How attention runs on CUDA (--attention): an execution choice, not a property of
+  // the weights, so not in to_json(); the stage resolves it once (choose_attention_impl).
+  AttentionImpl attention = AttentionImpl::Auto;
 
   int head_dim() const { return hidden_size / num_heads; }
   int depth_of(int layer) const { return layer_depths.empty() ? layer : layer_depths[layer]; }

@@ -8,6 +8,8 @@
 // Gradients of parameters are accumulated (+=) so micro-batches add up; gradients
 // of activations are written (=) unless stated otherwise.
 #pragma once
+#include <string>
+
 #include "lns/tensor.h"
 
 namespace lns {
@@ -58,11 +60,32 @@ void rope_backward(Tensor dx, Tensor cos, Tensor sin);
 // attention_saved_shape(): the probabilities [B,Hq,T,T] on the CPU, only the row
 // log-sum-exp [B,Hq,T] on CUDA (backward recomputes the scores, so memory stays
 // linear in T; docs/cuda.md).
+//
+// Two CUDA implementations (the CPU has one, the reference, and ignores `impl`):
+// Materialized (cuBLASLt products through bounded [T,T] score chunks, any head dim)
+// and Fused (one tensor-core kernel per pass, FlashAttention-2 style, head dims
+// fused_attention_takes()). Both save the same log-sum-exp, but a backward must use
+// the forward's impl. The choice is made once per model (choose_attention_impl).
+enum class AttentionImpl { Auto, Fused, Materialized };
+const char* attention_impl_name(AttentionImpl a);  // "auto", "fused", "materialized"
+// Throws UserError naming `flag` and the accepted values.
+AttentionImpl parse_attention_impl(const std::string& s, const std::string& flag = "--attention");
+// Head dims the fused kernels are compiled for: 64 and 128.
+bool fused_attention_takes(int64_t head_dim);
+// What runs for a model on `device` with this head dim: on CUDA, Fused for Auto when
+// the fused kernels take the head dim, else Materialized; Fused asked for a head dim
+// they do not take is a UserError naming `flag`. Off CUDA always Materialized (the
+// CPU's one attention, whatever was asked).
+AttentionImpl choose_attention_impl(AttentionImpl requested, Device device, int64_t head_dim,
+                                    const std::string& flag = "--attention");
 Shape attention_saved_shape(Device device, int64_t B, int64_t T, int64_t Hq);
-void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v);
-// dq[B,T,Hq,D], dk, dv[B,T,Hkv,D] written (=).
+void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v,
+                       AttentionImpl impl = AttentionImpl::Materialized);
+// dq[B,T,Hq,D], dk, dv[B,T,Hkv,D] written (=). out[B,T,Hq,D] is the forward's output:
+// the fused backward needs it (delta = rowsum(dout * out)); others accept it empty.
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor saved, Tensor q,
-                        Tensor k, Tensor v);
+                        Tensor k, Tensor v, Tensor out = {},
+                        AttentionImpl impl = AttentionImpl::Materialized);
 
 // ---- SwiGLU ------------------------------------------------------------------------------
 // out[N,F] = silu(gate) * up

@@ -53,6 +53,9 @@ class LlamaStage {
   const ParamSet& params() const { return params_; }
   int64_t tokens() const { return B_ * T_; }
   Device device() const { return device_; }
+  // The attention implementation this model runs (config().attention resolved for
+  // the device and head dim; logged at construction on CUDA).
+  AttentionImpl attention_impl() const { return attn_; }
   // dtype of the hidden states a stage takes and returns (and of the logits).
   DType activation_dtype() const { return act_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
@@ -150,6 +153,7 @@ class LlamaStage {
   OwnedTensor rope_dev_[2];     // device copies (CUDA)
   Device device_ = Device::CPU;
   DType act_ = DType::F32;
+  AttentionImpl attn_ = AttentionImpl::Materialized;  // resolved once (choose_attention_impl)
   std::vector<Layer> layers_;
   std::vector<bool> skipped_;  // per local layer
   std::vector<std::unique_ptr<Slot>> slots_;

@@ -30,8 +30,8 @@ Shape attention_saved_shape(Device device, int64_t B, int64_t T, int64_t Hq) {
   return device == Device::CUDA ? Shape{B, Hq, T} : Shape{B, Hq, T, T};
 }
 
-void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v) {
-  LNS_DISPATCH(out, attention_forward(out, probs, q, k, v));
+void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v, AttentionImpl impl) {
+  LNS_DISPATCH(out, attention_forward(out, probs, q, k, v, impl));
   cpu::require_cpu({&out, &probs, &q, &k, &v});
   const AttnDims d(q, k);
   LNS_CHECK(probs.numel() == d.B * d.Hq * d.T * d.T && out.numel() == q.numel());
@@ -71,8 +71,8 @@ void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v) {
 }
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor probs, Tensor q,
-                        Tensor k, Tensor v) {
-  LNS_DISPATCH(dq, attention_backward(dq, dk, dv, dout, probs, q, k, v));
+                        Tensor k, Tensor v, Tensor out, AttentionImpl impl) {
+  LNS_DISPATCH(dq, attention_backward(dq, dk, dv, dout, probs, q, k, v, out, impl));
   cpu::require_cpu({&dq, &dk, &dv, &dout, &probs, &q, &k, &v});
   const AttnDims d(q, k);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));

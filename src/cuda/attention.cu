@@ -165,7 +165,9 @@ void batched(int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, int64_
 
 }  // namespace
 
-void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v) {
+void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, AttentionImpl impl) {
+  LNS_CHECK(impl != AttentionImpl::Auto) << "attention: resolve Auto with choose_attention_impl()";
+  if (impl == AttentionImpl::Fused) return flash_attention_forward(out, saved, q, k, v);
   expect(q, DType::BF16, "attention q");
   expect(k, DType::BF16, "attention k");
   expect(v, DType::BF16, "attention v");
@@ -198,7 +200,9 @@ void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v) {
 }
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor saved, Tensor q, Tensor k,
-                        Tensor v) {
+                        Tensor v, Tensor out, AttentionImpl impl) {
+  LNS_CHECK(impl != AttentionImpl::Auto) << "attention: resolve Auto with choose_attention_impl()";
+  if (impl == AttentionImpl::Fused) return flash_attention_backward(dq, dk, dv, dout, saved, q, k, v, out);
   expect(dout, DType::BF16, "attention dout");
   expect(saved, DType::F32, "attention lse");
   for (const Tensor* t : {&dq, &dk, &dv, &q, &k, &v}) expect(*t, DType::BF16, "attention tensor");

@@ -23,9 +23,13 @@ void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool a
 void rope_forward(Tensor x, Tensor cos, Tensor sin);
 void rope_backward(Tensor dx, Tensor cos, Tensor sin);
 
-void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v);
+void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, AttentionImpl impl);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor saved, Tensor q,
-                        Tensor k, Tensor v);
+                        Tensor k, Tensor v, Tensor out, AttentionImpl impl);
+// The fused kernels behind AttentionImpl::Fused (flash_attention.cu); lse [B,Hq,T].
+void flash_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v);
+void flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor lse, Tensor q, Tensor k,
+                              Tensor v, Tensor out);
 
 void swiglu_forward(Tensor out, Tensor gate, Tensor up);
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);

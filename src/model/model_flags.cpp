@@ -11,6 +11,10 @@ DEFINE_int32(num_kv_heads, 12, "Key/value heads (grouped-query attention); must 
 DEFINE_double(rope_theta, 10000.0, "Rotary embedding base.");
 DEFINE_double(norm_eps, 1e-5, "Epsilon inside RMSNorm / LayerNorm.");
 DEFINE_string(norm_type, "rmsnorm", "rmsnorm or layernorm.");
+DEFINE_string(attention, "auto",
+              "Attention on CUDA: fused (tensor-core FlashAttention-style kernels, head dim 64 or 128, "
+              "memory linear in T), materialized (cuBLASLt through score chunks, any head dim) or auto "
+              "(fused where it applies). Chosen once per model and logged.");
 DEFINE_string(norm_scheme, "lns",
               "pre, lns (LayerNorm Scaling), post, mix (Mix-LN), sandwich, deepnorm, scaled_init, deeppost "
               "(post, residual x 2*sqrt(2)), scale_post_pre (mix with scaled_init's init) or hybrid "
@@ -37,6 +41,7 @@ LlamaConfig config_from_flags() {
   c.norm_eps = static_cast<float>(FLAGS_norm_eps);
   c.norm_type = parse_norm_type(FLAGS_norm_type);
   c.norm_scheme = parse_norm_scheme(FLAGS_norm_scheme);
+  c.attention = parse_attention_impl(FLAGS_attention);
   c.post_layers = FLAGS_post_layers;
   c.layer_schemes = FLAGS_layer_schemes;
   c.tie_embeddings = FLAGS_tie_embeddings;

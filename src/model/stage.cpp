@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <glog/logging.h>
+
 #include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/ops.h"
@@ -123,6 +125,10 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       act_(lns::activation_dtype(device)) {
   cfg_.validate();
   init_dims();
+  attn_ = choose_attention_impl(cfg_.attention, device_, cfg_.head_dim());
+  if (device_ == Device::CUDA)
+    LOG(INFO) << "attention: " << attention_impl_name(attn_) << " (--attention="
+              << attention_impl_name(cfg_.attention) << ", head dim " << cfg_.head_dim() << ")";
   LNS_CHECK(0 <= spec.first_layer && spec.first_layer <= spec.last_layer &&
             spec.last_layer <= cfg.num_layers);
   LNS_CHECK(num_slots >= 1 && B_ > 0 && T_ > 0);
@@ -469,7 +475,7 @@ void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
   linear_forward(a.v, u, params_.compute(l.wv));  // [N, Hkv*D]
   rope_forward(a.q.t.view(qs), rope_cos_, rope_sin_);
   rope_forward(a.k.t.view(ks), rope_cos_, rope_sin_);
-  attention_forward(a.ctx.t.view(qs), a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks));
+  attention_forward(a.ctx.t.view(qs), a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks), attn_);
   linear_forward(f, a.ctx, params_.compute(l.wo));  // [N, C], partial over tp (row-parallel)
   tp_.all_reduce_sum(f);
 }
@@ -483,7 +489,7 @@ void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};
   linear_backward(sc.dctx, params_.grad(l.wo), df, a.ctx, params_.compute(l.wo), false);
   attention_backward(sc.dq.t.view(qs), sc.dk.t.view(ks), sc.dv.t.view(ks), sc.dctx.t.view(qs),
-                     a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks));
+                     a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks), a.ctx.t.view(qs), attn_);
   rope_backward(sc.dq.t.view(qs), rope_cos_, rope_sin_);
   rope_backward(sc.dk.t.view(ks), rope_cos_, rope_sin_);
   linear_backward(du, params_.grad(l.wq), sc.dq, u, params_.compute(l.wq), false);

@@ -6,6 +6,10 @@
 //                            the dgain partials ignored)
 //   gemm_<name>_<M>x<N>x<K>  linear_forward x[M,K] @ W[N,K]^T through cuBLASLt, bf16 in,
 //                            f32 accumulation, bf16 out: 2*M*N*K FLOP
+//   attention_<impl>_{fwd,bwd}_<B>x<T>x<Hq>x<Hkv>x<D>  causal attention at the model's
+//                            shape (--micro_batch_size, --seq_len; and T = 4096 at batch
+//                            1), impl fused or materialized (docs/cuda.md), counted as
+//                            the causal FLOPs: forward 2*B*Hq*T*T*D, backward 2.5x that
 // Names and byte counts are those of tools/bench/bench_kernels_torch.py, so
 // tools/device/summarize.py pairs the two. Timing: CUDA events around each call,
 // median over --iters calls after --warmup untimed ones.
@@ -162,6 +166,27 @@ int run() {
       const double flop = 2.0 * M * N * K;
       r.add("gemm_" + name + "_" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K), "TFLOP/s",
             flop / ms / 1e9, ms, {M, N, K}, "flops", flop);
+    }
+
+  // ---- causal attention, fused and materialised ------------------------------------------
+  const int64_t D = cfg.head_dim(), Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
+  for (auto [B, T] : {std::pair<int64_t, int64_t>{FLAGS_micro_batch_size, FLAGS_seq_len}, {1, 4096}})
+    for (AttentionImpl impl : {AttentionImpl::Fused, AttentionImpl::Materialized}) {
+      if (impl == AttentionImpl::Fused && !fused_attention_takes(D)) continue;
+      const Shape qs{B, T, Hq, D}, ks{B, T, Hkv, D};
+      OwnedTensor q = filled(DType::BF16, qs, 0.1f), k = filled(DType::BF16, ks, 0.1f),
+                  v = filled(DType::BF16, ks, 1.0f), out(DType::BF16, qs, Device::CUDA),
+                  dout = filled(DType::BF16, qs, 1.0f), dq(DType::BF16, qs, Device::CUDA),
+                  dk(DType::BF16, ks, Device::CUDA), dv(DType::BF16, ks, Device::CUDA),
+                  saved(DType::F32, attention_saved_shape(Device::CUDA, B, T, Hq), Device::CUDA);
+      const std::string name = std::string("attention_") + attention_impl_name(impl) + "_";
+      const std::string shape = std::to_string(B) + "x" + std::to_string(T) + "x" + std::to_string(Hq) + "x" +
+                                std::to_string(Hkv) + "x" + std::to_string(D);
+      const double flop = 2.0 * B * Hq * T * T * D;  // 4 B Hq D T^2 / 2: two products, causal half
+      double ms = time_ms([&] { attention_forward(out, saved, q, k, v, impl); });
+      r.add(name + "fwd_" + shape, "TFLOP/s", flop / ms / 1e9, ms, {B, T, Hq, Hkv, D}, "flops", flop);
+      ms = time_ms([&] { attention_backward(dq, dk, dv, dout, saved, q, k, v, out, impl); });
+      r.add(name + "bwd_" + shape, "TFLOP/s", 2.5 * flop / ms / 1e9, ms, {B, T, Hq, Hkv, D}, "flops", 2.5 * flop);
     }
 
   if (!FLAGS_json.empty()) {

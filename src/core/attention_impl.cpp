@@ -1,0 +1,46 @@
+// Which attention implementation a model runs (include/lns/ops.h, AttentionImpl): the
+// one place that knows which shapes the fused kernels take.
+#include "lns/errors.h"
+#include "lns/files.h"
+#include "lns/ops.h"
+
+namespace lns {
+
+const char* attention_impl_name(AttentionImpl a) {
+  switch (a) {
+    case AttentionImpl::Auto: return "auto";
+    case AttentionImpl::Fused: return "fused";
+    case AttentionImpl::Materialized: return "materialized";
+  }
+  return "?";
+}
+
+AttentionImpl parse_attention_impl(const std::string& s, const std::string& flag) {
+  if (s == "auto") return AttentionImpl::Auto;
+  if (s == "fused") return AttentionImpl::Fused;
+  if (s == "materialized") return AttentionImpl::Materialized;
+  fail(flag, "=", printable(s), " is not an attention implementation; expected auto, fused or materialized");
+}
+
+// The fused kernels (src/cuda/flash_attention.cu) are instantiated for these.
+bool fused_attention_takes(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
+AttentionImpl choose_attention_impl(AttentionImpl requested, Device device, int64_t head_dim,
+                                    const std::string& flag) {
+  // The CPU has one attention, the reference: the flag is about CUDA, so a flagfile
+  // written for a GPU run still runs (and evaluates) on the CPU.
+  if (device != Device::CUDA) return AttentionImpl::Materialized;
+  const bool fits = fused_attention_takes(head_dim);
+  switch (requested) {
+    case AttentionImpl::Auto: return fits ? AttentionImpl::Fused : AttentionImpl::Materialized;
+    case AttentionImpl::Materialized: return AttentionImpl::Materialized;
+    case AttentionImpl::Fused:
+      if (!fits)
+        fail(flag, "=fused takes head dims 64 and 128 (hidden_size / num_heads), got ", head_dim,
+             "; use --attention=materialized or auto");
+      return AttentionImpl::Fused;
+  }
+  return AttentionImpl::Materialized;
+}
+
+}  // namespace lns

@@ -1,0 +1,47 @@
+// The once-per-model choice of the attention implementation (src/core/attention_impl.cpp):
+// the flag's values, Auto's rule, and the one-line errors for impossible requests.
+#include <gtest/gtest.h>
+
+#include "lns/errors.h"
+#include "lns/ops.h"
+
+namespace lns {
+namespace {
+
+TEST(AttentionImpl, ParsesTheFlagAndNamesBadValues) {
+  for (AttentionImpl a : {AttentionImpl::Auto, AttentionImpl::Fused, AttentionImpl::Materialized})
+    EXPECT_EQ(parse_attention_impl(attention_impl_name(a)), a);
+  try {
+    parse_attention_impl("flash");
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_STREQ(e.what(), "--attention=flash is not an attention implementation; expected auto, fused or materialized");
+  }
+}
+
+TEST(AttentionImpl, AutoTakesFusedWhereTheKernelsApply) {
+  EXPECT_EQ(choose_attention_impl(AttentionImpl::Auto, Device::CUDA, 64), AttentionImpl::Fused);
+  EXPECT_EQ(choose_attention_impl(AttentionImpl::Auto, Device::CUDA, 128), AttentionImpl::Fused);
+  for (int64_t d : {16, 32, 80, 96, 256})
+    EXPECT_EQ(choose_attention_impl(AttentionImpl::Auto, Device::CUDA, d), AttentionImpl::Materialized) << d;
+  EXPECT_EQ(choose_attention_impl(AttentionImpl::Auto, Device::CPU, 64), AttentionImpl::Materialized);
+  EXPECT_EQ(choose_attention_impl(AttentionImpl::Materialized, Device::CUDA, 64), AttentionImpl::Materialized);
+  EXPECT_EQ(choose_attention_impl(AttentionImpl::Fused, Device::CUDA, 128), AttentionImpl::Fused);
+  // the CPU has one attention whatever the flag says (a GPU flagfile still runs there)
+  for (AttentionImpl a : {AttentionImpl::Auto, AttentionImpl::Fused, AttentionImpl::Materialized})
+    EXPECT_EQ(choose_attention_impl(a, Device::CPU, 96), AttentionImpl::Materialized);
+}
+
+TEST(AttentionImpl, FusedForAShapeItDoesNotTakeIsAUserError) {
+  try {
+    choose_attention_impl(AttentionImpl::Fused, Device::CUDA, 96);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--attention=fused takes head dims 64 and 128"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("got 96"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lns
