@@ -37,6 +37,7 @@ class Impl:
     causal_softmax_bwd: bool = False  # item 6: softmax backward reads only the causal half
     sharded_adamw: bool = False       # item 4: reduce-scatter, update the shard, all-gather bf16
     norm_bwd_blocks: int = 256        # item 6: norm backward's grid (its [G, C] f32 partials)
+    fused_attention: bool = False     # issue 17: flash_attention.cu (head dims 64, 128)
 
 
 BEFORE = Impl()
@@ -44,7 +45,9 @@ BEFORE = Impl()
 PRESENT = Impl(fused_residual=True, causal_softmax_bwd=True, norm_bwd_blocks=512)
 TARGET = Impl(pad_ld=True, fused_residual=True, causal_softmax_bwd=True, sharded_adamw=True,
               norm_bwd_blocks=512)
-IMPLS = {"before": BEFORE, "present": PRESENT, "target": TARGET}
+# issue 17's fused attention on top of issue 16's target (--attention=fused or auto).
+FUSED = replace(TARGET, fused_attention=True)
+IMPLS = {"before": BEFORE, "present": PRESENT, "target": TARGET, "fused": FUSED}
 
 
 def pad64(n):
@@ -203,6 +206,15 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
     norm_bwd = lambda dres: (3 + (1 if dres else 0)) * BF16 * N * C + stats + 2 * G_norm * C * F32
     causal = T * (T + 1) // 2                     # score entries at or below the diagonal
     score = B * Hq * T * T                        # score entries per layer
+    fused = impl.fused_attention and D in (64, 128)  # choose_attention_impl(): else materialized
+    # Fused kernels (src/cuda/flash_attention.cu): 64 x 64 tiles of (queries, keys) at
+    # or below the diagonal are computed whole (the diagonal tile's masked half too);
+    # one 2*64*64*D-FLOP product per tile pair and matrix product. Bytes: each tensor
+    # read or written once (the K/V re-reads of later query tiles hit L2: one head's
+    # K and V are 2*T*D*2 bytes, 1 MiB at T = 4096, D = 64).
+    nt = (T + 63) // 64
+    tile_flops = B * Hq * (nt * (nt + 1) // 2) * 2.0 * 64 * 64 * D
+    lse = F32 * B * Hq * T
 
     def attention_fwd():
         b.part = "qkvo"
@@ -210,6 +222,12 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
             b.linear_fwd(n, C, fo)
         b.part = "attention"
         b.mem("rope", 2 * BF16 * N * (QD + KD), launches=2)
+        if fused:  # S = Q K^T, O = P V on chip; reads q, k, v; writes o and lse
+            b.out.append(Kernel("flash_fwd", 2 * tile_flops, BF16 * N * (2 * QD + 2 * KD) + lse, True,
+                                False, b.phase, b.part))
+            b.part = "qkvo"
+            b.linear_fwd("o_proj", QD, C)
+            return
         b.mem("permute", 2 * BF16 * N * (QD + 2 * KD), launches=3)
         b.gemm("scores", G * T, T, D, c=F32, batch=E, pitches=((D, BF16), (D, BF16), (T, F32)))
         b.mem("softmax", F32 * B * Hq * causal + BF16 * score + F32 * B * Hq * T)
@@ -222,6 +240,23 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
         b.part = "qkvo"
         b.linear_bwd("o_proj", QD, C)
         b.part = "attention"
+        if fused:
+            b.mem("flash_delta", 2 * BF16 * N * QD + lse)  # delta = rowsum(dO * O)
+            # dQ pass: S, dP, dQ per tile pair; reads q, dO, k, v, lse, delta; writes dq
+            b.out.append(Kernel("flash_dq", 3 * tile_flops, BF16 * N * (3 * QD + 2 * KD) + 2 * lse, True,
+                                False, b.phase, b.part))
+            # dK/dV pass: S, dP, dV, dK per tile pair; reads k, v, q, dO, lse, delta; writes dk, dv
+            b.out.append(Kernel("flash_dkv", 4 * tile_flops, BF16 * N * (2 * QD + 4 * KD) + 2 * lse, True,
+                                False, b.phase, b.part))
+        else:
+            attention_bwd_materialized()
+        b.mem("rope", 2 * BF16 * N * (QD + KD), launches=2)
+        b.part = "qkvo"
+        b.linear_bwd("q_proj", C, QD)
+        b.linear_bwd("k_proj", C, KD, accumulate_dx=True)
+        b.linear_bwd("v_proj", C, KD, accumulate_dx=True)
+
+    def attention_bwd_materialized():
         b.mem("permute", 2 * BF16 * N * (2 * QD + 2 * KD), launches=4)
         b.gemm("scores", G * T, T, D, c=F32, batch=E, pitches=((D, BF16), (D, BF16), (T, F32)))
         b.gemm("dp", G * T, T, D, c=F32, batch=E, pitches=((D, BF16), (D, BF16), (T, F32)))
@@ -231,11 +266,6 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
         b.gemm("dq", G * T, D, T, batch=E, pitches=((T, BF16), (D, BF16), (D, BF16)))
         b.gemm("dk", T, D, G * T, batch=E, pitches=((T, BF16), (D, BF16), (D, BF16)))
         b.mem("permute", 2 * BF16 * N * (QD + 2 * KD), launches=3)
-        b.mem("rope", 2 * BF16 * N * (QD + KD), launches=2)
-        b.part = "qkvo"
-        b.linear_bwd("q_proj", C, QD)
-        b.linear_bwd("k_proj", C, KD, accumulate_dx=True)
-        b.linear_bwd("v_proj", C, KD, accumulate_dx=True)
 
     def mlp_fwd():
         b.part = "mlp"
@@ -419,6 +449,8 @@ class StepModel:
         per_entry = G * T * T * 12
         chunk = max(1, min(s.B * s.Hkv, (256 << 20) // per_entry)) * per_entry
         attention_scratch = BF16 * (3 * N * QD + 4 * N * KD) + chunk
+        if self.impl.fused_attention and s.D in (64, 128):
+            attention_scratch = F32 * s.B * s.Hq * T  # delta only: no permuted copies, no scores
         return {
             "weights (f32 master + bf16 copy)": F32 * shard + BF16 * P,
             "gradients (f32)": F32 * P,
