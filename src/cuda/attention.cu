@@ -52,9 +52,9 @@ void permute(bf16* dst, const bf16* src, int64_t B, int T, int H, int D, bool to
   const int W = vec ? kVec : 1;
   const int grid = static_cast<int>(std::min<int64_t>(ceil_div(n / W, 256), 8192));
   if (vec)
-    permute_kernel<kVec><<<grid, 256, 0, stream()>>>(dst, src, B, T, H, D, to_heads);
+    LNS_LAUNCH(permute_kernel<kVec>, grid, 256, 0, stream())(dst, src, B, T, H, D, to_heads);
   else
-    permute_kernel<1><<<grid, 256, 0, stream()>>>(dst, src, B, T, H, D, to_heads);
+    LNS_LAUNCH(permute_kernel<1>, grid, 256, 0, stream())(dst, src, B, T, H, D, to_heads);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -183,7 +183,7 @@ void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v) {
   for (int64_t e0 = 0; e0 < d.entries(); e0 += ch) {
     const int64_t n = std::min(ch, d.entries() - e0);
     scores(d, S, qh, kh, e0, n);
-    softmax_kernel<<<n * d.rows(), 128, 0, stream()>>>(P, ptr<float>(saved) + e0 * d.rows(), S, d.T);
+    LNS_LAUNCH(softmax_kernel, n * d.rows(), 128, 0, stream())(P, ptr<float>(saved) + e0 * d.rows(), S, d.T);
     LNS_CUDA_LAUNCHED();
     // O[e] = P[e] [G*T, T] @ V[e] [T, D]
     batched(d.rows(), d.D, d.T, P, d.T, score, false, vh + e0 * int64_t(d.T) * d.D, d.D, int64_t(d.T) * d.D,
@@ -226,7 +226,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor sav
       g.batch = static_cast<int>(n);
       gemm(g);
     }
-    softmax_backward_kernel<<<n * d.rows(), 128, 0, stream()>>>(P, dS, S, dP, ptr<float>(saved) + e0 * d.rows(), d.T);
+    LNS_LAUNCH(softmax_backward_kernel, n * d.rows(), 128, 0, stream())(P, dS, S, dP, ptr<float>(saved) + e0 * d.rows(), d.T);
     LNS_CUDA_LAUNCHED();
     // dV[e] [T, D] = P[e]^T @ dO[e]: the sum over the group's query heads comes free
     batched(d.T, d.D, d.rows(), P, d.T, score, true, doh + e0 * qs, d.D, qs, dvh + e0 * kvs, d.D, kvs, n, 1.0f);

@@ -114,10 +114,10 @@ void rope(Tensor x, Tensor cos, Tensor sin, float sign) {
   const bool vec = (D / 2) % kVec == 0 && vec_ok(x.data, D);
   const int64_t n = BT * H * D / 2;
   if (vec)
-    rope_kernel<kVec><<<grid_for(n / kVec), kBlock, 0, stream()>>>(ptr<bf16>(x), ptr<float>(cos), ptr<float>(sin),
+    LNS_LAUNCH(rope_kernel<kVec>, grid_for(n / kVec), kBlock, 0, stream())(ptr<bf16>(x), ptr<float>(cos), ptr<float>(sin),
                                                                    BT, T, H, D, sign);
   else
-    rope_kernel<1><<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(x), ptr<float>(cos), ptr<float>(sin), BT, T, H,
+    LNS_LAUNCH(rope_kernel<1>, grid_for(n), kBlock, 0, stream())(ptr<bf16>(x), ptr<float>(cos), ptr<float>(sin), BT, T, H,
                                                          D, sign);
   LNS_CUDA_LAUNCHED();
 }
@@ -128,7 +128,7 @@ void axpby(Tensor y, float a, Tensor x, float b) {
   LNS_CHECK(y.numel() == x.numel() && y.device == Device::CUDA && x.device == Device::CUDA);
   const int64_t n = y.numel();
   if (n == 0) return;
-  axpby_kernel<<<grid_for(n), kBlock, 0, stream()>>>(y.data, y.dtype == DType::BF16, a, x.data,
+  LNS_LAUNCH(axpby_kernel, grid_for(n), kBlock, 0, stream())(y.data, y.dtype == DType::BF16, a, x.data,
                                                      x.dtype == DType::BF16, b, n);
   LNS_CUDA_LAUNCHED();
 }
@@ -146,10 +146,10 @@ void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
   LNS_CHECK(gate.numel() == n && up.numel() == n);
   if (n == 0) return;
   if (all_vec({out.data, gate.data, up.data}, n))
-    swiglu_forward_kernel<kVec><<<grid_for(n / kVec), kBlock, 0, stream()>>>(ptr<bf16>(out), ptr<bf16>(gate),
+    LNS_LAUNCH(swiglu_forward_kernel<kVec>, grid_for(n / kVec), kBlock, 0, stream())(ptr<bf16>(out), ptr<bf16>(gate),
                                                                              ptr<bf16>(up), n);
   else
-    swiglu_forward_kernel<1><<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(out), ptr<bf16>(gate), ptr<bf16>(up), n);
+    LNS_LAUNCH(swiglu_forward_kernel<1>, grid_for(n), kBlock, 0, stream())(ptr<bf16>(out), ptr<bf16>(gate), ptr<bf16>(up), n);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -163,10 +163,10 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
   LNS_CHECK(dgate.numel() == n && dup.numel() == n && gate.numel() == n && up.numel() == n);
   if (n == 0) return;
   if (all_vec({dgate.data, dup.data, dout.data, gate.data, up.data}, n))
-    swiglu_backward_kernel<kVec><<<grid_for(n / kVec), kBlock, 0, stream()>>>(
+    LNS_LAUNCH(swiglu_backward_kernel<kVec>, grid_for(n / kVec), kBlock, 0, stream())(
         ptr<bf16>(dgate), ptr<bf16>(dup), ptr<bf16>(dout), ptr<bf16>(gate), ptr<bf16>(up), n);
   else
-    swiglu_backward_kernel<1><<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(dgate), ptr<bf16>(dup),
+    LNS_LAUNCH(swiglu_backward_kernel<1>, grid_for(n), kBlock, 0, stream())(ptr<bf16>(dgate), ptr<bf16>(dup),
                                                                     ptr<bf16>(dout), ptr<bf16>(gate), ptr<bf16>(up), n);
   LNS_CUDA_LAUNCHED();
 }
