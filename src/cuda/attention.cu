@@ -17,6 +17,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/gemm.h"
+#include "cuda/pool.h"
 #include "cuda/ops_cuda.h"
 
 namespace lns::cuda {
@@ -110,13 +111,14 @@ struct Dims {
 };
 
 // Start of each scratch sub-buffer: 256-byte aligned, as cuBLASLt likes its operands.
+size_t carved(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 template <typename T>
 T* carve(char*& at, int64_t count) {
   T* p = reinterpret_cast<T*>(at);
-  at += (count * int64_t(sizeof(T)) + 255) / 256 * 256;
+  at += carved(count * int64_t(sizeof(T)));
+  pool_gap(p + count, at - reinterpret_cast<char*>(p + count), stream());  // alignment padding: untouchable
   return p;
 }
-size_t carved(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 Dims dims_of(const Tensor& q, const Tensor& k) {
   LNS_CHECK(q.shape.ndim == 4 && k.shape.ndim == 4);

@@ -163,6 +163,11 @@ Block* g_block = nullptr;
 std::string dim_str(uint3 v) {
   return "(" + std::to_string(v.x) + "," + std::to_string(v.y) + "," + std::to_string(v.z) + ")";
 }
+std::string hex(unsigned v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
 std::string thread_str(const Thread& t) { return "thread " + dim_str(t.idx); }
 std::string site_str(const char* file, int line) {
   const char* slash = std::strrchr(file, '/');
@@ -354,7 +359,7 @@ bool complete_warp_ops(Block& b) {
         if (o.wait != Wait::Warp || o.file != t.file || o.line != t.line || o.collective != t.collective ||
             o.mask != t.mask) {
           fail_at(b, t, std::string(wait_name(t)) + " at " + site_str(t.file, t.line) +
-                            " with mask " + std::to_string(t.mask) + ": lane " + std::to_string(k) +
+                            " with mask " + hex(t.mask) + ": lane " + std::to_string(k) +
                             " is not converged (" + where(o) + ")");
         }
         lanes[k] = &o;

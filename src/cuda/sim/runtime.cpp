@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/pool.h"
 #include "cuda/sim/counters.h"
 #include "cuda/sim/sim_internal.h"
 
@@ -285,6 +286,19 @@ void reset_device_memory_peak() {
 // ---- launches -------------------------------------------------------------------------
 
 namespace {
+// Copies and compares of whole allocations for the two-order check: they read pool
+// gaps that are poisoned on purpose, so they bypass ASan (plain word loops that the
+// compiler must not turn into memcpy/memcmp calls, which ASan intercepts).
+#define LNS_SIM_RAW __attribute__((no_sanitize_address, optimize("no-tree-loop-distribute-patterns")))
+LNS_SIM_RAW void raw_copy(char* dst, const char* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+LNS_SIM_RAW size_t raw_first_difference(const char* a, const char* b, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (a[i] != b[i]) return i;
+  return n;
+}
+
 std::string site_of(const LaunchSite& s) {
   const char* src = std::strstr(s.file, "src/");
   return std::string("kernel ") + s.kernel + " (launched at " + (src ? src : s.file) + ":" + std::to_string(s.line) + ")";
@@ -297,7 +311,8 @@ std::vector<std::pair<Allocation, std::vector<char>>> reachable(const Grid& g) {
   for (const void* p : g.pointers) {
     Allocation a;
     if (!p || !find_allocation(p, 0, &a) || !seen.insert(a.base).second) continue;
-    out.push_back({a, std::vector<char>(a.base, a.base + a.bytes)});
+    out.push_back({a, std::vector<char>(a.bytes)});
+    raw_copy(out.back().second.data(), a.base, a.bytes);
   }
   return out;
 }
@@ -312,12 +327,11 @@ void run_checked(const Grid& g) {
   auto before = reachable(g);
   run_grid(g, false);
   auto forward = reachable(g);
-  for (auto& [a, bytes] : before) std::memcpy(a.base, bytes.data(), a.bytes);
+  for (auto& [a, bytes] : before) raw_copy(a.base, bytes.data(), a.bytes);
   run_grid(g, true);
   for (auto& [a, bytes] : forward) {
-    if (std::memcmp(a.base, bytes.data(), a.bytes) == 0) continue;
-    size_t i = 0;
-    while (a.base[i] == bytes[i]) ++i;
+    const size_t i = raw_first_difference(a.base, bytes.data(), a.bytes);
+    if (i == a.bytes) continue;
     char buf[160];
     std::snprintf(buf, sizeof buf, "byte %zu of the allocation at %p (%zu bytes): 0x%02x in thread order, 0x%02x reversed",
                   i, static_cast<void*>(a.base), a.bytes, unsigned(uint8_t(bytes[i])), unsigned(uint8_t(a.base[i])));
@@ -368,6 +382,32 @@ void launch_grid(const LaunchSite& site, const void* func, dim3 grid, dim3 block
 }
 
 }  // namespace lns::sim
+
+// ---- pools (cuda/pool.h) -------------------------------------------------------------
+
+namespace lns::cuda {
+void pool_gap(const void* p, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  lns::sim::require_device_range(p, bytes, "pool gap");
+  lns::sim::enqueue(stream, "pool gap", [p, bytes] {
+#if defined(__SANITIZE_ADDRESS__)
+    ASAN_POISON_MEMORY_REGION(p, bytes);
+#else
+    std::memset(const_cast<void*>(p), 0xff, bytes);  // NaN: a read of the gap shows
+#endif
+  });
+}
+void pool_use(const void* p, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  lns::sim::require_device_range(p, bytes, "pool use");
+  lns::sim::enqueue(stream, "pool use", [p, bytes] {
+#if defined(__SANITIZE_ADDRESS__)
+    ASAN_UNPOISON_MEMORY_REGION(p, bytes);
+#endif
+    (void)p, (void)bytes;
+  });
+}
+}  // namespace lns::cuda
 
 // ---- the CUDA runtime API ------------------------------------------------------------
 
