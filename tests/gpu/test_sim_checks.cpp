@@ -5,6 +5,7 @@
 // worse, computes wrong results from without a word.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "cuda/common.cuh"
 #include "cuda/pool.h"
 #include "cuda/runtime.h"
+#include "cuda/sim/counters.h"
 #include "cuda/sim/sim_internal.h"
 
 namespace lns::cuda {
@@ -320,7 +322,33 @@ TEST(SimChecks, LegacyDefaultStreamOrdersBlockingStreams) {
   EXPECT_EQ(h[40], 0.0f);
 }
 
+TEST(SimChecks, WorkRunsAtSyncPointsAndCudaFreeSynchronises) {
+  // Device memory is host memory here, so the test can look without a copy: queued
+  // work has not run until something synchronises; cudaFree does (CUDA documents it).
+  DevBuf a(32);
+  LNS_LAUNCH(fill_kernel, 1, 32, 0, stream())(a.p, 2.0f, 32);
+  EXPECT_TRUE(std::isnan(a.p[5])) << "ran before any synchronisation";
+  float* other = nullptr;
+  ASSERT_EQ(cudaMalloc(&other, 64), cudaSuccess);
+  ASSERT_EQ(cudaFree(other), cudaSuccess);
+  EXPECT_EQ(a.p[5], 2.0f);
+}
+
 // ---- counters and properties ---------------------------------------------------------
+
+TEST(SimChecks, LaunchesAndHostSyncsAreCounted) {
+  DevBuf a(32);
+  synchronize();
+  const sim::Counters before = sim::counters();
+  for (int i = 0; i < 3; ++i) LNS_LAUNCH(fill_kernel, 1, 32, 0, stream())(a.p, float(i), 32);
+  EXPECT_EQ(sim::counters().launches - before.launches, 3u);
+  EXPECT_EQ(sim::counters().host_syncs, before.host_syncs) << "launches do not wait";
+  synchronize();
+  EXPECT_EQ(sim::counters().host_syncs - before.host_syncs, 1u);
+  const size_t peak = sim::device_memory_peak(0);
+  { DevBuf big(1 << 22); }
+  EXPECT_GE(sim::device_memory_peak(0), std::max(peak, sim::device_memory_in_use(0) + (16u << 20)));
+}
 
 TEST(SimChecks, DevicePropertiesAreAnH100) {
   cudaDeviceProp p;
