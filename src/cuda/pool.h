@@ -11,12 +11,17 @@
 
 namespace lns::cuda {
 
+// pool_padding: zero bytes between the tensors of a flat buffer that whole-buffer ops
+// (AdamW, the gradient norm, all-reduces) read and write but that must stay zero:
+// under the emulator every kernel is checked not to have changed them.
 #ifdef LNS_CUDA_SIM
 void pool_gap(const void* p, size_t bytes, cudaStream_t stream);  // src/cuda/sim/runtime.cpp
 void pool_use(const void* p, size_t bytes, cudaStream_t stream);
+void pool_padding(const void* p, size_t bytes, cudaStream_t stream);
 #else
 inline void pool_gap(const void*, size_t, cudaStream_t) {}
 inline void pool_use(const void*, size_t, cudaStream_t) {}
+inline void pool_padding(const void*, size_t, cudaStream_t) {}
 #endif
 
 }  // namespace lns::cuda

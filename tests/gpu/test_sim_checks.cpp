@@ -278,6 +278,25 @@ TEST(SimChecks, OverrunInsideAScratchPoolIsReported) {
       "use-after-poison");
 }
 
+TEST(SimChecks, WriteIntoFlatBufferPaddingIsReported) {
+  // Two tensors of 10 floats at offsets 0 and 16 of one flat buffer (ParamSet's
+  // layout), zero padding after each; a kernel that writes one element too many
+  // stays inside the allocation (ASan is silent) but changes the padding.
+  DevBuf flat(32);
+  ASSERT_EQ(cudaMemset(flat.p, 0, 32 * sizeof(float)), cudaSuccess);
+  pool_padding(flat.p + 10, 6 * sizeof(float), stream());
+  pool_padding(flat.p + 26, 6 * sizeof(float), stream());
+  LNS_LAUNCH(fill_kernel, 1, 32, 0, stream())(flat.p + 16, 1.0f, 10);
+  synchronize();
+  EXPECT_DEATH(
+      {
+        LNS_LAUNCH(fill_kernel, 1, 32, 0, stream())(flat.p, 1.0f, 11);
+        synchronize();
+      },
+      "kernel fill_kernel \\(launched at .*test_sim_checks.cpp:[0-9]+\\): wrote into the zero padding between two "
+      "tensors of a flat buffer: byte 2 of the 24 bytes of padding");
+}
+
 // ---- streams -------------------------------------------------------------------------
 
 // A producer on the compute stream, a consumer on a side stream (as the NCCL

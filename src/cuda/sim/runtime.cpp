@@ -212,6 +212,16 @@ void push(CUstream_st* s, const char* name, std::function<void()> fn, CUevent_st
   s->queue.push_back(std::move(op));
 }
 
+// Padding that must stay zero (cuda/pool.h pool_padding), checked after every grid.
+struct Padding {
+  const char* p;
+  size_t bytes;
+};
+std::vector<Padding>& paddings() {
+  static std::vector<Padding> v;
+  return v;
+}
+
 // The registry of kernels' opted-in dynamic shared memory.
 std::map<const void*, int>& func_shared_limit() {
   static std::map<const void*, int> m;
@@ -317,9 +327,27 @@ std::vector<std::pair<Allocation, std::vector<char>>> reachable(const Grid& g) {
   return out;
 }
 
+LNS_SIM_RAW size_t raw_first_nonzero(const char* p, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (p[i]) return i;
+  return n;
+}
+
+void check_padding(const Grid& g) {
+  for (const Padding& pad : paddings()) {
+    const size_t i = raw_first_nonzero(pad.p, pad.bytes);
+    if (i == pad.bytes) continue;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "byte %zu of the %zu bytes of padding at %p is 0x%02x", i, pad.bytes,
+                  static_cast<const void*>(pad.p), unsigned(uint8_t(pad.p[i])));
+    fail(site_of(g.site) + ": wrote into the zero padding between two tensors of a flat buffer: " + buf);
+  }
+}
+
 void run_checked(const Grid& g) {
   if (!options().reverse_check) {
     run_grid(g, false);
+    check_padding(g);
     return;
   }
   // The same grid in the opposite thread and block order must write the same bits:
@@ -338,6 +366,7 @@ void run_checked(const Grid& g) {
     fail(site_of(g.site) + ": the result depends on the order threads and blocks run in (a race or a missing "
          "__syncthreads): " + buf);
   }
+  check_padding(g);
 }
 }  // namespace
 
@@ -395,6 +424,16 @@ void pool_gap(const void* p, size_t bytes, cudaStream_t stream) {
 #else
     std::memset(const_cast<void*>(p), 0xff, bytes);  // NaN: a read of the gap shows
 #endif
+  });
+}
+void pool_padding(const void* p, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+  lns::sim::require_device_range(p, bytes, "flat-buffer padding");
+  lns::sim::enqueue(stream, "padding", [p, bytes] {
+    const char* c = static_cast<const char*>(p);
+    for (size_t i = 0; i < bytes; ++i)
+      if (c[i]) lns::sim::fail("flat-buffer padding registered while not zero");
+    lns::sim::paddings().push_back({c, bytes});
   });
 }
 void pool_use(const void* p, size_t bytes, cudaStream_t stream) {
@@ -559,6 +598,12 @@ cudaError_t cudaFree(void* ptr) {
     fail(std::string("cudaFree(") + buf + "): not the start of a live device allocation");
   }
   r.in_use[it->second.device] -= it->second.bytes;
+  auto& pads = lns::sim::paddings();
+  const char* base = it->second.base;
+  const size_t size = it->second.bytes;
+  pads.erase(std::remove_if(pads.begin(), pads.end(),
+                            [&](const lns::sim::Padding& p) { return p.p >= base && p.p < base + size; }),
+             pads.end());
   r.live.erase(it);
   std::free(ptr);
   return cudaSuccess;
