@@ -19,6 +19,21 @@ if [ "${LNS_SANITIZE:-ON}" != "OFF" ]; then
   bash tests/sanitize.sh
 fi
 
+# ---- the SIMT emulator: every `gpu` test with the kernels running on the CPU --------
+# (docs/cuda.md), under ASan/UBSan, in build-sim/. LNS_CUDA_SIM=OFF skips this part.
+if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
+  SIM_BUILD_DIR=${SIM_BUILD_DIR:-build-sim}
+  cmake -S . -B "$SIM_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+        -DLNS_CUDA_SIM=ON -DLNS_SANITIZE=ON >/dev/null
+  cmake --build "$SIM_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train
+  # gpu_tiny_run (80 steps) and the T=4096 fused attention case (label slow) take minutes
+  # each under emulation; run them by hand (docs/cuda.md).
+  SIM_EXCLUDE='gpu_tiny_run'
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LNS_SIM_CHECKS=reverse,race \
+    ctest --test-dir "$SIM_BUILD_DIR" -L gpu -LE slow -E "$SIM_EXCLUDE" --output-on-failure -j"$(nproc)"
+fi
+
 # The CUDA backend (-DLNS_CUDA=ON), built wherever the toolkit is so that it never
 # rots, then its `gpu` tests: they run on a machine with a GPU and report "skipped"
 # (with the reason) on one without; and the `sass` tests, the static check of the

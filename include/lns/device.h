@@ -41,6 +41,10 @@ void copy_tensor(Tensor dst, Tensor src);
 void zero_tensor(Tensor t);
 // The elements of an f32 or bf16 tensor on any device, as f32 on the host.
 std::vector<float> to_host_f32(Tensor src);
+// Padding inside a device allocation (between the tensors of a flat buffer) that must
+// stay zero: under the SIMT emulator every kernel is checked not to change it
+// (docs/cuda.md); a no-op elsewhere.
+void guard_device_padding(Tensor padding);
 // Waits for every kernel queued on the CUDA stream (no-op on the CPU).
 void device_synchronize(Device d);
 // Peak bytes allocated by Buffers on the CUDA device since start (0 on the CPU).

@@ -9,6 +9,7 @@
 #include "lns/errors.h"
 
 #ifdef LNS_WITH_CUDA
+#include "cuda/pool.h"
 #include "cuda/runtime.h"
 #endif
 
@@ -109,6 +110,13 @@ void copy_tensor(Tensor dst, Tensor src) {
   if (dst.device == Device::CPU || src.device == Device::CPU) cuda::synchronize();
 #else
   LNS_CHECK(false) << "a CUDA tensor reached a build without CUDA support";
+#endif
+}
+
+void guard_device_padding(Tensor padding) {
+  if (padding.device != Device::CUDA || padding.nbytes() == 0) return;
+#ifdef LNS_WITH_CUDA
+  cuda::pool_padding(padding.data, padding.nbytes(), cuda::stream());
 #endif
 }
 

@@ -17,6 +17,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/gemm.h"
+#include "cuda/pool.h"
 #include "cuda/ops_cuda.h"
 
 namespace lns::cuda {
@@ -52,9 +53,9 @@ void permute(bf16* dst, const bf16* src, int64_t B, int T, int H, int D, bool to
   const int W = vec ? kVec : 1;
   const int grid = static_cast<int>(std::min<int64_t>(ceil_div(n / W, 256), 8192));
   if (vec)
-    permute_kernel<kVec><<<grid, 256, 0, stream()>>>(dst, src, B, T, H, D, to_heads);
+    LNS_LAUNCH(permute_kernel<kVec>, grid, 256, 0, stream())(dst, src, B, T, H, D, to_heads);
   else
-    permute_kernel<1><<<grid, 256, 0, stream()>>>(dst, src, B, T, H, D, to_heads);
+    LNS_LAUNCH(permute_kernel<1>, grid, 256, 0, stream())(dst, src, B, T, H, D, to_heads);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -115,13 +116,14 @@ struct Dims {
 };
 
 // Start of each scratch sub-buffer: 256-byte aligned, as cuBLASLt likes its operands.
+size_t carved(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 template <typename T>
 T* carve(char*& at, int64_t count) {
   T* p = reinterpret_cast<T*>(at);
-  at += (count * int64_t(sizeof(T)) + 255) / 256 * 256;
+  at += carved(count * int64_t(sizeof(T)));
+  pool_gap(p + count, at - reinterpret_cast<char*>(p + count), stream());  // alignment padding: untouchable
   return p;
 }
-size_t carved(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 Dims dims_of(const Tensor& q, const Tensor& k) {
   LNS_CHECK(q.shape.ndim == 4 && k.shape.ndim == 4);
@@ -190,7 +192,7 @@ void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, A
   for (int64_t e0 = 0; e0 < d.entries(); e0 += ch) {
     const int64_t n = std::min(ch, d.entries() - e0);
     scores(d, S, qh, kh, e0, n);
-    softmax_kernel<<<n * d.rows(), 128, 0, stream()>>>(P, ptr<float>(saved) + e0 * d.rows(), S, d.T);
+    LNS_LAUNCH(softmax_kernel, n * d.rows(), 128, 0, stream())(P, ptr<float>(saved) + e0 * d.rows(), S, d.T);
     LNS_CUDA_LAUNCHED();
     // O[e] = P[e] [G*T, T] @ V[e] [T, D]
     batched(d.rows(), d.D, d.T, P, d.T, score, false, vh + e0 * int64_t(d.T) * d.D, d.D, int64_t(d.T) * d.D,
@@ -235,7 +237,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor sav
       g.batch = static_cast<int>(n);
       gemm(g);
     }
-    softmax_backward_kernel<<<n * d.rows(), 128, 0, stream()>>>(P, dS, S, dP, ptr<float>(saved) + e0 * d.rows(), d.T);
+    LNS_LAUNCH(softmax_backward_kernel, n * d.rows(), 128, 0, stream())(P, dS, S, dP, ptr<float>(saved) + e0 * d.rows(), d.T);
     LNS_CUDA_LAUNCHED();
     // dV[e] [T, D] = P[e]^T @ dO[e]: the sum over the group's query heads comes free
     batched(d.T, d.D, d.rows(), P, d.T, score, true, doh + e0 * qs, d.D, qs, dvh + e0 * kvs, d.D, kvs, n, 1.0f);

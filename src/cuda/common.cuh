@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/launch.h"
 #include "cuda/runtime.h"
 #include "lns/errors.h"
 #include "lns/tensor.h"

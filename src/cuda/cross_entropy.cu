@@ -99,9 +99,9 @@ void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid) {
   LNS_CHECK(valid <= logits.dim(-1) && rowmax.numel() == N);
   if (N == 0) return;
   if (vec_ok(logits.data, logits.dim(-1)))
-    row_max_kernel<kVec><<<N, kBlock, 0, stream()>>>(ptr<float>(rowmax), ptr<bf16>(logits), logits.dim(-1), valid);
+    LNS_LAUNCH(row_max_kernel<kVec>, N, kBlock, 0, stream())(ptr<float>(rowmax), ptr<bf16>(logits), logits.dim(-1), valid);
   else
-    row_max_kernel<1><<<N, kBlock, 0, stream()>>>(ptr<float>(rowmax), ptr<bf16>(logits), logits.dim(-1), valid);
+    LNS_LAUNCH(row_max_kernel<1>, N, kBlock, 0, stream())(ptr<float>(rowmax), ptr<bf16>(logits), logits.dim(-1), valid);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -113,7 +113,7 @@ void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor row
   LNS_CHECK(valid <= logits.dim(-1) && targets.numel() == N && sumexp.numel() == N && target.numel() == N);
   if (N == 0) return;
   auto* fn = vec_ok(logits.data, logits.dim(-1)) ? sumexp_target_kernel<kVec> : sumexp_target_kernel<1>;
-  fn<<<N, kBlock, 0, stream()>>>(ptr<float>(sumexp), ptr<float>(target), ptr<bf16>(logits), ptr<float>(rowmax),
+  LNS_LAUNCH(fn, N, kBlock, 0, stream())(ptr<float>(sumexp), ptr<float>(target), ptr<bf16>(logits), ptr<float>(rowmax),
                                  ptr<int32_t>(targets), logits.dim(-1), col_begin, valid);
   LNS_CUDA_LAUNCHED();
 }
@@ -123,7 +123,7 @@ void cross_entropy_combine(Tensor losses, Tensor rowmax, Tensor sumexp, Tensor t
   expect(targets, DType::I32, "targets");
   const int64_t N = losses.numel();
   if (N == 0) return;
-  combine_kernel<<<ceil_div(N, 256), 256, 0, stream()>>>(ptr<float>(losses), ptr<float>(rowmax), ptr<float>(sumexp),
+  LNS_LAUNCH(combine_kernel, ceil_div(N, 256), 256, 0, stream())(ptr<float>(losses), ptr<float>(rowmax), ptr<float>(sumexp),
                                                          ptr<float>(target), ptr<int32_t>(targets), N);
   LNS_CUDA_LAUNCHED();
 }
@@ -137,7 +137,7 @@ void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, 
   if (N == 0) return;
   const bool vec = vec_ok(logits.data, logits.dim(-1)) && vec_ok(dlogits.data, logits.dim(-1));
   auto* fn = vec ? ce_backward_kernel<kVec> : ce_backward_kernel<1>;
-  fn<<<N, kBlock, 0, stream()>>>(ptr<bf16>(dlogits), ptr<bf16>(logits), ptr<float>(rowmax), ptr<float>(sumexp),
+  LNS_LAUNCH(fn, N, kBlock, 0, stream())(ptr<bf16>(dlogits), ptr<bf16>(logits), ptr<float>(rowmax), ptr<float>(sumexp),
                                  ptr<int32_t>(targets), logits.dim(-1), col_begin, valid, grad_scale);
   LNS_CUDA_LAUNCHED();
 }

@@ -89,7 +89,7 @@ __global__ void axpby_bf16_kernel(bf16* y, float a, const bf16* x, float b, int6
   }
 }
 void launch_axpby_bf16(bf16* y, float a, const bf16* x, float b, int64_t n) {
-  axpby_bf16_kernel<kVec><<<grid_for(n / kVec), kBlock, 0, stream()>>>(y, a, x, b, n);
+  LNS_LAUNCH(axpby_bf16_kernel<kVec>, grid_for(n / kVec), kBlock, 0, stream())(y, a, x, b, n);
 }
 
 // out = silu(gate) * up                                      [N*F]
@@ -170,10 +170,10 @@ void rope(Tensor x, Tensor cos, Tensor sin, float sign) {
   const bool vec = (D / 2) % kVec == 0 && vec_ok(x.data, D);
   const int64_t n = BT * H * D / 2;
   if (vec)
-    rope_kernel<kVec><<<grid_for(n / kVec), kBlock, 0, stream()>>>(ptr<bf16>(x), ptr<float>(cos), ptr<float>(sin),
+    LNS_LAUNCH(rope_kernel<kVec>, grid_for(n / kVec), kBlock, 0, stream())(ptr<bf16>(x), ptr<float>(cos), ptr<float>(sin),
                                                                    BT, T, H, D, sign);
   else
-    rope_kernel<1><<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(x), ptr<float>(cos), ptr<float>(sin), BT, T, H,
+    LNS_LAUNCH(rope_kernel<1>, grid_for(n), kBlock, 0, stream())(ptr<bf16>(x), ptr<float>(cos), ptr<float>(sin), BT, T, H,
                                                          D, sign);
   LNS_CUDA_LAUNCHED();
 }
@@ -187,7 +187,7 @@ void axpby(Tensor y, float a, Tensor x, float b) {
   if (y.dtype == DType::BF16 && x.dtype == DType::BF16 && all_vec({y.data, x.data}, n))
     launch_axpby_bf16(ptr<bf16>(y), a, ptr<bf16>(x), b, n);
   else
-    axpby_kernel<<<grid_for(n), kBlock, 0, stream()>>>(y.data, y.dtype == DType::BF16, a, x.data,
+    LNS_LAUNCH(axpby_kernel, grid_for(n), kBlock, 0, stream())(y.data, y.dtype == DType::BF16, a, x.data,
                                                        x.dtype == DType::BF16, b, n);
   LNS_CUDA_LAUNCHED();
 }
@@ -205,7 +205,7 @@ void scaled_residual_forward(Tensor r, Tensor x, Tensor f, Tensor alpha) {
   const int64_t n = r.numel();
   LNS_CHECK(x.numel() == n && f.numel() == n && alpha.numel() == 1);
   if (n == 0) return;
-  scaled_residual_forward_kernel<<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(r), ptr<bf16>(x), ptr<bf16>(f), ptr<float>(alpha), n);
+  LNS_LAUNCH(scaled_residual_forward_kernel, grid_for(n), kBlock, 0, stream())(ptr<bf16>(r), ptr<bf16>(x), ptr<bf16>(f), ptr<float>(alpha), n);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -219,9 +219,9 @@ void scaled_residual_backward(Tensor dx, Tensor dalpha, Tensor dr, Tensor x, Ten
   LNS_CHECK(dx.numel() == n && x.numel() == n && alpha.numel() == 1 && dalpha.numel() == 1);
   if (n == 0) return;
   auto* partial = static_cast<double*>(scratch(Scratch::Reduce, sizeof(double) * kResidualBlocks));
-  scaled_residual_backward_kernel<<<kResidualBlocks, kBlock, 0, stream()>>>(ptr<bf16>(dx), partial, ptr<bf16>(dr), ptr<bf16>(x), ptr<float>(alpha), n);
+  LNS_LAUNCH(scaled_residual_backward_kernel, kResidualBlocks, kBlock, 0, stream())(ptr<bf16>(dx), partial, ptr<bf16>(dr), ptr<bf16>(x), ptr<float>(alpha), n);
   LNS_CUDA_LAUNCHED();
-  sum_partials_kernel<<<1, 1, 0, stream()>>>(ptr<float>(dalpha), partial, kResidualBlocks);
+  LNS_LAUNCH(sum_partials_kernel, 1, 1, 0, stream())(ptr<float>(dalpha), partial, kResidualBlocks);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -233,10 +233,10 @@ void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
   LNS_CHECK(gate.numel() == n && up.numel() == n);
   if (n == 0) return;
   if (all_vec({out.data, gate.data, up.data}, n))
-    swiglu_forward_kernel<kVec><<<grid_for(n / kVec), kBlock, 0, stream()>>>(ptr<bf16>(out), ptr<bf16>(gate),
+    LNS_LAUNCH(swiglu_forward_kernel<kVec>, grid_for(n / kVec), kBlock, 0, stream())(ptr<bf16>(out), ptr<bf16>(gate),
                                                                              ptr<bf16>(up), n);
   else
-    swiglu_forward_kernel<1><<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(out), ptr<bf16>(gate), ptr<bf16>(up), n);
+    LNS_LAUNCH(swiglu_forward_kernel<1>, grid_for(n), kBlock, 0, stream())(ptr<bf16>(out), ptr<bf16>(gate), ptr<bf16>(up), n);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -250,10 +250,10 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
   LNS_CHECK(dgate.numel() == n && dup.numel() == n && gate.numel() == n && up.numel() == n);
   if (n == 0) return;
   if (all_vec({dgate.data, dup.data, dout.data, gate.data, up.data}, n))
-    swiglu_backward_kernel<kVec><<<grid_for(n / kVec), kBlock, 0, stream()>>>(
+    LNS_LAUNCH(swiglu_backward_kernel<kVec>, grid_for(n / kVec), kBlock, 0, stream())(
         ptr<bf16>(dgate), ptr<bf16>(dup), ptr<bf16>(dout), ptr<bf16>(gate), ptr<bf16>(up), n);
   else
-    swiglu_backward_kernel<1><<<grid_for(n), kBlock, 0, stream()>>>(ptr<bf16>(dgate), ptr<bf16>(dup),
+    LNS_LAUNCH(swiglu_backward_kernel<1>, grid_for(n), kBlock, 0, stream())(ptr<bf16>(dgate), ptr<bf16>(dup),
                                                                     ptr<bf16>(dout), ptr<bf16>(gate), ptr<bf16>(up), n);
   LNS_CUDA_LAUNCHED();
 }

@@ -57,7 +57,7 @@ void embedding_forward(Tensor out, Tensor ids, Tensor weight, int64_t row_begin)
   if (N == 0) return;
   auto* fn = vec_ok(out.data, C) && vec_ok(weight.data, C) ? embedding_forward_kernel<kVec>
                                                             : embedding_forward_kernel<1>;
-  fn<<<N, 256, 0, stream()>>>(ptr<bf16>(out), ptr<int32_t>(ids), ptr<bf16>(weight), row_begin, weight.dim(0), C);
+  LNS_LAUNCH(fn, N, 256, 0, stream())(ptr<bf16>(out), ptr<int32_t>(ids), ptr<bf16>(weight), row_begin, weight.dim(0), C);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -97,7 +97,7 @@ void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_beg
   auto* dev = static_cast<int32_t*>(scratch(Scratch::Embedding, (3 * N + 1) * sizeof(int32_t)));
   LNS_CUDA_CHECK(cudaMemcpyAsync(dev, packed.data(), packed.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream()));
   const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(ceil_div(C, 128)));
-  embedding_backward_kernel<<<grid, 128, 0, stream()>>>(ptr<float>(dweight), ptr<bf16>(dout), dev, dev + mine,
+  LNS_LAUNCH(embedding_backward_kernel, grid, 128, 0, stream())(ptr<float>(dweight), ptr<bf16>(dout), dev, dev + mine,
                                                         dev + mine + segments + 1, C);
   LNS_CUDA_LAUNCHED();
   // No synchronisation needed for `packed`: a copy from pageable memory returns once

@@ -29,12 +29,7 @@
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/ops_cuda.h"
-#if __has_include("cuda/launch.h")
 #include "cuda/launch.h"
-#else  // until the emulation build's launch macro (issue 14) is on this branch
-#define LNS_LAUNCH(kernel, grid, block, shared_bytes, stream) kernel<<<grid, block, shared_bytes, stream>>>
-#define LNS_EXTERN_SHARED(type, name) extern __shared__ type name[]
-#endif
 
 namespace lns::cuda {
 namespace {

@@ -80,7 +80,7 @@ __global__ void norm_backward_kernel(bf16* dx, float* __restrict__ partial, cons
                                      const bf16* __restrict__ dout, const bf16* __restrict__ x,
                                      const float* __restrict__ mean, const float* __restrict__ rstd,
                                      const float* __restrict__ gain, float scale, int N, int C) {
-  extern __shared__ float acc[];  // [C] dgain, then [C] dbias (LayerNorm)
+  LNS_EXTERN_SHARED(float, acc);  // [C] dgain, then [C] dbias (LayerNorm)
   __shared__ float red[32];
   for (int c = threadIdx.x; c < (kLayerNorm ? 2 : 1) * C; c += blockDim.x) acc[c] = 0.0f;
   __syncthreads();
@@ -164,7 +164,7 @@ void launch_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tens
   const int W = vec ? kVec : 1;
   auto* fn = vec ? (ln ? norm_forward_kernel<kVec, true> : norm_forward_kernel<kVec, false>)
                  : (ln ? norm_forward_kernel<1, true> : norm_forward_kernel<1, false>);
-  fn<<<N, block_for(C, W), 0, stream()>>>(
+  LNS_LAUNCH(fn, N, block_for(C, W), 0, stream())(
       ptr<bf16>(out), ln ? ptr<float>(mean) : nullptr, ptr<float>(rstd),
       delta.empty() ? nullptr : ptr<bf16>(res_out), ptr<bf16>(x),
       delta.empty() ? nullptr : ptr<bf16>(delta), alpha, ptr<float>(gain),
@@ -212,15 +212,15 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
                  : (ln ? norm_backward_kernel<1, true> : norm_backward_kernel<1, false>);
   if (smem > 48 * 1024)
     LNS_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  fn<<<G, block_for(C, W), smem, stream()>>>(
+  LNS_LAUNCH(fn, G, block_for(C, W), smem, stream())(
       ptr<bf16>(dx), partial, dres.empty() ? nullptr : ptr<bf16>(dres), ptr<bf16>(dout),
       ptr<bf16>(x), ln ? ptr<float>(mean) : nullptr, ptr<float>(rstd), ptr<float>(gain), scale,
       static_cast<int>(N), C);
   LNS_CUDA_LAUNCHED();
-  sum_partials_kernel<<<ceil_div(C, 256), 256, 0, stream()>>>(ptr<float>(dgain), partial, G, C, width);
+  LNS_LAUNCH(sum_partials_kernel, ceil_div(C, 256), 256, 0, stream())(ptr<float>(dgain), partial, G, C, width);
   LNS_CUDA_LAUNCHED();
   if (ln) {  // the dbias half of each block's partial row: columns [C, 2C)
-    sum_partials_kernel<<<ceil_div(C, 256), 256, 0, stream()>>>(ptr<float>(dbias), partial + C, G, C, width);
+    LNS_LAUNCH(sum_partials_kernel, ceil_div(C, 256), 256, 0, stream())(ptr<float>(dbias), partial + C, G, C, width);
     LNS_CUDA_LAUNCHED();
   }
 }

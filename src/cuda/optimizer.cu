@@ -69,7 +69,7 @@ void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h, Ten
     LNS_CHECK(p_compute.numel() == n);
   }
   if (n == 0) return;
-  adamw_kernel<<<grid_for(n), kBlock, 0, stream()>>>(ptr<float>(p), ptr<float>(g), ptr<float>(m), ptr<float>(v),
+  LNS_LAUNCH(adamw_kernel, grid_for(n), kBlock, 0, stream())(ptr<float>(p), ptr<float>(g), ptr<float>(m), ptr<float>(v),
                                                      p_compute.empty() ? nullptr : ptr<bf16>(p_compute), h, n);
   LNS_CUDA_LAUNCHED();
 }
@@ -80,9 +80,9 @@ double sum_squares(Tensor x) {
   if (n == 0) return 0.0;
   auto* partial = static_cast<double*>(scratch(Scratch::Reduce, sizeof(double) * kSumBlocks));
   if (n % 4 == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0)
-    sum_squares_kernel<4><<<kSumBlocks, kBlock, 0, stream()>>>(partial, ptr<float>(x), n);
+    LNS_LAUNCH(sum_squares_kernel<4>, kSumBlocks, kBlock, 0, stream())(partial, ptr<float>(x), n);
   else
-    sum_squares_kernel<1><<<kSumBlocks, kBlock, 0, stream()>>>(partial, ptr<float>(x), n);
+    LNS_LAUNCH(sum_squares_kernel<1>, kSumBlocks, kBlock, 0, stream())(partial, ptr<float>(x), n);
   LNS_CUDA_LAUNCHED();
   static double host[kSumBlocks];  // kept: no allocation per call in the training step
   LNS_CUDA_CHECK(cudaMemcpyAsync(host, partial, sizeof(host), cudaMemcpyDeviceToHost, stream()));
@@ -96,7 +96,7 @@ void scale_inplace(Tensor x, float a) {
   expect(x, DType::F32, "scale_inplace");
   const int64_t n = x.numel();
   if (n == 0) return;
-  scale_kernel<<<grid_for(n), kBlock, 0, stream()>>>(ptr<float>(x), a, n);
+  LNS_LAUNCH(scale_kernel, grid_for(n), kBlock, 0, stream())(ptr<float>(x), a, n);
   LNS_CUDA_LAUNCHED();
 }
 

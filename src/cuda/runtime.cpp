@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/pool.h"
 #include "lns/errors.h"
 
 namespace lns::cuda {
@@ -67,6 +68,8 @@ void* scratch(Scratch which, size_t bytes) {
     s.size = (bytes + 255) / 256 * 256;
     LNS_CUDA_CHECK(cudaMalloc(&s.ptr, s.size));
   }
+  pool_use(s.ptr, bytes, stream());  // this user's bytes; the rest is out of bounds
+  pool_gap(static_cast<char*>(s.ptr) + bytes, s.size - bytes, stream());
   return s.ptr;
 }
 

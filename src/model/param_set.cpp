@@ -66,6 +66,16 @@ void ParamSet::finalize(Device device) {
     compute_ = Buffer(numel_ * dtype_size(DType::BF16), device);
     host_params_ = Buffer(numel_ * sizeof(float), Device::CPU);
     host_grads_ = Buffer(numel_ * sizeof(float), Device::CPU);
+    // The alignment padding after each tensor: whole-buffer ops carry its zeros along,
+    // nothing may write into it (checked under the SIMT emulator).
+    for (size_t i = 0; i < infos_.size(); ++i) {
+      const size_t end = infos_[i].offset + infos_[i].shape.numel();
+      const size_t next = i + 1 < infos_.size() ? infos_[i + 1].offset : static_cast<size_t>(numel_);
+      const Shape pad{static_cast<int64_t>(next - end)};
+      guard_device_padding(params_.view(DType::F32, pad, end * sizeof(float)));
+      guard_device_padding(grads_.view(DType::F32, pad, end * sizeof(float)));
+      guard_device_padding(compute_.view(DType::BF16, pad, end * dtype_size(DType::BF16)));
+    }
   }
   finalized_ = true;
 }

@@ -19,6 +19,12 @@
 #include "lns/train_flags.h"
 #include "lns/trainer.h"
 
+#ifdef LNS_CUDA_SIM
+#include <cuda_runtime.h>
+
+#include "cuda/sim/counters.h"
+#endif
+
 DEFINE_int32(bench_steps, 10, "Timed steps.");
 DEFINE_int32(bench_warmup, 2, "Untimed steps first.");
 
@@ -46,9 +52,22 @@ int main(int argc, char** argv) {
     }
     lns::Trainer trainer(mc, tc);
     std::vector<double> ms;
+#ifdef LNS_CUDA_SIM
+    // The SIMT emulator (docs/cuda.md): what a step asks of the device is counted
+    // exactly; its times are the CPU's emulation, not a GPU's, and are not printed.
+    uint64_t launches = 0, syncs = 0;
+#endif
     for (int i = 0; i < tc.steps; ++i) {
+#ifdef LNS_CUDA_SIM
+      const lns::sim::Counters before = lns::sim::counters();
+#endif
       const auto t0 = std::chrono::steady_clock::now();
       trainer.train_step();
+#ifdef LNS_CUDA_SIM
+      if (gpu) lns::device_synchronize(lns::Device::CUDA);  // the step's queued work runs now
+      launches = lns::sim::counters().launches - before.launches;
+      syncs = lns::sim::counters().host_syncs - before.host_syncs;
+#endif
       const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (i >= FLAGS_bench_warmup) ms.push_back(dt);
       if (gpu) mem_peak = std::max(mem_peak, std::max(lns::cuda_memory_in_use(), mem_base) - mem_base);
@@ -63,6 +82,22 @@ int main(int argc, char** argv) {
                 mc.hidden_size, mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.intermediate_size,
                 mc.vocab_size, (long long)tc.seq_len, (long long)tc.global_batch,
                 (long long)tc.micro_batch, trainer.model().params().numel() / 1e6);
+#ifdef LNS_CUDA_SIM
+    if (gpu) {
+      int dev = 0;
+      cudaGetDevice(&dev);
+      std::printf("emulated: counts are real, times are not (lns-sim, %s)\n", lns::current_gpu_description().c_str());
+      std::printf("per step: %llu kernel launches, %llu host-device synchronisations | device memory high-water "
+                  "mark %.1f MiB\n",
+                  (unsigned long long)launches, (unsigned long long)syncs,
+                  lns::sim::device_memory_peak(dev) / double(1 << 20));
+      std::printf("RESULT {\"impl\": \"lns\", \"device\": \"cuda-emulated\", \"launches_per_step\": %llu, "
+                  "\"host_syncs_per_step\": %llu, \"peak_device_mib\": %.1f}\n",
+                  (unsigned long long)launches, (unsigned long long)syncs,
+                  lns::sim::device_memory_peak(dev) / double(1 << 20));
+      return 0;
+    }
+#endif
     std::printf("step: median %.1f ms, mean %.1f ms over %zu steps | %.0f tokens/s | %.1f GFLOP/s\n",
                 median, mean, ms.size(), tokens / (median / 1e3),
                 double(trainer.flops_per_token()) * tokens / (median / 1e3) / 1e9);

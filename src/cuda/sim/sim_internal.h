@@ -1,0 +1,52 @@
+// What the emulator's runtime (runtime.cpp: devices, memory, streams) and its SIMT
+// engine (block.cpp: fibers, barriers, warp operations) tell each other. Not for the
+// stand-ins: they use sim_api.h.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/sim/launch_sim.h"
+#include "cuda/sim/sim_api.h"
+
+namespace lns::sim {
+
+// One queued kernel launch.
+struct Grid {
+  LaunchSite site;
+  dim3 grid, block;
+  size_t shared_bytes = 0;
+  std::function<void()> body;          // one CUDA thread
+  std::vector<const void*> pointers;   // its pointer arguments (for the two-order check)
+};
+
+// Which checks run (environment LNS_SIM_CHECKS, a comma list; tests set them directly):
+//   reverse: every grid runs twice, threads and blocks in opposite orders, and the
+//            device memory it can reach must come out bitwise equal;
+//   race:    shared-memory write-write race detection (docs/cuda.md).
+struct Options {
+  bool reverse_check = false;
+  bool race_check = false;
+};
+Options& options();
+
+// Executes every block of `g` on the calling OS thread, one block at a time, threads
+// in increasing (or, reversed, decreasing) linear order between synchronisations.
+void run_grid(const Grid& g, bool reversed);
+
+// The sentence fail() prefixes inside a kernel: "kernel K (launched at F:L) block
+// (x,y,z) thread (x,y,z)"; empty outside kernels.
+std::string kernel_context();
+
+// The live device allocation holding [p, p + bytes), or false.
+struct Allocation {
+  char* base = nullptr;
+  size_t bytes = 0;
+  int device = 0;
+};
+bool find_allocation(const void* p, size_t bytes, Allocation* out);
+
+}  // namespace lns::sim

@@ -1,0 +1,391 @@
+// The SIMT emulator's checks fire (label `gpu`, built only with -DLNS_CUDA_SIM=ON):
+// small kernels with one deliberate bug each, every one asserted to be reported with
+// the kernel, block, thread and source line (death tests), next to the same kernel
+// written correctly, which must pass. The bugs are those a GPU either faults on or,
+// worse, computes wrong results from without a word.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "cuda/pool.h"
+#include "cuda/runtime.h"
+#include "cuda/sim/counters.h"
+#include "cuda/sim/sim_internal.h"
+
+namespace lns::cuda {
+namespace {
+
+// Device buffer of n floats, freed at scope exit.
+struct DevBuf {
+  float* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) { LNS_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float))); }
+  ~DevBuf() { cudaFree(p); }
+  std::vector<float> get() const {
+    std::vector<float> h(n);
+    LNS_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  void set(const std::vector<float>& h) {
+    LNS_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  }
+};
+
+// Checks on for one test (the suite may run without them, LNS_SIM_CHECKS).
+struct WithChecks {
+  sim::Options saved = sim::options();
+  WithChecks(bool reverse, bool race) { sim::options().reverse_check = reverse, sim::options().race_check = race; }
+  ~WithChecks() { sim::options() = saved; }
+};
+
+// ---- a missing __syncthreads before reading shared memory ----------------------------
+
+// out[i] = in[(i + 1) % blockDim] through shared memory             [blockDim]
+__global__ void rotate_kernel(float* out, const float* in, bool sync) {
+  __shared__ float buf[256];
+  buf[threadIdx.x] = in[threadIdx.x];
+  if (sync) __syncthreads();
+  out[threadIdx.x] = buf[(threadIdx.x + 1) % blockDim.x];
+}
+
+TEST(SimChecks, MissingSyncthreadsIsCaughtByTheReversedOrderRun) {
+  DevBuf in(256), out(256);
+  std::vector<float> h(256);
+  for (int i = 0; i < 256; ++i) h[i] = float(i);
+  in.set(h);
+  {
+    WithChecks on(/*reverse=*/true, /*race=*/false);
+    LNS_LAUNCH(rotate_kernel, 1, 256, 0, nullptr)(out.p, in.p, true);
+    const std::vector<float> got = out.get();
+    for (int i = 0; i < 256; ++i) ASSERT_EQ(got[i], float((i + 1) % 256));
+  }
+  EXPECT_DEATH(
+      {
+        WithChecks on(true, false);
+        LNS_LAUNCH(rotate_kernel, 1, 256, 0, nullptr)(out.p, in.p, false);
+        cudaDeviceSynchronize();
+      },
+      "kernel rotate_kernel \\(launched at .*test_sim_checks.cpp:[0-9]+\\): the result depends on the order");
+}
+
+TEST(SimChecks, SharedMemoryStartsUndefinedSoAMissingBarrierReadsNaN) {
+  // Without any check mode: thread i reads buf[i + 1] before thread i + 1 wrote it and
+  // sees the NaN bytes the emulator fills shared memory with at each block start.
+  DevBuf in(64), out(64);
+  in.set(std::vector<float>(64, 1.0f));
+  WithChecks off(false, false);
+  LNS_LAUNCH(rotate_kernel, 1, 64, 0, nullptr)(out.p, in.p, false);
+  const std::vector<float> got = out.get();
+  EXPECT_TRUE(std::isnan(got[0])) << got[0];
+  EXPECT_EQ(got[63], 1.0f);  // buf[0], written by thread 0 before thread 63 ran
+}
+
+// Every thread writes the same shared word in one barrier epoch: a write-write race.
+__global__ void last_writer_kernel(float* out) {
+  __shared__ float winner;
+  winner = float(threadIdx.x);
+  __syncthreads();
+  if (threadIdx.x == 0) out[0] = winner;
+}
+
+TEST(SimChecks, SharedWriteWriteRaceIsReported) {
+  DevBuf out(1);
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, true);
+        LNS_LAUNCH(last_writer_kernel, 1, 64, 0, nullptr)(out.p);
+        cudaDeviceSynchronize();
+      },
+      "kernel last_writer_kernel .* block \\(0,0,0\\) thread \\(1,0,0\\): shared-memory race: thread \\(1,0,0\\) and "
+      "thread \\(0,0,0\\) both wrote");
+}
+
+// ---- barriers ------------------------------------------------------------------------
+
+__global__ void divergent_barrier_kernel(float* out) {
+  if (threadIdx.x < 32) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1.0f;
+}
+__global__ void early_return_kernel(float* out) {
+  if (threadIdx.x >= 40) return;
+  __syncthreads();
+  out[threadIdx.x] = 1.0f;
+}
+
+TEST(SimChecks, DivergentBarrierIsReported) {
+  DevBuf out(64);
+  EXPECT_DEATH(
+      {
+        LNS_LAUNCH(divergent_barrier_kernel, 1, 64, 0, nullptr)(out.p);
+        cudaDeviceSynchronize();
+      },
+      "kernel divergent_barrier_kernel .* block \\(0,0,0\\) thread \\([0-9]+,0,0\\): divergent __syncthreads: .*"
+      "test_sim_checks.cpp:[0-9]+");
+}
+
+TEST(SimChecks, BarrierAfterSomeThreadsReturnedIsReported) {
+  DevBuf out(64);
+  EXPECT_DEATH(
+      {
+        LNS_LAUNCH(early_return_kernel, 1, 64, 0, nullptr)(out.p);
+        cudaDeviceSynchronize();
+      },
+      "__syncthreads at .*test_sim_checks.cpp:[0-9]+ is not reached by every thread: thread \\(40,0,0\\) has already "
+      "returned");
+}
+
+// ---- warp shuffles -------------------------------------------------------------------
+
+// out[i] = sum over the warp of in (the reduction of common.cuh), optionally with the
+// shuffle in a branch that only half the warp takes.
+__global__ void warp_sum_kernel(float* out, const float* in, bool diverge) {
+  float v = in[threadIdx.x];
+  if (!diverge || threadIdx.x % 32 < 16) v = warp_sum(v);
+  out[threadIdx.x] = v;
+}
+
+TEST(SimChecks, ShuffleInADivergentBranchIsReported) {
+  DevBuf in(64), out(64);
+  std::vector<float> h(64);
+  for (int i = 0; i < 64; ++i) h[i] = float(i);
+  in.set(h);
+  LNS_LAUNCH(warp_sum_kernel, 1, 64, 0, nullptr)(out.p, in.p, false);
+  const std::vector<float> got = out.get();
+  EXPECT_EQ(got[0], 31 * 32 / 2);                // 0 + ... + 31
+  EXPECT_EQ(got[63], (32 + 63) * 32 / 2);        // 32 + ... + 63
+  EXPECT_DEATH(
+      {
+        LNS_LAUNCH(warp_sum_kernel, 1, 64, 0, nullptr)(out.p, in.p, true);
+        cudaDeviceSynchronize();
+      },
+      "kernel warp_sum_kernel .* block \\(0,0,0\\) thread \\(0,0,0\\): a warp shuffle at src/cuda/common.cuh:[0-9]+ "
+      "with mask 0xffffffff: lane 16 is not converged \\(thread \\(16,0,0\\) has returned\\)");
+}
+
+TEST(SimChecks, FullMaskShuffleInAPartialWarpIsReported) {
+  DevBuf in(48), out(48);
+  in.set(std::vector<float>(48, 1.0f));
+  EXPECT_DEATH(
+      {
+        LNS_LAUNCH(warp_sum_kernel, 1, 48, 0, nullptr)(out.p, in.p, false);
+        cudaDeviceSynchronize();
+      },
+      "mask names lane 16 but the block has 48 threads");
+}
+
+// ---- launch configuration ------------------------------------------------------------
+
+__global__ void fill_kernel(float* out, float v, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = v;
+}
+
+TEST(SimChecks, LaunchLimitsAreReported) {
+  DevBuf out(4096);
+  EXPECT_DEATH(LNS_LAUNCH(fill_kernel, 2, 2048, 0, nullptr)(out.p, 1.0f, 4096),
+               "kernel fill_kernel \\(launched at .*test_sim_checks.cpp:[0-9]+\\): invalid launch configuration: "
+               "block \\(2048,1,1\\) has 2048 threads; the limit is 1024");
+  EXPECT_DEATH(LNS_LAUNCH(fill_kernel, dim3(1, 70000), 32, 0, nullptr)(out.p, 1.0f, 32),
+               "grid \\(1,70000,1\\) exceeds");
+  EXPECT_DEATH(LNS_LAUNCH(fill_kernel, 1, 32, 64 * 1024, nullptr)(out.p, 1.0f, 32),
+               "65536 bytes of dynamic shared memory; above 48 KiB needs cudaFuncSetAttribute");
+  // opted in: allowed up to the opt-in
+  ASSERT_EQ(cudaFuncSetAttribute(fill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024), cudaSuccess);
+  LNS_LAUNCH(fill_kernel, 1, 32, 64 * 1024, nullptr)(out.p, 1.0f, 32);
+  EXPECT_NE(cudaFuncSetAttribute(fill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024), cudaSuccess);
+  cudaDeviceSynchronize();
+}
+
+// ---- pointers ------------------------------------------------------------------------
+
+TEST(SimChecks, HostPointerToAKernelIsReported) {
+  std::vector<float> host(32);
+  EXPECT_DEATH(LNS_LAUNCH(fill_kernel, 1, 32, 0, nullptr)(host.data(), 1.0f, 32),
+               "kernel fill_kernel \\(launched at .*test_sim_checks.cpp:[0-9]+\\): pointer argument 0 \\(0x[0-9a-f]+\\) "
+               "is not in a live device allocation");
+  float* freed = nullptr;
+  ASSERT_EQ(cudaMalloc(&freed, 128), cudaSuccess);
+  ASSERT_EQ(cudaFree(freed), cudaSuccess);
+  EXPECT_DEATH(LNS_LAUNCH(fill_kernel, 1, 32, 0, nullptr)(freed, 1.0f, 32), "not in a live device allocation");
+}
+
+TEST(SimChecks, CopiesOutsideAnAllocationAreReported) {
+  DevBuf d(16);
+  std::vector<float> h(32);
+  EXPECT_DEATH(cudaMemcpy(d.p, h.data(), 32 * sizeof(float), cudaMemcpyHostToDevice),
+               "cudaMemcpy destination: 0x[0-9a-f]+\\+128 is not inside one live device allocation");
+  EXPECT_DEATH(cudaMemcpy(h.data(), h.data() + 16, 16, cudaMemcpyDeviceToHost),
+               "cudaMemcpy source: .* is not inside one live device allocation");
+}
+
+// ---- out-of-bounds stores (AddressSanitizer) -----------------------------------------
+
+// Stores 8 bf16 per thread, groups of 8: for n not a multiple of 8 the last group
+// writes past the end unless the tail is handled (the off-by-one of a vector path).
+__global__ void vec_store_kernel(bf16* out, int n, bool handle_tail) {
+  const int i = (blockIdx.x * blockDim.x + threadIdx.x) * kVec;
+  if (i >= n) return;
+  float f[kVec] = {1, 1, 1, 1, 1, 1, 1, 1};
+  if (handle_tail && i + kVec > n) {
+    for (int k = 0; i + k < n; ++k) store<1>(out + i + k, f + k);
+  } else {
+    store<kVec>(out + i, f);
+  }
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+
+TEST(SimChecks, OffByOneVectorStoreIsReported) {
+  if (!kAsan) GTEST_SKIP() << "needs the AddressSanitizer build (tests/run.sh builds build-sim with it)";
+  bf16* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, 20 * sizeof(bf16)), cudaSuccess);
+  LNS_LAUNCH(vec_store_kernel, 1, 32, 0, nullptr)(out, 20, true);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_DEATH(
+      {
+        LNS_LAUNCH(vec_store_kernel, 1, 32, 0, nullptr)(out, 20, false);
+        cudaDeviceSynchronize();
+      },
+      "heap-buffer-overflow");
+  cudaFree(out);
+}
+
+TEST(SimChecks, OverrunInsideAScratchPoolIsReported) {
+  if (!kAsan) GTEST_SKIP() << "needs the AddressSanitizer build (tests/run.sh builds build-sim with it)";
+  // The scratch buffer grows to 4096 bytes first; a later user asks for 40 bytes of it
+  // and overruns them: inside the allocation, but in the poisoned tail.
+  scratch(Scratch::Cast, 4096);
+  auto* out = static_cast<bf16*>(scratch(Scratch::Cast, 20 * sizeof(bf16)));
+  LNS_LAUNCH(vec_store_kernel, 1, 32, 0, stream())(out, 20, true);
+  synchronize();
+  EXPECT_DEATH(
+      {
+        LNS_LAUNCH(vec_store_kernel, 1, 32, 0, stream())(out, 20, false);
+        synchronize();
+      },
+      "use-after-poison");
+}
+
+TEST(SimChecks, WriteIntoFlatBufferPaddingIsReported) {
+  // Two tensors of 10 floats at offsets 0 and 16 of one flat buffer (ParamSet's
+  // layout), zero padding after each; a kernel that writes one element too many
+  // stays inside the allocation (ASan is silent) but changes the padding.
+  DevBuf flat(32);
+  ASSERT_EQ(cudaMemset(flat.p, 0, 32 * sizeof(float)), cudaSuccess);
+  pool_padding(flat.p + 10, 6 * sizeof(float), stream());
+  pool_padding(flat.p + 26, 6 * sizeof(float), stream());
+  LNS_LAUNCH(fill_kernel, 1, 32, 0, stream())(flat.p + 16, 1.0f, 10);
+  synchronize();
+  EXPECT_DEATH(
+      {
+        LNS_LAUNCH(fill_kernel, 1, 32, 0, stream())(flat.p, 1.0f, 11);
+        synchronize();
+      },
+      "kernel fill_kernel \\(launched at .*test_sim_checks.cpp:[0-9]+\\): wrote into the zero padding between two "
+      "tensors of a flat buffer: byte 2 of the 24 bytes of padding");
+}
+
+// ---- streams -------------------------------------------------------------------------
+
+// A producer on the compute stream, a consumer on a side stream (as the NCCL
+// communicator's): without the event wait the consumer may run first. The emulator
+// runs it first (the latest enqueued work that may start), so the bug gives a wrong
+// result every time instead of once in a while.
+TEST(SimChecks, StreamReadWithoutEventWaitSeesStaleData) {
+  cudaStream_t side;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t ready;
+  ASSERT_EQ(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), cudaSuccess);
+  for (bool wait : {true, false}) {
+    DevBuf buf(256), copy(256);
+    LNS_LAUNCH(fill_kernel, 1, 256, 0, stream())(buf.p, 0.0f, 256);
+    synchronize();
+    LNS_LAUNCH(fill_kernel, 1, 256, 0, stream())(buf.p, 7.0f, 256);
+    if (wait) {
+      ASSERT_EQ(cudaEventRecord(ready, stream()), cudaSuccess);
+      ASSERT_EQ(cudaStreamWaitEvent(side, ready, 0), cudaSuccess);
+    }
+    ASSERT_EQ(cudaMemcpyAsync(copy.p, buf.p, 256 * sizeof(float), cudaMemcpyDeviceToDevice, side), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(side), cudaSuccess);
+    std::vector<float> h(256);
+    ASSERT_EQ(cudaMemcpyAsync(h.data(), copy.p, 256 * sizeof(float), cudaMemcpyDeviceToHost, side), cudaSuccess);
+    EXPECT_EQ(h[17], wait ? 7.0f : 0.0f) << (wait ? "with" : "without") << " the event wait";
+    synchronize();
+  }
+  cudaEventDestroy(ready);
+  cudaStreamDestroy(side);
+}
+
+TEST(SimChecks, LegacyDefaultStreamOrdersBlockingStreams) {
+  // cudaMemset on the legacy stream, then a kernel on a blocking stream: the kernel
+  // waits for the memset (and a kernel on the legacy stream for both).
+  DevBuf buf(64);
+  ASSERT_EQ(cudaMemset(buf.p, 0, 64 * sizeof(float)), cudaSuccess);
+  LNS_LAUNCH(fill_kernel, 1, 32, 0, stream())(buf.p, 3.0f, 32);
+  LNS_LAUNCH(fill_kernel, 1, 16, 0, nullptr)(buf.p, 5.0f, 16);
+  const std::vector<float> h = buf.get();
+  EXPECT_EQ(h[0], 5.0f);
+  EXPECT_EQ(h[20], 3.0f);
+  EXPECT_EQ(h[40], 0.0f);
+}
+
+TEST(SimChecks, WorkRunsAtSyncPointsAndCudaFreeSynchronises) {
+  // Device memory is host memory here, so the test can look without a copy: queued
+  // work has not run until something synchronises; cudaFree does (CUDA documents it).
+  DevBuf a(32);
+  LNS_LAUNCH(fill_kernel, 1, 32, 0, stream())(a.p, 2.0f, 32);
+  EXPECT_TRUE(std::isnan(a.p[5])) << "ran before any synchronisation";
+  float* other = nullptr;
+  ASSERT_EQ(cudaMalloc(&other, 64), cudaSuccess);
+  ASSERT_EQ(cudaFree(other), cudaSuccess);
+  EXPECT_EQ(a.p[5], 2.0f);
+}
+
+// ---- counters and properties ---------------------------------------------------------
+
+TEST(SimChecks, LaunchesAndHostSyncsAreCounted) {
+  DevBuf a(32);
+  synchronize();
+  const sim::Counters before = sim::counters();
+  for (int i = 0; i < 3; ++i) LNS_LAUNCH(fill_kernel, 1, 32, 0, stream())(a.p, float(i), 32);
+  EXPECT_EQ(sim::counters().launches - before.launches, 3u);
+  EXPECT_EQ(sim::counters().host_syncs, before.host_syncs) << "launches do not wait";
+  synchronize();
+  EXPECT_EQ(sim::counters().host_syncs - before.host_syncs, 1u);
+  const size_t peak = sim::device_memory_peak(0);
+  { DevBuf big(1 << 22); }
+  EXPECT_GE(sim::device_memory_peak(0), std::max(peak, sim::device_memory_in_use(0) + (16u << 20)));
+}
+
+TEST(SimChecks, DevicePropertiesAreAnH100) {
+  cudaDeviceProp p;
+  ASSERT_EQ(cudaGetDeviceProperties(&p, 0), cudaSuccess);
+  EXPECT_EQ(p.multiProcessorCount, 132);
+  EXPECT_EQ(p.major, 9);
+  EXPECT_EQ(p.totalGlobalMem, size_t{80} << 30);
+  size_t free_b = 0, total_b = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  const size_t before = total_b - free_b;
+  {
+    DevBuf b(1 << 20);
+    ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+    EXPECT_EQ(total_b - free_b, before + (4u << 20));
+  }
+  ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  EXPECT_EQ(total_b - free_b, before);
+}
+
+}  // namespace
+}  // namespace lns::cuda
