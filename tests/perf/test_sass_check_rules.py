@@ -45,6 +45,14 @@ class Rules(unittest.TestCase):
         self.assertEqual(check(one(reg=30, stg128=3), base), [])
         self.assertEqual(check(one("new_kernel<8>@sm_90"), base), [])
 
+    def test_tensor_core_kernels_hold_hmma(self):
+        key = "flash_fwd_kernel<64>@sm_90"
+        (msg,) = check(one(key, hmma=0), {})
+        self.assertIn("HMMA", msg)
+        self.assertEqual(check(one(key, hmma=32), {}), [])
+        # other kernels need none
+        self.assertEqual(check(one(hmma=0), {}), [])
+
     def test_short_name(self):
         self.assertEqual(short_name("void lns::cuda::(anonymous namespace)::norm_backward_kernel<8, false>"
                                     "(__nv_bfloat16*, float*, int)"), "norm_backward_kernel<8, false>")

@@ -9,6 +9,8 @@ registers, stack, local memory, static shared memory, and counts the 128-bit glo
 loads/stores (LDG/STG .128), the 2-byte global stores (STG .U16), and the local-memory
 spill traffic (LDL/STL). It prints a table and fails (exit 1) when:
   - any kernel spills or uses local memory (none is allowed);
+  - a kernel built on the tensor-core wrapper (src/cuda/mma.cuh: the fused attention)
+    holds no HMMA instruction, i.e. its matrix products fell back to plain FMAs;
   - a 16-byte vector variant (first template argument 8 for bf16, the kVec paths,
     or 4 for f32) has no 128-bit global load, or stores bf16 2 bytes at a time;
   - against the baseline: more registers, shared memory or stack, or fewer 128-bit
@@ -28,7 +30,12 @@ import sys
 SKIP = 77
 # Dynamic shared memory is a launch argument, not in the binary: stated here, next to
 # the check, for the kernels that take it (src/cuda/norm.cu).
-DYNAMIC_SMEM = {"norm_backward_kernel": "4*C B (RMSNorm), 8*C (LayerNorm); opt-in above 48 KiB"}
+DYNAMIC_SMEM = {"norm_backward_kernel": "4*C B (RMSNorm), 8*C (LayerNorm); opt-in above 48 KiB",
+                "flash_fwd_kernel": "fwd_smem<D>() (flash_attention.cu); opt-in above 48 KiB",
+                "flash_dq_kernel": "dq_smem<D>(); opt-in above 48 KiB",
+                "flash_dkv_kernel": "dkv_smem<D>(); opt-in above 48 KiB"}
+# Kernels whose products go through mma.sync: their SASS must hold tensor-core HMMA.
+TENSOR_CORE_KERNELS = ("flash_fwd_kernel", "flash_dq_kernel", "flash_dkv_kernel")
 
 
 def find_tool(name):
@@ -107,7 +114,7 @@ def read_kernels(cuobjdump, path):
         if m and fn and arch:
             reg, stack, shared, local = map(int, m.groups())
             kernels[(fn, arch)] = {"reg": reg, "stack": stack, "shared": shared, "local": local,
-                                   "ldg128": 0, "stg128": 0, "stg16": 0, "spill": 0}
+                                   "ldg128": 0, "stg128": 0, "stg16": 0, "spill": 0, "hmma": 0}
             fn = None
     sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True)
     if sass.returncode != 0:
@@ -134,6 +141,8 @@ def read_kernels(cuobjdump, path):
             cur["stg128"] += 1
         elif op.startswith("STG") and ".U16" in op:
             cur["stg16"] += 1
+        if op.startswith("HMMA"):
+            cur["hmma"] += 1
         if op.startswith("LDL") or op.startswith("STL"):
             cur["spill"] += 1
     return kernels
@@ -157,6 +166,8 @@ def check(kernels, baseline):
         name = key.split("@")[0]
         if st["spill"] or st["local"]:
             fails.append(f"{key}: spills ({st['spill']} LDL/STL, {st['local']} B local memory); none allowed")
+        if base_name(name) in TENSOR_CORE_KERNELS and st.get("hmma", 0) == 0:
+            fails.append(f"{key}: built on mma.sync but its SASS holds no tensor-core HMMA instruction")
         if is_vector_variant(name):
             if st["ldg128"] == 0:
                 fails.append(f"{key}: 16-byte vector variant without a 128-bit global load (LDG.128)")
