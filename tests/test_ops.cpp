@@ -34,6 +34,23 @@ Vec norm_ref(NormType type, const Vec& x, const Vec& g, const Vec& b, double sca
   return out;
 }
 
+// The norm with its divisor a constant: d0 at position 0 (row n % T == 0), d elsewhere.
+Vec norm_fixed_ref(NormType type, const Vec& x, const Vec& g, const Vec& b, double scale,
+                   double d0, double d, int64_t T, int64_t N, int64_t C) {
+  Vec out(N * C);
+  for (int64_t n = 0; n < N; ++n) {
+    double mean = 0;
+    if (type == NormType::LayerNorm) {
+      for (int64_t c = 0; c < C; ++c) mean += x[n * C + c];
+      mean /= C;
+    }
+    const double div = n % T == 0 ? d0 : d;
+    for (int64_t c = 0; c < C; ++c)
+      out[n * C + c] = scale * ((x[n * C + c] - mean) / div * g[c] + (b.empty() ? 0.0 : b[c]));
+  }
+  return out;
+}
+
 Vec linear_ref(const Vec& x, const Vec& w, int64_t N, int64_t in, int64_t out) {
   Vec y(N * out, 0.0);
   for (int64_t n = 0; n < N; ++n)
@@ -179,6 +196,86 @@ INSTANTIATE_TEST_SUITE_P(Shapes, NormOps,
                                            NormCase{NormType::RMSNorm, 45, 0.57735f},
                                            NormCase{NormType::LayerNorm, 36, 1.0f},
                                            NormCase{NormType::LayerNorm, 45, 0.5f}));
+
+// ---- fixed-divisor norms (LN-free) -----------------------------------------------------
+TEST_P(NormOps, FixedDivisorForwardBackwardMatchF64) {
+  const auto [type, C, scale] = GetParam();
+  const int64_t N = 6, T = 3;
+  const bool ln = type == NormType::LayerNorm;
+  const FixedDivisor fd{2.5f, 0.75f, T};
+  auto x = randn(N * C, 21, 1.0f, 0.5f), g = randn(C, 22, 0.3f, 1.0f);
+  auto b = ln ? randn(C, 23, 0.1f) : std::vector<float>{};
+  auto dout = randn(N * C, 24), dres = randn(N * C, 25);
+  std::vector<float> out(N * C), mean(N), rstd(N), dx(N * C), dg(C, 0.5f), db(C, -0.25f);
+  norm_forward_fixed(type, view(out, {N, C}), ln ? view(mean, {N}) : Tensor{}, view(rstd, {N}),
+                     view(x, {N, C}), view(g, {C}), ln ? view(b, {C}) : Tensor{}, scale, fd);
+  const Vec xd = to_f64(x), gd = to_f64(g), bd = to_f64(b), dod = to_f64(dout);
+  auto ref = [&](const Vec& xv, const Vec& gv, const Vec& bv) {
+    return norm_fixed_ref(type, xv, gv, bv, scale, fd.pos0, fd.rest, T, N, C);
+  };
+  expect_close(out, ref(xd, gd, bd), kFwdTol, "fixed norm out");
+  norm_backward_fixed(type, view(dx, {N, C}), view(dg, {C}), ln ? view(db, {C}) : Tensor{},
+                      view(dres, {N, C}), view(dout, {N, C}), view(x, {N, C}),
+                      ln ? view(mean, {N}) : Tensor{}, view(rstd, {N}), view(g, {C}), scale);
+  auto dx_want = fd_grad([&](const Vec& v) { return dot(ref(v, gd, bd), dod); }, xd);
+  for (int64_t i = 0; i < N * C; ++i) dx_want[i] += dres[i];
+  auto dg_want = fd_grad([&](const Vec& v) { return dot(ref(xd, v, bd), dod); }, gd);
+  for (auto& v : dg_want) v += 0.5;
+  expect_close(dx, dx_want, kBwdTol, "fixed dx");
+  expect_close(dg, dg_want, kBwdTol, "fixed dgain");
+  if (ln) {
+    auto db_want = fd_grad([&](const Vec& v) { return dot(ref(xd, gd, v), dod); }, bd);
+    for (auto& v : db_want) v -= 0.25;
+    expect_close(db, db_want, kBwdTol, "fixed dbias");
+  }
+}
+
+// Calibration measures exactly the divisor the live norm uses: with the constants set to
+// the measured divisors of this very input, the fixed norm equals the normalising one.
+TEST_P(NormOps, FixedDivisorAtMeasuredValueEqualsNorm) {
+  const auto [type, C, scale] = GetParam();
+  const int64_t N = 2, T = 2;  // one sequence: row 0 is position 0, row 1 position 1
+  const bool ln = type == NormType::LayerNorm;
+  auto x = randn(N * C, 31, 2.0f, 0.7f), g = randn(C, 32, 0.3f, 1.0f);
+  auto b = ln ? randn(C, 33, 0.1f) : std::vector<float>{};
+  double sums[4] = {0, 0, 0, 0};
+  norm_divisor_sums(type, view(x, {N, C}), T, 1e-5f, sums);
+  ASSERT_EQ(sums[1], 1.0);
+  ASSERT_EQ(sums[3], 1.0);
+  // independent f64 measurement of each row's divisor
+  for (int64_t n = 0; n < N; ++n) {
+    double mean = 0, var = 0;
+    for (int64_t c = 0; c < C; ++c) mean += ln ? x[n * C + c] / double(C) : 0.0;
+    for (int64_t c = 0; c < C; ++c) var += (x[n * C + c] - mean) * (x[n * C + c] - mean) / C;
+    EXPECT_NEAR(sums[2 * n], std::sqrt(var + 1e-5), 1e-12 * std::sqrt(var)) << "row " << n;
+  }
+  std::vector<float> out(N * C), out_fixed(N * C), mean(N), rstd(N);
+  norm_forward(type, view(out, {N, C}), ln ? view(mean, {N}) : Tensor{}, view(rstd, {N}),
+               view(x, {N, C}), view(g, {C}), ln ? view(b, {C}) : Tensor{}, scale, 1e-5f);
+  norm_forward_fixed(type, view(out_fixed, {N, C}), ln ? view(mean, {N}) : Tensor{},
+                     view(rstd, {N}), view(x, {N, C}), view(g, {C}), ln ? view(b, {C}) : Tensor{},
+                     scale, FixedDivisor{float(sums[0]), float(sums[2]), T});
+  expect_close(out_fixed, to_f64(out), kFwdTol, "fixed at measured == norm");
+  // ... and a different constant gives a different output (the test can fail)
+  norm_forward_fixed(type, view(out_fixed, {N, C}), ln ? view(mean, {N}) : Tensor{},
+                     view(rstd, {N}), view(x, {N, C}), view(g, {C}), ln ? view(b, {C}) : Tensor{},
+                     scale, FixedDivisor{float(sums[0]) * 1.01f, float(sums[2]), T});
+  double diff = 0;
+  for (int64_t c = 0; c < C; ++c) diff = std::max(diff, double(std::abs(out_fixed[c] - out[c])));
+  EXPECT_GT(diff, 1e-4);
+}
+
+TEST(Ops, FixedDivisorRefusesBadInput) {
+  std::vector<float> x(6 * 4, 1.0f), g(4, 1.0f), out(6 * 4), rstd(6);
+  auto run = [&](FixedDivisor d) {
+    norm_forward_fixed(NormType::RMSNorm, view(out, {6, 4}), Tensor{}, view(rstd, {6}),
+                       view(x, {6, 4}), view(g, {4}), Tensor{}, 1.0f, d);
+  };
+  EXPECT_THROW(run(FixedDivisor{0.0f, 1.0f, 3}), UserError);
+  EXPECT_THROW(run(FixedDivisor{1.0f, -1.0f, 3}), UserError);
+  EXPECT_THROW(run(FixedDivisor{1.0f, std::nanf(""), 3}), UserError);
+  EXPECT_NO_THROW(run(FixedDivisor{1.0f, 1.0f, 3}));
+}
 
 // ---- linear ---------------------------------------------------------------------------
 TEST(Ops, LinearForwardBackward) {

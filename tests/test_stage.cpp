@@ -100,6 +100,91 @@ INSTANTIATE_TEST_SUITE_P(
                       SplitCase{NormScheme::Hybrid, 1, false},
                       SplitCase{NormScheme::Hybrid, 2, true}));
 
+// LN-free: with fixed divisors on some pre-norms and the final norm, the stage's
+// gradients (through the parameters and, via the embedding, through every fixed norm's
+// dx) match central finite differences of its loss.
+TEST(LnFreeStage, FixedDivisorGradientsMatchFiniteDifferences) {
+  for (const bool layer_norm : {false, true}) {
+    LlamaConfig cfg = tiny(layer_norm ? NormScheme::LNS : NormScheme::Pre, false);
+    if (layer_norm) cfg.norm_type = NormType::LayerNorm;
+    const int64_t B = 2, T = 5, N = B * T;
+    std::vector<int32_t> ids(N), targets(N);
+    for (int64_t i = 0; i < N; ++i) ids[i] = (7 * i + 3) % cfg.vocab_size;
+    for (int64_t i = 0; i < N; ++i) targets[i] = (5 * i + 1) % cfg.vocab_size;
+    LlamaStage st(cfg, StageSpec::whole(cfg), B, T);
+    st.init_weights(7);
+    st.forward(view(ids, {B, T}));
+    const double live_loss = st.loss(view(targets, {N}));
+    st.set_fixed_divisor(0, 1, 3.0f, 1.5f);   // MLP pre-norm of layer 0
+    st.set_fixed_divisor(2, 0, 2.0f, 0.8f);   // attention pre-norm of layer 2
+    st.set_fixed_divisor(cfg.num_layers, 0, 4.0f, 2.5f);  // final norm
+    EXPECT_THROW(st.set_fixed_divisor(1, 0, 0.0f, 1.0f), UserError);
+    EXPECT_THROW(st.set_fixed_divisor(9, 0, 1.0f, 1.0f), UserError);
+    auto loss_now = [&] {
+      st.forward(view(ids, {B, T}));
+      return st.loss(view(targets, {N}));
+    };
+    st.params().zero_grads();
+    const double loss0 = loss_now();
+    EXPECT_GT(std::abs(loss0 - live_loss), 1e-3);  // the constants do change the function
+    st.backward({}, 1.0f);
+    for (const char* name : {"model.embed_tokens.weight", "model.layers.0.post_attention_layernorm.weight",
+                             "model.layers.2.input_layernorm.weight", "model.layers.1.self_attn.q_proj.weight",
+                             "model.norm.weight"}) {
+      const int p = st.params().find(name);
+      ASSERT_GE(p, 0) << name;
+      float* w = st.params().param(p).f32();
+      const float* g = st.params().grad(p).f32();
+      const int64_t idx[] = {3 * cfg.hidden_size + 1, 5, 17};  // row 3 of the embedding is used
+      for (int64_t i : idx) {
+        const float keep = w[i], h = 1e-2f;
+        w[i] = keep + h;
+        const double up = loss_now();
+        w[i] = keep - h;
+        const double down = loss_now();
+        w[i] = keep;
+        const double want = (up - down) / (2.0 * h);
+        EXPECT_NEAR(g[i], want, 2e-3 + 2e-2 * std::abs(want)) << name << "[" << i << "] ln=" << layer_norm;
+      }
+    }
+  }
+}
+
+// Calibration measures the divisors the live norms use: on one sequence of two tokens
+// (one row per position group), fixing every pre-norm and the final norm at the
+// measured constants leaves the logits as they were (f32 rounding aside).
+TEST(LnFreeStage, CalibratedConstantsReproduceTheLiveModel) {
+  for (const bool layer_norm : {false, true}) {
+    LlamaConfig cfg = tiny(layer_norm ? NormScheme::LNS : NormScheme::Pre, false);
+    if (layer_norm) cfg.norm_type = NormType::LayerNorm;
+    const int64_t B = 1, T = 2;
+    std::vector<int32_t> ids = {4, 11};
+    LlamaStage st(cfg, StageSpec::whole(cfg), B, T);
+    st.init_weights(3);
+    const auto live = copy_of(st.forward(view(ids, {B, T})));
+    std::vector<std::array<double, 4>> sums;
+    st.add_divisor_sums(sums);
+    ASSERT_EQ(sums.size(), size_t(2 * cfg.num_layers + 1));
+    for (const auto& e : sums) {
+      ASSERT_EQ(e[1], 1.0);
+      ASSERT_EQ(e[3], 1.0);
+    }
+    for (int l = 0; l <= cfg.num_layers; ++l)
+      for (int w = 0; w < (l < cfg.num_layers ? 2 : 1); ++w) {
+        const auto& e = sums[2 * l + w];
+        st.set_fixed_divisor(l, w, float(e[0] / e[1]), float(e[2] / e[3]));
+      }
+    const auto fixed = copy_of(st.forward(view(ids, {B, T})));
+    expect_close(fixed, std::vector<double>(live.begin(), live.end()), 1e-5, "logits");
+    // a 2% different final-norm constant moves them (the comparison can fail)
+    st.set_fixed_divisor(cfg.num_layers, 0, float(sums.back()[0] * 1.02), float(sums.back()[2]));
+    const auto moved = copy_of(st.forward(view(ids, {B, T})));
+    double diff = 0;
+    for (size_t i = 0; i < moved.size(); ++i) diff = std::max(diff, double(std::abs(moved[i] - live[i])));
+    EXPECT_GT(diff, 1e-3);
+  }
+}
+
 TEST(BlockPlan, SchemesOwnExactlyTheirNorms) {
   auto names = [](NormScheme s, int layer) {
     LlamaConfig c = tiny(s, false);

@@ -42,6 +42,25 @@ void residual_norm_forward(NormType type, Tensor res_out, Tensor out, Tensor mea
 void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
                    Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale);
 
+// ---- fixed-divisor norm (LN-free fine-tuning, docs/ln_free.md) -------------------------
+// The norm's divisor (the RMS; the standard deviation for LayerNorm, which still subtracts
+// its measured mean) replaced by a constant. Row n is at sequence position n % T: position
+// 0 divides by pos0, positions > 0 by rest. CPU only (a CUDA tensor is refused).
+struct FixedDivisor {
+  float pos0 = 1.0f, rest = 1.0f;
+  int64_t T = 1;  // sequence length; rows N must be a multiple
+};
+// out[N,C] = scale * ((x - mean)/d * gain + bias); saves mean[N] (LayerNorm) and rstd[N]=1/d.
+void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
+                        Tensor bias, float scale, FixedDivisor d);
+// As norm_backward, with no gradient through the (constant) divisor.
+void norm_backward_fixed(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres,
+                         Tensor dout, Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale);
+// Calibration: adds to sums = {sum of divisors at position 0, their count, sum at positions
+// > 0, their count} the measured divisor sqrt(var + eps) of every row of x[N,C] (rows in
+// order, f64). Sums from several batches/ranks add; the constant is sum / count.
+void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4]);
+
 // ---- linear (no bias; weights [out, in] as torch.nn.Linear) ---------------------------
 // y[N,out] = x[N,in] @ w[out,in]^T
 void linear_forward(Tensor y, Tensor x, Tensor w);

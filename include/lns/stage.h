@@ -15,6 +15,7 @@
 // after o_proj and down_proj, after the input gradients of q/k/v and gate/up, in the
 // embedding and in the loss; the logits it returns are its vocabulary columns.
 #pragma once
+#include <array>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -86,6 +87,20 @@ class LlamaStage {
     double sequences = 0;
   };
   std::vector<LayerStats> layer_stats(int slot = 0) const;
+
+  // LN-free fine-tuning (docs/ln_free.md): the pre-norm of sublayer `which` (0 attention,
+  // 1 MLP) of global layer `global_layer` of this stage, or the final norm
+  // (global_layer = num_layers, last stage), divides by constants (pos0 at sequence
+  // position 0, rest elsewhere) instead of its measured divisor. Only pre-norms and the
+  // final norm; bad constants or a slot without a pre-norm are a UserError.
+  void set_fixed_divisor(int global_layer, int which, float pos0, float rest);
+  // LN-free calibration: after forward() of `slot`, adds the measured divisors of every
+  // pre-norm and of the final norm to `sums` (resized as needed): entry
+  // 2*(global_layer - first_layer) + which, then the final norm last (last stage); each
+  // {sum at position 0, count, sum at positions > 0, count} as norm_divisor_sums. Sums
+  // from several batches and data-parallel ranks add; the constant is sum / count.
+  // Entries of sublayers without a pre-norm stay 0. CPU only.
+  void add_divisor_sums(std::vector<std::array<double, 4>>& sums, int slot = 0) const;
 
   // Initialises every parameter by its scheme's rule. Each tensor draws from its own
   // named random stream, so any layout gets the single-rank model's weights.
@@ -159,6 +174,7 @@ class LlamaStage {
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Scratch> scratch_;
   int embed_ = -1, final_gain_ = -1, final_bias_ = -1, head_ = -1;
+  float final_fixed_[2] = {0.0f, 0.0f};  // LN-free divisors of the final norm (0: live)
   std::function<void(int64_t)> grad_ready_;
 };
 

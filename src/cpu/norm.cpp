@@ -12,20 +12,26 @@ namespace lns {
 namespace {
 
 // One row: fills mean (LayerNorm) and rstd, writes out[c] = scale*(xhat*g + b).
+// fixed_rstd > 0: the divisor is that constant's inverse instead of the measured one
+// (LN-free fine-tuning); the mean is still measured and subtracted for LayerNorm.
 inline void norm_row(NormType type, float* out, float* mean_out, float* rstd_out, const float* x,
-                     const float* g, const float* b, float scale, float eps, int64_t C) {
+                     const float* g, const float* b, float scale, float eps, int64_t C,
+                     float fixed_rstd = 0.0f) {
   double mean = 0.0;
   if (type == NormType::LayerNorm) {
     for (int64_t c = 0; c < C; ++c) mean += x[c];
     mean /= C;
   }
-  double var = 0.0;
-  for (int64_t c = 0; c < C; ++c) {
-    const double d = x[c] - mean;
-    var += d * d;
+  float rstd = fixed_rstd;
+  if (fixed_rstd <= 0.0f) {
+    double var = 0.0;
+    for (int64_t c = 0; c < C; ++c) {
+      const double d = x[c] - mean;
+      var += d * d;
+    }
+    var /= C;
+    rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
   }
-  var /= C;
-  const float rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
   const float m = static_cast<float>(mean);
   for (int64_t c = 0; c < C; ++c) {
     const float xhat = (x[c] - m) * rstd;
@@ -82,9 +88,13 @@ void residual_norm_forward(NormType type, Tensor res_out, Tensor out, Tensor mea
   }
 }
 
-void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
-                   Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale) {
-  LNS_DISPATCH(dout, norm_backward(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale));
+namespace {
+
+// fixed: rstd is a constant (not a function of x), so the term through the divisor
+// (-xhat * mean(dxhat*xhat)) vanishes; LayerNorm's mean term stays.
+void norm_backward_cpu(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres,
+                       Tensor dout, Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale,
+                       bool fixed) {
   cpu::require_cpu({&dx, &dgain, &dbias, &dres, &dout, &x, &mean, &rstd, &gain});
   const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
   LNS_CHECK(dx.numel() == N * C && dout.numel() == N * C && dgain.numel() == C);
@@ -122,7 +132,7 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
         if (pb) pb[c] += scale * dy[c];
       }
       const float mean_dxhat = ln ? static_cast<float>(sum_dxhat / C) : 0.0f;
-      const float mean_dxhat_xhat = static_cast<float>(sum_dxhat_xhat / C);
+      const float mean_dxhat_xhat = fixed ? 0.0f : static_cast<float>(sum_dxhat_xhat / C);
       float* dxr = dx.f32() + n * C;
       const float* dr = dres.empty() ? nullptr : dres.f32() + n * C;
       for (int64_t c = 0; c < C; ++c) {
@@ -140,6 +150,64 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
       dg[c] += part_g[blk * C + c];
       if (db) db[c] += part_b[blk * C + c];
     }
+}
+
+void require_cpu_for_ln_free(const Tensor& t) {
+  LNS_REQUIRE(t.device == Device::CPU,
+              "--ln_free: fixed-divisor norms have no CUDA kernel yet; run with --device=cpu");
+}
+
+}  // namespace
+
+void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
+                   Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale) {
+  LNS_DISPATCH(dout, norm_backward(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale));
+  norm_backward_cpu(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale, false);
+}
+
+void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
+                        Tensor bias, float scale, FixedDivisor d) {
+  require_cpu_for_ln_free(x);
+  check_norm_args(type, out, mean, rstd, x, gain, bias);
+  // The constants come from calibration or a checkpoint: bad ones are the input's fault.
+  LNS_REQUIRE(d.pos0 > 0.0f && d.rest > 0.0f && std::isfinite(d.pos0) && std::isfinite(d.rest),
+              "--ln_free: fixed divisors must be finite and > 0, got ", d.pos0, " and ", d.rest);
+  LNS_CHECK(d.T > 0);
+  const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
+  LNS_CHECK(N % d.T == 0) << "rows " << N << " not a multiple of the sequence length " << d.T;
+  const float* b = bias.empty() ? nullptr : bias.f32();
+  float* mp = mean.empty() ? nullptr : mean.f32();
+  const float r0 = 1.0f / d.pos0, r = 1.0f / d.rest;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    norm_row(type, out.f32() + n * C, mp ? mp + n : nullptr, rstd.f32() + n, x.f32() + n * C,
+             gain.f32(), b, scale, 0.0f, C, n % d.T == 0 ? r0 : r);
+}
+
+void norm_backward_fixed(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres,
+                         Tensor dout, Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale) {
+  require_cpu_for_ln_free(dout);
+  norm_backward_cpu(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale, true);
+}
+
+void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4]) {
+  require_cpu_for_ln_free(x);
+  cpu::require_cpu({&x});
+  const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
+  LNS_CHECK(T > 0 && N % T == 0) << "rows " << N << " not a multiple of the sequence length " << T;
+  // Serial, in row order: the sums (and so the calibrated constants) are deterministic.
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xr = x.f32() + n * C;
+    double mean = 0.0, var = 0.0;
+    if (type == NormType::LayerNorm) {
+      for (int64_t c = 0; c < C; ++c) mean += xr[c];
+      mean /= C;
+    }
+    for (int64_t c = 0; c < C; ++c) var += (xr[c] - mean) * (xr[c] - mean);
+    const int k = n % T == 0 ? 0 : 2;
+    sums[k] += std::sqrt(var / C + eps);
+    sums[k + 1] += 1.0;
+  }
 }
 
 }  // namespace lns

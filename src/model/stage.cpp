@@ -27,6 +27,7 @@ struct LlamaStage::NormUse {
   int gain = -1, bias = -1;  // parameter indices; gain < 0: no norm at this position
   float scale = 1.0f;        // LNS output scale
   int stat = -1;             // index of this norm's saved mean/rstd in each Slot
+  float fixed0 = 0.0f, fixed = 0.0f;  // LN-free constant divisors (pos 0, pos > 0); 0: live
   bool active() const { return gain >= 0; }
 };
 
@@ -360,9 +361,44 @@ void LlamaStage::init_weights(uint64_t seed) {
   params_.upload();
 }
 
+void LlamaStage::set_fixed_divisor(int global_layer, int which, float pos0, float rest) {
+  LNS_REQUIRE(pos0 > 0.0f && rest > 0.0f && std::isfinite(pos0) && std::isfinite(rest),
+              "--ln_free: fixed divisors must be finite and > 0, got ", pos0, " and ", rest);
+  if (global_layer == cfg_.num_layers && spec_.has_head) {
+    final_fixed_[0] = pos0, final_fixed_[1] = rest;
+    return;
+  }
+  NormUse* n = nullptr;
+  {
+    LNS_REQUIRE(global_layer >= spec_.first_layer && global_layer < spec_.last_layer &&
+                    (which == 0 || which == 1),
+                "--ln_free: layer ", global_layer, " sublayer ", which, " is not on this stage");
+    n = &layers_[global_layer - spec_.first_layer].sub[which].pre;
+    LNS_REQUIRE(n->active(), "--ln_free: layer ", global_layer, " sublayer ", which,
+                " has no pre-norm in scheme ", norm_scheme_name(cfg_.norm_scheme));
+  }
+  n->fixed0 = pos0, n->fixed = rest;
+}
+
+void LlamaStage::add_divisor_sums(std::vector<std::array<double, 4>>& sums, int slot) const {
+  const Slot& s = *slots_.at(slot);
+  const size_t n = 2 * layers_.size() + (spec_.has_head ? 1 : 0);
+  if (sums.size() < n) sums.resize(n, {0.0, 0.0, 0.0, 0.0});
+  for (size_t j = 0; j < layers_.size(); ++j)
+    for (int w = 0; w < 2; ++w)
+      if (layers_[j].sub[w].pre.active())
+        norm_divisor_sums(cfg_.norm_type, s.layers[j].sub[w].x, T_, cfg_.norm_eps,
+                          sums[2 * j + w].data());
+  if (spec_.has_head) norm_divisor_sums(cfg_.norm_type, s.out, T_, cfg_.norm_eps, sums[n - 1].data());
+}
+
 void LlamaStage::norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x) {
   const Tensor bias = n.bias >= 0 ? params_.param(n.bias) : Tensor{};
   const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+  if (n.fixed > 0.0f)
+    return norm_forward_fixed(cfg_.norm_type, out, mean, s.rstd[n.stat], x,
+                              params_.param(n.gain), bias, n.scale,
+                              FixedDivisor{n.fixed0, n.fixed, T_});
   norm_forward(cfg_.norm_type, out, mean, s.rstd[n.stat], x, params_.param(n.gain), bias, n.scale,
                cfg_.norm_eps);
 }
@@ -370,6 +406,9 @@ void LlamaStage::norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x) {
 void LlamaStage::norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x) {
   const Tensor dbias = n.bias >= 0 ? params_.grad(n.bias) : Tensor{};
   const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+  if (n.fixed > 0.0f)
+    return norm_backward_fixed(cfg_.norm_type, dx, params_.grad(n.gain), dbias, dres, dout, x,
+                               mean, s.rstd[n.stat], params_.param(n.gain), n.scale);
   norm_backward(cfg_.norm_type, dx, params_.grad(n.gain), dbias, dres, dout, x, mean,
                 s.rstd[n.stat], params_.param(n.gain), n.scale);
 }
@@ -383,7 +422,8 @@ void LlamaStage::settle(Stream& st) {
 
 // out = N(x), settling a pending add in the same pass.
 void LlamaStage::stream_norm_fwd(const NormUse& n, Slot& s, Tensor out, Stream& st) {
-  if (!st.pending()) {
+  if (!st.pending() || n.fixed > 0.0f) {  // a fixed divisor (LN-free) has no fused add
+    settle(st);
     norm_fwd(n, s, out, st.x);
     return;
   }
@@ -547,7 +587,8 @@ Tensor LlamaStage::forward(Tensor input, int slot) {
 
 Tensor LlamaStage::head_forward(Slot& s, Stream x) {
   const int64_t N = B_ * T_;
-  NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1};
+  NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1,
+              final_fixed_[0], final_fixed_[1]};
   stream_norm_fwd(fin, s, s.hf, x);
   linear_forward(s.logits.t.view({N, vshard_.size}), s.hf, params_.compute(head_));
   s.out = x.x;  // the input of the final norm, kept for its backward
@@ -599,7 +640,8 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
                                  vshard_.valid, grad_scale);
     linear_backward(sc.dhf, params_.grad(head_), dlogits, s.hf, params_.compute(head_), false);
     tp_.all_reduce_sum(sc.dhf);  // column-parallel head: input gradient summed over tp
-    NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1};
+    NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1,
+              final_fixed_[0], final_fixed_[1]};
     norm_bwd(fin, s, dy, {}, sc.dhf, s.out);
     if (grad_ready_) grad_ready_(params_.info(final_gain_).offset);
   } else {
