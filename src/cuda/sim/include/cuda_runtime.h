@@ -25,6 +25,13 @@
 struct uint3 {
   unsigned int x, y, z;
 };
+// The vector types the kernels load through (alignment as CUDA's: 8 and 16 bytes).
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
 struct dim3 {
   unsigned int x = 1, y = 1, z = 1;
   constexpr dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
