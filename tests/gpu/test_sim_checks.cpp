@@ -104,6 +104,104 @@ TEST(SimChecks, SharedWriteWriteRaceIsReported) {
       "thread \\(0,0,0\\) both wrote");
 }
 
+// ---- read-side races (the access hooks; the Release emulation build) -------------------
+
+// out[i] = in[(i + shift) % blockDim] through shared memory, with or without the
+// barrier between the write and the read                                 [blockDim]
+__global__ void shift_kernel(float* out, const float* in, int shift, bool sync) {
+  __shared__ float buf[256];
+  buf[threadIdx.x] = in[threadIdx.x];
+  if (sync) __syncthreads();
+  out[threadIdx.x] = buf[(threadIdx.x + shift) % blockDim.x];
+}
+// buf[i] = 2 * buf[i + 1] in place: the second barrier (between every thread's read of
+// its neighbour and its own write) is the one that is easy to forget.     [blockDim]
+__global__ void neighbour_update_kernel(float* out, const float* in, bool second_sync) {
+  __shared__ float buf[256];
+  buf[threadIdx.x] = in[threadIdx.x];
+  __syncthreads();
+  const float v = buf[(threadIdx.x + 1) % blockDim.x];
+  if (second_sync) __syncthreads();
+  buf[threadIdx.x] = 2.0f * v;
+  __syncthreads();
+  out[threadIdx.x] = buf[threadIdx.x];
+}
+
+// Reads are seen only where the kernels were compiled with the access hooks.
+#define LNS_NEEDS_READ_HOOKS()                                                                    \
+  if (!sim::race_sees_reads())                                                                    \
+  GTEST_SKIP() << "this build has no access hooks (an ASan build: GCC's -fsanitize=thread, which " \
+                  "provides them, excludes -fsanitize=address); the Release emulation build runs it"
+
+TEST(SimChecks, SharedReadAfterWriteRaceIsReported) {
+  LNS_NEEDS_READ_HOOKS();
+  DevBuf in(64), out(64);
+  std::vector<float> h(64);
+  for (int i = 0; i < 64; ++i) h[i] = float(i);
+  in.set(h);
+  {
+    WithChecks on(/*reverse=*/false, /*race=*/true);
+    LNS_LAUNCH(shift_kernel, 1, 64, 0, nullptr)(out.p, in.p, 63, true);
+    const std::vector<float> got = out.get();
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(got[i], float((i + 63) % 64));
+  }
+  // Thread 1 reads buf[0], which thread 0 wrote in the same epoch. The values would
+  // even come out right here (thread 0 ran first): only the race check sees it.
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, true);
+        LNS_LAUNCH(shift_kernel, 1, 64, 0, nullptr)(out.p, in.p, 63, false);
+        cudaDeviceSynchronize();
+      },
+      "kernel shift_kernel .* block \\(0,0,0\\) thread \\(1,0,0\\): shared-memory race: thread \\(1,0,0\\) read a "
+      "static __shared__ byte \\(offset [0-9]+\\) that thread \\(0,0,0\\) wrote with no __syncthreads between them "
+      "\\(the read at tests/gpu/test_sim_checks.cpp:[0-9]+.*, the write at tests/gpu/test_sim_checks.cpp:[0-9]+");
+}
+
+TEST(SimChecks, SharedWriteAfterReadRaceIsReported) {
+  LNS_NEEDS_READ_HOOKS();
+  DevBuf in(64), out(64);
+  std::vector<float> h(64);
+  for (int i = 0; i < 64; ++i) h[i] = float(i);
+  in.set(h);
+  {
+    WithChecks on(false, true);
+    LNS_LAUNCH(neighbour_update_kernel, 1, 64, 0, nullptr)(out.p, in.p, true);
+    const std::vector<float> got = out.get();
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(got[i], 2.0f * float((i + 1) % 64));
+  }
+  // Thread 1 overwrites buf[1] after thread 0 read it, with no barrier between.
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, true);
+        LNS_LAUNCH(neighbour_update_kernel, 1, 64, 0, nullptr)(out.p, in.p, false);
+        cudaDeviceSynchronize();
+      },
+      "kernel neighbour_update_kernel .* thread \\(1,0,0\\): shared-memory race: thread \\(1,0,0\\) wrote a static "
+      "__shared__ byte \\(offset [0-9]+\\) that thread \\(0,0,0\\) read with no __syncthreads between them \\(the "
+      "write at tests/gpu/test_sim_checks.cpp:[0-9]+.*, the read at tests/gpu/test_sim_checks.cpp:[0-9]+");
+}
+
+// The same race through dynamic shared memory, reported by its byte offset.
+__global__ void dynamic_shift_kernel(float* out, const float* in) {
+  LNS_EXTERN_SHARED(float, buf);
+  buf[threadIdx.x] = in[threadIdx.x];
+  out[threadIdx.x] = buf[(threadIdx.x + blockDim.x - 1) % blockDim.x];
+}
+
+TEST(SimChecks, DynamicSharedReadAfterWriteRaceIsReported) {
+  LNS_NEEDS_READ_HOOKS();
+  DevBuf in(32), out(32);
+  in.set(std::vector<float>(32, 1.0f));
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, true);
+        LNS_LAUNCH(dynamic_shift_kernel, 1, 32, 32 * sizeof(float), nullptr)(out.p, in.p);
+        cudaDeviceSynchronize();
+      },
+      "thread \\(1,0,0\\) read dynamic shared byte 0 that thread \\(0,0,0\\) wrote");
+}
+
 // ---- barriers ------------------------------------------------------------------------
 
 __global__ void divergent_barrier_kernel(float* out) {

@@ -153,10 +153,6 @@ struct Block {
   const void* scheduler_stack_bottom = nullptr;
   size_t scheduler_stack_size = 0;
 #endif
-  // race check: the writer of each shared byte in this barrier epoch, and the
-  // snapshot of shared memory when the running fiber was resumed
-  std::vector<int> writer;
-  std::vector<char> snapshot;
 };
 Block* g_block = nullptr;
 
@@ -196,47 +192,6 @@ void reset_shared(size_t dynamic_bytes) {
   // an access past the launch's dynamic shared size is an ASan error
   __asan_poison_memory_region(d + dynamic_bytes, kMaxDynamicShared - dynamic_bytes);
 #endif
-}
-
-// Race check: the bytes of shared memory a fiber changed while it ran since the last
-// resume, each attributed to it; a byte written by two threads in one barrier epoch
-// is a write-write race. (Reads are not seen: the reversed-order run catches a
-// read-write race whose value matters; docs/cuda.md.)
-size_t race_bytes(const Grid& g) { return static_shared_bytes() + g.shared_bytes; }
-void race_copy(std::vector<char>& out, const Grid& g) {
-  out.resize(race_bytes(g));
-  if (static_shared_bytes()) std::memcpy(out.data(), __start_lns_sim_shared, static_shared_bytes());
-  if (g.shared_bytes) std::memcpy(out.data() + static_shared_bytes(), dynamic_shared_buffer(), g.shared_bytes);
-}
-// The region [lo, lo + n) of shared memory against its snapshot `snap`: the bytes
-// that changed are attributed to `t`.
-void race_scan(Block& b, const Thread& t, const char* lo, char* snap, size_t n, size_t offset) {
-  constexpr size_t kChunk = 64;
-  for (size_t c = 0; c < n; c += kChunk) {
-    const size_t len = std::min(kChunk, n - c);
-    if (std::memcmp(lo + c, snap + c, len) == 0) continue;
-    for (size_t i = c; i < c + len; ++i) {
-      if (lo[i] == snap[i]) continue;
-      int& w = b.writer[offset + i];
-      if (w >= 0 && w != t.linear) {
-        const Thread& other = b.threads[w];
-        const bool dyn = offset + i >= static_shared_bytes();
-        fail_at(b, const_cast<Thread&>(t),
-                "shared-memory race: " + thread_str(t) + " and " + thread_str(other) + " both wrote " +
-                    (dyn ? "dynamic shared byte " + std::to_string(offset + i - static_shared_bytes())
-                         : "a static __shared__ byte (offset " + std::to_string(offset + i) + ")") +
-                    " with no __syncthreads between them (" + thread_str(t) + " last waited at " +
-                    site_str(t.file, t.line) + ")");
-      }
-      w = t.linear;
-      snap[i] = lo[i];
-    }
-  }
-}
-void race_after_slice(Block& b, const Thread& t) {
-  const size_t s = static_shared_bytes();
-  if (s) race_scan(b, t, __start_lns_sim_shared, b.snapshot.data(), s, 0);
-  if (b.grid->shared_bytes) race_scan(b, t, dynamic_shared_buffer(), b.snapshot.data() + s, b.grid->shared_bytes, s);
 }
 
 // ---- switching ----------------------------------------------------------------------
@@ -413,7 +368,7 @@ void complete_barrier(Block& b) {
     fail_at(b, *first, "__syncthreads at " + site_str(first->file, first->line) + " is not reached by every thread: " +
                            thread_str(*exited) + " has already returned");
   for (Thread& t : b.threads) t.wait = Wait::Running;
-  if (options().race_check) std::fill(b.writer.begin(), b.writer.end(), -1);
+  if (options().race_check) race_barrier();
 }
 
 void run_block(Block& b, uint3 block_idx, bool reversed) {
@@ -433,23 +388,28 @@ void run_block(Block& b, uint3 block_idx, bool reversed) {
   }
   reset_shared(g.shared_bytes);
   const bool race = options().race_check;
-  if (race) {
-    b.writer.assign(race_bytes(g), -1);
-    race_copy(b.snapshot, g);
-  }
+  if (race) race_begin_block(__start_lns_sim_shared, static_shared_bytes(), dynamic_shared_buffer(), g.shared_bytes);
   for (;;) {
     bool ran = false;
     for (int k = 0; k < n; ++k) {
       Thread& t = b.threads[reversed ? n - 1 - k : k];
       if (t.wait != Wait::Running) continue;
+      if (race) race_resume(t.linear);
       resume(b, t);
-      if (race) race_after_slice(b, t);
+      if (race) {
+        b.current = &t;  // a report names this thread
+        race_after_slice(t.file, t.line);
+        b.current = nullptr;
+      }
       ran = true;
     }
     if (complete_warp_ops(b)) continue;
     bool all_exited = true;
     for (const Thread& t : b.threads) all_exited &= t.wait == Wait::Exited;
-    if (all_exited) return;
+    if (all_exited) {
+      if (race) race_end_block();
+      return;
+    }
     (void)ran;
     complete_barrier(b);
   }

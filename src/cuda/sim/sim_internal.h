@@ -26,7 +26,7 @@ struct Grid {
 // Which checks run (environment LNS_SIM_CHECKS, a comma list; tests set them directly):
 //   reverse: every grid runs twice, threads and blocks in opposite orders, and the
 //            device memory it can reach must come out bitwise equal;
-//   race:    shared-memory write-write race detection (docs/cuda.md).
+//   race:    shared-memory race detection (race.cpp, docs/cuda.md).
 struct Options {
   bool reverse_check = false;
   bool race_check = false;
@@ -36,6 +36,18 @@ Options& options();
 // Executes every block of `g` on the calling OS thread, one block at a time, threads
 // in increasing (or, reversed, decreasing) linear order between synchronisations.
 void run_grid(const Grid& g, bool reversed);
+
+// The shared-memory race check (race.cpp), driven by the engine while a block runs
+// with options().race_check: the block's shared memory (static section, dynamic
+// bytes), the fiber about to run, the end of its slice (where it waits: for the
+// report of the snapshot mode), each completed __syncthreads.
+void race_begin_block(char* static_lo, size_t static_n, char* dynamic_lo, size_t dynamic_n);
+void race_resume(int linear_thread);
+void race_after_slice(const char* waited_file, int waited_line);
+void race_barrier();
+void race_end_block();
+// Whether the kernels were built with the access hooks, so that reads are seen too.
+bool race_sees_reads();
 
 // The sentence fail() prefixes inside a kernel: "kernel K (launched at F:L) block
 // (x,y,z) thread (x,y,z)"; empty outside kernels.
