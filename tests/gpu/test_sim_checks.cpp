@@ -202,6 +202,46 @@ TEST(SimChecks, DynamicSharedReadAfterWriteRaceIsReported) {
       "thread \\(1,0,0\\) read dynamic shared byte 0 that thread \\(0,0,0\\) wrote");
 }
 
+// GCC drops the section attribute of a static inside a function template (PR 70435),
+// so a template kernel's __shared__ variable is found by name instead
+// (src/cuda/sim/template_shared.cpp). The same two checks hold for it: it starts each
+// block as NaN bytes, and races on it are reported by the variable's name.
+template <int kShift>
+__global__ void template_shift_kernel(float* out, const float* in, bool sync) {
+  __shared__ float tbuf[64];
+  if (blockIdx.x == 0 || sync) tbuf[threadIdx.x] = in[threadIdx.x];  // block 1 skips the write
+  if (sync) __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = tbuf[(threadIdx.x + kShift) % blockDim.x];
+}
+
+TEST(SimChecks, TemplateKernelSharedStartsUndefinedInEveryBlock) {
+  DevBuf in(64), out(128);
+  in.set(std::vector<float>(64, 1.0f));
+  WithChecks off(false, false);
+  LNS_LAUNCH(template_shift_kernel<0>, 2, 64, 0, nullptr)(out.p, in.p, false);
+  const std::vector<float> got = out.get();
+  EXPECT_EQ(got[5], 1.0f);            // block 0 wrote its own word before reading it
+  EXPECT_TRUE(std::isnan(got[64 + 5])) << got[64 + 5];  // not block 0's value
+}
+
+TEST(SimChecks, TemplateKernelSharedRaceIsReportedByName) {
+  LNS_NEEDS_READ_HOOKS();
+  DevBuf in(64), out(128);
+  in.set(std::vector<float>(64, 1.0f));
+  {
+    WithChecks on(false, true);
+    LNS_LAUNCH(template_shift_kernel<63>, 2, 64, 0, nullptr)(out.p, in.p, true);
+    EXPECT_EQ(out.get()[100], 1.0f);
+  }
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, true);
+        LNS_LAUNCH(template_shift_kernel<63>, 1, 64, 0, nullptr)(out.p, in.p, false);
+        cudaDeviceSynchronize();
+      },
+      "thread \\(1,0,0\\) read byte 0 of __shared__ tbuf that thread \\(0,0,0\\) wrote with no __syncthreads");
+}
+
 // ---- barriers ------------------------------------------------------------------------
 
 __global__ void divergent_barrier_kernel(float* out) {

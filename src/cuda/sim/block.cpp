@@ -148,6 +148,7 @@ struct Block {
   std::vector<Thread> threads;
   Thread* current = nullptr;
   void* scheduler_sp = nullptr;
+  std::vector<SharedVar> shared;  // shared_of(grid), when the race check runs
 #if LNS_SIM_ASAN
   void* scheduler_fake_stack = nullptr;
   const void* scheduler_stack_bottom = nullptr;
@@ -181,8 +182,11 @@ size_t static_shared_bytes() {
 
 // Shared memory starts undefined on a GPU: fill it with NaN bytes so that a read
 // before the block wrote it gives NaN instead of the previous block's values.
-void reset_shared(size_t dynamic_bytes) {
+void reset_shared(const Grid& g) {
+  const size_t dynamic_bytes = g.shared_bytes;
   if (static_shared_bytes()) std::memset(__start_lns_sim_shared, 0xff, static_shared_bytes());
+  if (g.template_shared)
+    for (const SharedVar& v : *g.template_shared) std::memset(v.p, 0xff, v.bytes);
   char* d = dynamic_shared_buffer();
 #if LNS_SIM_ASAN
   __asan_unpoison_memory_region(d, kMaxDynamicShared);
@@ -371,6 +375,15 @@ void complete_barrier(Block& b) {
   if (options().race_check) race_barrier();
 }
 
+// Every stretch of shared memory the grid's blocks have, for the race check.
+std::vector<SharedVar> shared_of(const Grid& g) {
+  std::vector<SharedVar> out;
+  if (static_shared_bytes()) out.push_back({__start_lns_sim_shared, static_shared_bytes(), ""});
+  if (g.shared_bytes) out.push_back({dynamic_shared_buffer(), g.shared_bytes, "dynamic"});
+  if (g.template_shared) out.insert(out.end(), g.template_shared->begin(), g.template_shared->end());
+  return out;
+}
+
 void run_block(Block& b, uint3 block_idx, bool reversed) {
   const Grid& g = *b.grid;
   blockIdx = block_idx;
@@ -386,9 +399,9 @@ void run_block(Block& b, uint3 block_idx, bool reversed) {
 #endif
     start_fiber(t);
   }
-  reset_shared(g.shared_bytes);
+  reset_shared(g);
   const bool race = options().race_check;
-  if (race) race_begin_block(__start_lns_sim_shared, static_shared_bytes(), dynamic_shared_buffer(), g.shared_bytes);
+  if (race) race_begin_block(b.shared);
   for (;;) {
     bool ran = false;
     for (int k = 0; k < n; ++k) {
@@ -423,6 +436,7 @@ void run_grid(const Grid& g, bool reversed) {
   Block* outer = g_block;
   if (outer) fail("a kernel launched from inside a kernel");
   g_block = &b;
+  if (options().race_check) b.shared = shared_of(g);
   gridDim = g.grid;
   blockDim = g.block;
   const uint64_t nx = g.grid.x, ny = g.grid.y, nz = g.grid.z, count = nx * ny * nz;

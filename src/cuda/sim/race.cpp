@@ -30,16 +30,19 @@
 namespace lns::sim {
 namespace {
 
-// The shared memory being watched, as one index space: the static section's bytes
-// first, then the launch's dynamic bytes. Empty (n = 0) when no block runs under the
-// check, so that every hook returns after its first two compares.
-struct Watch {
-  uintptr_t static_lo = 0;
-  size_t static_n = 0;
-  uintptr_t dynamic_lo = 0;
-  size_t dynamic_n = 0;
+// The shared memory being watched, as one index space: its stretches (static
+// section, dynamic bytes, template kernels' variables) one after the other. Empty
+// when no block runs under the check, so that every hook returns at once.
+struct Region {
+  uintptr_t lo = 0;
+  size_t n = 0;
+  size_t first = 0;  // index of its first byte
+  std::string name;
 };
-Watch g_watch;
+constexpr int kMaxRegions = 16;
+Region g_regions[kMaxRegions];
+int g_nregions = 0;
+size_t g_watched = 0;  // bytes in all regions
 int g_thread = -1;       // linear index of the running fiber
 uint32_t g_epoch = 1;    // bumped at every block start and completed barrier
 bool g_hooks = false;    // some kernel code was compiled with the access hooks
@@ -65,8 +68,15 @@ std::string thread_name(int linear) {
          std::to_string(linear / (x * y)) + ")";
 }
 std::string byte_name(size_t index) {
-  if (index >= g_watch.static_n) return "dynamic shared byte " + std::to_string(index - g_watch.static_n);
-  return "a static __shared__ byte (offset " + std::to_string(index) + ")";
+  for (int r = 0; r < g_nregions; ++r) {
+    const Region& g = g_regions[r];
+    if (index - g.first >= g.n) continue;
+    const std::string at = std::to_string(index - g.first);
+    if (g.name.empty()) return "a static __shared__ byte (offset " + at + ")";
+    if (g.name == "dynamic") return "dynamic shared byte " + at;
+    return "byte " + at + " of __shared__ " + g.name;
+  }
+  return "shared byte " + std::to_string(index);
 }
 std::string short_path(const std::string& file) {
   // from the last "src/" or "tests/" on: build/../src/cuda/norm.cu -> src/cuda/norm.cu
@@ -159,14 +169,14 @@ enum class Race { WriteWrite, ReadAfterWrite, WriteAfterRead };
 // One access of n bytes at a by the running fiber, from code address pc.
 inline void access(const void* p, size_t n, bool write, const void* pc) {
   const auto a = reinterpret_cast<uintptr_t>(p);
-  size_t index, room;
-  if (a - g_watch.static_lo < g_watch.static_n) {
-    index = a - g_watch.static_lo, room = g_watch.static_n - index;
-  } else if (a - g_watch.dynamic_lo < g_watch.dynamic_n) {
-    index = g_watch.static_n + (a - g_watch.dynamic_lo), room = g_watch.dynamic_n - (a - g_watch.dynamic_lo);
-  } else {
-    return;
+  size_t index = 0, room = 0;
+  for (int r = 0; r < g_nregions; ++r) {
+    if (a - g_regions[r].lo < g_regions[r].n) {
+      index = g_regions[r].first + (a - g_regions[r].lo), room = g_regions[r].n - (a - g_regions[r].lo);
+      break;
+    }
   }
+  if (!room) return;
   if (g_thread < 0) return;  // the engine itself (never instrumented; defensive)
   const auto t = static_cast<int16_t>(g_thread);
   for (size_t i = index; i < index + std::min(n, room); ++i) {
@@ -189,23 +199,28 @@ inline void access(const void* p, size_t n, bool write, const void* pc) {
 
 bool race_sees_reads() { return g_hooks; }
 
-void race_begin_block(char* static_lo, size_t static_n, char* dynamic_lo, size_t dynamic_n) {
-  g_watch = Watch{reinterpret_cast<uintptr_t>(static_lo), static_n, reinterpret_cast<uintptr_t>(dynamic_lo),
-                  dynamic_n};
+void race_begin_block(const std::vector<SharedVar>& shared) {
+  if (static_cast<int>(shared.size()) > kMaxRegions) fail("race check: more than 16 stretches of shared memory");
+  g_nregions = 0, g_watched = 0;
+  for (const SharedVar& v : shared) {
+    g_regions[g_nregions++] = Region{reinterpret_cast<uintptr_t>(v.p), v.bytes, g_watched, v.name};
+    g_watched += v.bytes;
+  }
   g_thread = -1;
   if (g_hooks) {
-    if (g_shadow.size() < static_n + dynamic_n) g_shadow.resize(static_n + dynamic_n);
+    if (g_shadow.size() < g_watched) g_shadow.resize(g_watched);
   } else {
-    g_snapshot.resize(static_n + dynamic_n);
-    if (static_n) std::memcpy(g_snapshot.data(), static_lo, static_n);
-    if (dynamic_n) std::memcpy(g_snapshot.data() + static_n, dynamic_lo, dynamic_n);
-    g_writer.assign(static_n + dynamic_n, -1);
+    g_snapshot.resize(g_watched);
+    for (int r = 0; r < g_nregions; ++r)
+      std::memcpy(g_snapshot.data() + g_regions[r].first, reinterpret_cast<const char*>(g_regions[r].lo),
+                  g_regions[r].n);
+    g_writer.assign(g_watched, -1);
   }
   race_barrier();
 }
 
 void race_end_block() {
-  g_watch = Watch{};
+  g_nregions = 0, g_watched = 0;
   g_thread = -1;
 }
 
@@ -220,7 +235,7 @@ void race_barrier() {
 }
 
 void race_after_slice(const char* waited_file, int waited_line) {
-  if (g_hooks || g_watch.static_n + g_watch.dynamic_n == 0) return;
+  if (g_hooks || g_watched == 0) return;
   const auto scan = [&](const char* lo, size_t n, size_t offset) {
     constexpr size_t kChunk = 64;
     char* snap = g_snapshot.data() + offset;
@@ -239,8 +254,8 @@ void race_after_slice(const char* waited_file, int waited_line) {
       }
     }
   };
-  scan(reinterpret_cast<const char*>(g_watch.static_lo), g_watch.static_n, 0);
-  scan(reinterpret_cast<const char*>(g_watch.dynamic_lo), g_watch.dynamic_n, g_watch.static_n);
+  for (int r = 0; r < g_nregions; ++r)
+    scan(reinterpret_cast<const char*>(g_regions[r].lo), g_regions[r].n, g_regions[r].first);
 }
 
 }  // namespace lns::sim

@@ -14,6 +14,17 @@
 
 namespace lns::sim {
 
+// A stretch of shared memory: the static section, the launch's dynamic bytes, or one
+// static __shared__ variable of a template kernel (template_shared.cpp).
+struct SharedVar {
+  char* p = nullptr;
+  size_t bytes = 0;
+  std::string name;  // for reports: "" (the section), "dynamic", or the variable's name
+};
+// The static __shared__ variables of kernel `func` that GCC left outside the
+// lns_sim_shared section (those of template kernels), found in the symbol table.
+const std::vector<SharedVar>& template_static_shared(const void* func);
+
 // One queued kernel launch.
 struct Grid {
   LaunchSite site;
@@ -21,6 +32,7 @@ struct Grid {
   size_t shared_bytes = 0;
   std::function<void()> body;          // one CUDA thread
   std::vector<const void*> pointers;   // its pointer arguments (for the two-order check)
+  const std::vector<SharedVar>* template_shared = nullptr;  // template_static_shared(kernel)
 };
 
 // Which checks run (environment LNS_SIM_CHECKS, a comma list; tests set them directly):
@@ -38,10 +50,10 @@ Options& options();
 void run_grid(const Grid& g, bool reversed);
 
 // The shared-memory race check (race.cpp), driven by the engine while a block runs
-// with options().race_check: the block's shared memory (static section, dynamic
-// bytes), the fiber about to run, the end of its slice (where it waits: for the
+// with options().race_check: the block's shared memory (every stretch of it), the
+// fiber about to run, the end of its slice (where it waits: for the
 // report of the snapshot mode), each completed __syncthreads.
-void race_begin_block(char* static_lo, size_t static_n, char* dynamic_lo, size_t dynamic_n);
+void race_begin_block(const std::vector<SharedVar>& shared);
 void race_resume(int linear_thread);
 void race_after_slice(const char* waited_file, int waited_line);
 void race_barrier();
