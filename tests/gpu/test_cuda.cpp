@@ -309,6 +309,24 @@ TEST_P(Embedding, VocabShardForwardBackwardMatchCpuAndRepeat) {
 }
 INSTANTIATE_TEST_SUITE_P(Widths, Embedding, ::testing::Values(36, 64));
 
+// The device-side order of the backward over several 256-token tiles (the last one
+// partial): one row taking a third of the tokens, rows with one token, rows with none,
+// and ids of other ranks on both sides of this rank's range.
+TEST(Embedding, BackwardOverSeveralTilesMatchesCpu) {
+  REQUIRE_GPU();
+  const int64_t N = 700, C = 40, rows = 50, begin = 100;
+  std::vector<int32_t> ids(N);
+  for (int64_t n = 0; n < N; ++n)
+    ids[n] = n % 3 == 0 ? int32_t(begin + 7) : int32_t((n * 37) % 260);  // 0..259: before, in, after
+  OwnedTensor dids(DType::I32, Shape{N}, Device::CUDA);
+  copy_tensor(dids, cpu(ids, {N}));
+  Dev dout(randn(N * C, 52), {N, C}), dw = zeros({rows, C}, DType::F32);
+  std::vector<float> dh = dout.host, want(rows * C, 0.0f);
+  embedding_backward(dw, dids, dout, begin);
+  embedding_backward(cpu(want, {rows, C}), cpu(ids, {N}), cpu(dh, {N, C}), begin);
+  EXPECT_LE(rel(dw.get(), want), kF32);
+}
+
 // ---- attention --------------------------------------------------------------------------
 
 struct AttnCase {
