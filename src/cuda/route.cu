@@ -95,7 +95,7 @@ __global__ void route_mix_kernel(bf16* y, const bf16* p0, const bf16* p1, const 
 __global__ void route_mix_backward_kernel(bf16* dp0, bf16* dp1, double* partial, const bf16* dy, const bf16* p0,
                                           const bf16* p1, const float* gate, int64_t per) {
   __shared__ double red[kBlock];
-  const int64_t b = blockIdx.y, chunk = ceil_div(per, kMixSplit), lo = blockIdx.x * chunk,
+  const int64_t b = blockIdx.y, chunk = (per + kMixSplit - 1) / kMixSplit, lo = blockIdx.x * chunk,
                 hi = lo + chunk < per ? lo + chunk : per;
   const float g0 = gate[b * 2], g1 = gate[b * 2 + 1];
   double s0 = 0.0, s1 = 0.0;
