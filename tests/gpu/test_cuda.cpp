@@ -266,6 +266,48 @@ TEST(ScaledResidual, ForwardAndBackwardMatchCpuAndRepeat) {
   EXPECT_EQ(dalpha2.get(), dalpha.get()) << "not deterministic";
 }
 
+// The routed block's gate and mix (mono, mono_reverse) on B = 3 sequences: the noise
+// makes sequences 0 and 2 take path 0 and sequence 1 path 1 by a clear margin, so both
+// devices pick the same gate; soft and every gradient against the CPU ops.
+TEST(Route, GateAndMixMatchCpuAndRepeat) {
+  REQUIRE_GPU();
+  const int64_t B = 3, T = 5, C = 45, n = B * T * C;
+  Dev x(randn(n, 93), {B, T, C}), w(randn(2 * C, 94, 0.2f), {2, C}, DType::F32);
+  Dev noise(std::vector<float>{4.0f, -4.0f, -4.0f, 4.0f, 3.0f, -3.0f}, {B, 2}, DType::F32);
+  Dev gate = zeros({B, 2}, DType::F32), soft = zeros({B, 2}, DType::F32);
+  route_gate_forward(gate, soft, x, w, noise);
+  std::vector<float> xh = x.host, wh = w.host, nh = noise.host, wg(2 * B), ws(2 * B);
+  route_gate_forward(cpu(wg, {B, 2}), cpu(ws, {B, 2}), cpu(xh, {B, T, C}), cpu(wh, {2, C}), cpu(nh, {B, 2}));
+  EXPECT_EQ(gate.get(), wg);
+  EXPECT_EQ(wg, (std::vector<float>{1, 0, 0, 1, 1, 0}));
+  EXPECT_LE(rel(soft.get(), ws), kF32);
+
+  Dev p0(randn(n, 95), {B, T, C}), p1(randn(n, 96), {B, T, C}), dy(randn(n, 97), {B, T, C});
+  Dev y = zeros({B, T, C}), dp0 = zeros({B, T, C}), dp1 = zeros({B, T, C}), dgate = zeros({B, 2}, DType::F32);
+  route_mix_forward(y, p0, p1, gate);
+  route_mix_backward(dp0, dp1, dgate, dy, p0, p1, gate);
+  std::vector<float> p0h = p0.host, p1h = p1.host, dyh = dy.host, wy(n), wd0(n), wd1(n), wdg(2 * B);
+  route_mix_forward(cpu(wy, {B, T, C}), cpu(p0h, {B, T, C}), cpu(p1h, {B, T, C}), cpu(wg, {B, 2}));
+  route_mix_backward(cpu(wd0, {B, T, C}), cpu(wd1, {B, T, C}), cpu(wdg, {B, 2}), cpu(dyh, {B, T, C}),
+                     cpu(p0h, {B, T, C}), cpu(p1h, {B, T, C}), cpu(wg, {B, 2}));
+  EXPECT_LE(rel(y.get(), wy), kOut);
+  EXPECT_LE(rel(dp0.get(), wd0), kOut);
+  EXPECT_LE(rel(dp1.get(), wd1), kOut);
+  EXPECT_LE(rel(dgate.get(), wdg), kF32);
+
+  Dev dx(randn(n, 98), {B, T, C}), dw(randn(2 * C, 99), {2, C}, DType::F32);
+  std::vector<float> dxh = dx.host, dwh = dw.host, dgh = dgate.get(), sh = soft.get();
+  route_gate_backward(dx, dw, dgate, soft, x, w);
+  route_gate_backward(cpu(dxh, {B, T, C}), cpu(dwh, {2, C}), cpu(dgh, {B, 2}), cpu(sh, {B, 2}), cpu(xh, {B, T, C}),
+                      cpu(wh, {2, C}));
+  EXPECT_LE(rel(dx.get(), dxh), kOut);
+  EXPECT_LE(rel(dw.get(), dwh), kF32);
+
+  Dev dgate2 = zeros({B, 2}, DType::F32), scratch0 = zeros({B, T, C}), scratch1 = zeros({B, T, C});
+  route_mix_backward(scratch0, scratch1, dgate2, dy, p0, p1, gate);
+  EXPECT_EQ(dgate2.get(), dgate.get()) << "not deterministic";
+}
+
 // axpby on bf16 (the residual adds): 1024 aligned takes the 16-byte path, 1024
 // misaligned and 37 x 45 the scalar one; a = 0 must not read y (NaN there).
 struct AxpbyCase {
@@ -471,6 +513,7 @@ void gpu_step_matches_cpu_step(const LlamaConfig& c, const char* what) {
   tg[7] = kIgnoreIndex;
   LlamaStage host(c, StageSpec::whole(c), B, T), gpu(c, StageSpec::whole(c), B, T, 1, {}, Device::CUDA);
   host.init_weights(7), gpu.init_weights(7);
+  host.set_gate_noise(7, 0), gpu.set_gate_noise(7, 0);  // routed layers: training noise
   host.forward(cpu(ids, {B, T})), gpu.forward(cpu(ids, {B, T}));
   const double lc = host.loss(cpu(tg, {B * T})), lg = gpu.loss(cpu(tg, {B * T}));
   EXPECT_NEAR(lg, lc, 2e-2 * std::abs(lc)) << "summed loss";
@@ -489,15 +532,17 @@ void gpu_step_matches_cpu_step(const LlamaConfig& c, const char* what) {
               gi.shape.numel() - int64_t(a.size()))
         << gi.name << ": a gradient in the stored padding is not zero";
     const double e = rel_l2(a, b);
-    if (host.params().info(i).kind == ParamKind::ResidualScale) {
+    const ParamKind kind = host.params().info(i).kind;
+    if (kind == ParamKind::ResidualScale || kind == ParamKind::Router) {
       // A learned residual scale's gradient is one dot product sum(dr * x) over N*C
       // terms of both signs, taken from bf16 activations and gradients on the GPU: its
       // relative error is not bounded by kStep (measured under emulation: up to 0.59).
-      // The op itself is checked on identical inputs by ScaledResidual.*; here only that
-      // it is finite, and its error is printed.
-      EXPECT_TRUE(std::isfinite(a[0])) << host.params().info(i).name;
-      std::printf("[ gpu step ] %s: %s relative error %.2e (not bounded, see above)\n", what,
-                  host.params().info(i).name.c_str(), e);
+      // A router's gradient comes from the same kind of sum (the gate's, over the
+      // sequence's T*C outputs). The ops themselves are checked on identical inputs by
+      // ScaledResidual.* and Route.*; here only that it is finite, and its error is printed.
+      for (float v : a) EXPECT_TRUE(std::isfinite(v)) << host.params().info(i).name;
+      std::printf("[ gpu step ] %s: %s relative error %.2e (not bounded, see above)\n",
+                  what, host.params().info(i).name.c_str(), e);
       continue;
     }
     worst = std::max(worst, e);
@@ -573,7 +618,7 @@ TEST(Padding, GpuCheckpointHasTheCpusBytes) {
 
 INSTANTIATE_TEST_SUITE_P(Schemes, ModelStep,
                          ::testing::Values(NormScheme::Pre, NormScheme::LNS, NormScheme::Post, NormScheme::Sandwich,
-                                           NormScheme::ScaleResPre, NormScheme::Hybrid),
+                                           NormScheme::ScaleResPre, NormScheme::Hybrid, NormScheme::Mono),
                          [](const auto& info) { return std::string(norm_scheme_name(info.param)); });
 
 TEST(ModelStep, TwoIdenticalGpuStepsAreBitwiseEqual) {
