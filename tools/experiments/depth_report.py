@@ -348,25 +348,50 @@ def plots(report, out_dir):
         fig.savefig(os.path.join(out_dir, "depth_study_%s.png" % fname), dpi=110)
         plt.close(fig)
 
-    # 5. validation loss curves at 12 blocks (each seed) and the budget axis
+    # 5. validation loss during training: every run with a kept curve at 12 blocks (one line
+    # style per learning rate) and the budget axis (dashed); summarised configurations have none
     fig, ax = plt.subplots(figsize=(6, 4))
+    styles = ["-", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
+    lrs12 = sorted({c["lr"] for c in cells if c["layers"] == 12 and c.get("curves")})
+    drawn = 0
     for c in cells:
-        if c["scheme"] in ("pre", "lns") and abs(c["lr"] - 2e-3) < 1e-12 and abs(c["embed_std"] - 0.02) < 1e-12 \
-                and (c["layers"] == 12 or c["steps"] != 400):
-            for seed, curve in c.get("curves", {}).items():
-                if curve:
-                    ax.plot([p[0] for p in curve], [p[1] for p in curve], color=colors[c["scheme"]],
-                            linestyle="-" if c["steps"] == 400 else "--", alpha=0.7,
-                            label="%s %d blocks %d steps" % (c["scheme"], c["layers"], c["steps"]) if seed == str(
-                                min(int(s) for s in c["curves"])) else None)
+        if not c.get("curves") or c["scheme"] not in colors or not (c["layers"] == 12 or c["steps"] != 400):
+            continue
+        ls = "--" if c["steps"] != 400 else styles[lrs12.index(c["lr"]) % len(styles)]
+        for i, (seed, curve) in enumerate(sorted(c["curves"].items())):
+            if curve:
+                ax.plot([p[0] for p in curve], [p[1] for p in curve], color=colors[c["scheme"]], linestyle=ls,
+                        alpha=0.8, label=None if i else "%s %d blocks lr %g %d steps" % (
+                            c["scheme"], c["layers"], c["lr"], c["steps"]))
+                drawn += 1
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss")
     ax.set_ylim(top=7.0)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "depth_study_loss.png"), dpi=110)
+    if drawn:  # else the figure on disk stays
+        fig.savefig(os.path.join(out_dir, "depth_study_loss.png"), dpi=110)
     plt.close(fig)
+
+    # 5b. the schemes at 12 blocks, shared rate: residual variance and skip cost per block
+    sch = [c for c in shared if c["layers"] == 12 and c.get("variance")]
+    if len({c["scheme"] for c in sch}) > 2:
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+        for c in sorted(sch, key=lambda c: list(colors).index(c["scheme"]) if c["scheme"] in colors else 99):
+            kw = dict(marker=".", color=colors.get(c["scheme"], "black"), label="%s (n=%d)" % (c["scheme"], c["n"]))
+            axes[0].plot(range(12), c["variance"], **kw)
+            axes[1].plot(range(12), c["drop_pct"], **kw)
+        axes[0].set_yscale("log")
+        axes[0].set_ylabel("residual variance after the block")
+        axes[1].set_yscale("symlog", linthresh=0.1)
+        axes[1].set_ylabel("perplexity increase when skipped (%)")
+        for ax in axes:
+            ax.set_xlabel("block")
+        axes[1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "depth_study_schemes.png"), dpi=110)
+        plt.close(fig)
 
     # 6. learning-rate sweep
     sweep = [c for c in cells if c["steps"] == 400 and abs(c["embed_std"] - 0.02) < 1e-12 and c["scheme"] in ("pre", "lns")]
