@@ -201,6 +201,11 @@ class RecordTest(unittest.TestCase):
             best = {b["scheme"]: b for b in report["best_lr"]}
             self.assertEqual(best["pre"]["lr"], 8e-3)  # 4.5 (prior) < 5.1
             self.assertEqual(report["prior_runs"], 3)
+            self.assertEqual(report["timing"]["runs"], 9)
+            # the study directory and the records together: each run once
+            both = depth_report.build_report(depth_report.find_runs(study) + depth_report.find_records(rec))
+            self.assertEqual((both["runs"], both["timing"]["runs"]), (10, 10))
+            self.assertEqual(both["cells"], depth_report.build_report(depth_report.find_runs(study))["cells"])
             md = depth_doc.tables(report)
             self.assertIn("| 0.008 | 4.5000 (1) * | 4.4000 (1) * | -0.1001 | one seed |", md)
             self.assertIn("Measured (prior_x.json): 3 runs, 4800 block-steps", md)

@@ -249,12 +249,14 @@ def compare(a, b):
 def build_report(runs, prior=()):
     """runs: read_run/read_record dicts (one per run name; the first of a name counts);
     prior: load_prior's summaries, used for the configurations no run covers."""
-    groups, seen = {}, set()
-    for r in runs:
+    groups, seen, uniq = {}, set(), []
+    for r in runs:  # a run both in the study directory and in the records counts once
         name = run_name(r["cell"])
         if name not in seen:
             seen.add(name)
+            uniq.append(r)
             groups.setdefault(key_of(r["cell"]), []).append(r)
+    runs = uniq
     cells = {k: summarize_cell(k, v) for k, v in groups.items()}
     prior_cmp = {}
     for p in prior:
