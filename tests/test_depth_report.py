@@ -207,7 +207,9 @@ class RecordTest(unittest.TestCase):
             self.assertEqual((both["runs"], both["timing"]["runs"]), (10, 10))
             self.assertEqual(both["cells"], depth_report.build_report(depth_report.find_runs(study))["cells"])
             md = depth_doc.tables(report)
-            self.assertIn("| 0.008 | 4.5000 (1) * | 4.4000 (1) * | -0.1001 | one seed |", md)
+            self.assertIn("| 0.008 | 4.5000 (1) * | 4.4000 (1) * | -0.1001 | one seed | - | - | - | - |", md)
+            self.assertIn("| 0.002 | 5.1000 +- 0.1000 (3) | 4.8000 +- 0.1000 (3) | -0.3000 | yes | x5.00 | x2.00 | "
+                          "20.00 | 10.00 |", md)
             self.assertIn("Measured (prior_x.json): 3 runs, 4800 block-steps", md)
             # the one rule for a finished cell: a record, a prior summary, or a result in the study
             prior = depth_study.prior_names(rec)

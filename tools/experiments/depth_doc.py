@@ -108,14 +108,18 @@ def tables(report, missing=(), jobs=2):
                                              and close(c["embed_std"], EMB) and c["scheme"] in ("pre", "lns")}) > 1]
     for L in sweep_depths:
         w("### Learning-rate sweep, %d blocks, %d steps\n" % (L, STEPS))
-        w("| peak lr | pre | lns | lns - pre | beyond spread |")
-        w("|---|---|---|---|---|")
+        w("| peak lr | pre | lns | lns - pre | beyond spread | variance growth pre | lns |"
+          " skip cost deep half pre (%) | lns |")
+        w("|---|---|---|---|---|---|---|---|---|")
         for lr in lrs:
             p, l = find(cells, L, "pre", lr=lr), find(cells, L, "lns", lr=lr)
             if p is None and l is None:
                 continue
             d, _, beyond = diff_cells(comparison(report, p, l))
-            w("| %g | %s | %s | %s | %s |" % (lr, loss_cell(p), loss_cell(l), d, beyond))
+            g = lambda c, k, spec: fmt(c.get(k), spec) if c and c["n"] else "-"
+            w("| %g | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                lr, loss_cell(p), loss_cell(l), d, beyond, g(p, "variance_growth", "x%.2f"),
+                g(l, "variance_growth", "x%.2f"), g(p, "drop_deep_half", "%.2f"), g(l, "drop_deep_half", "%.2f")))
         best = {b["scheme"]: b for b in report["best_lr"] if b["layers"] == L and b["steps"] == STEPS
                 and close(b["embed_std"], EMB)}
         if best:
