@@ -25,11 +25,13 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   SIM_BUILD_DIR=${SIM_BUILD_DIR:-build-sim}
   cmake -S . -B "$SIM_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
         -DLNS_CUDA_SIM=ON -DLNS_SANITIZE=ON >/dev/null
-  cmake --build "$SIM_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train
-  # gpu_tiny_run (80 steps), the T=4096 fused attention case (label slow) and the NCCL
-  # overlap run gpu_nccl_dp2 (over 10 minutes under ASan here; about 3 minutes in a
-  # Release build-sim) take too long for CI; run them by hand (docs/cuda.md).
-  SIM_EXCLUDE='gpu_tiny_run|gpu_nccl_dp2'
+  cmake --build "$SIM_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \
+        lns_bench_step
+  # gpu_tiny_run (80 steps) and the T=4096 fused attention case (label slow) take too
+  # long for CI; run them by hand (docs/cuda.md). gpu_nccl_dp2 is back: it never took
+  # long, it hung (the emulated cudaStreamQuery never ran queued work, so the polling
+  # wait of cuda::synchronize with NCCL watches spun for ever); 47 s in Release now.
+  SIM_EXCLUDE='gpu_tiny_run'
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LNS_SIM_CHECKS=reverse,race \
     ctest --test-dir "$SIM_BUILD_DIR" -L gpu -LE slow -E "$SIM_EXCLUDE" --output-on-failure -j"$(nproc)"

@@ -708,7 +708,15 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   Lock lock(mu());
   CUstream_st* s = lns::sim::resolve(stream);
-  return s->completed >= s->last_enqueued ? cudaSuccess : cudaErrorNotReady;
+  // Queued work runs only when the host looks at it. A GPU finishes it eventually, so a
+  // query of unfinished work runs it: a polling wait (cuda::synchronize while NCCL
+  // watches are registered) then ends instead of spinning for ever, and it counts as
+  // the host synchronisation it stands for.
+  if (s->completed < s->last_enqueued) {
+    lns::sim::host_sync_counted();
+    lns::sim::run_until(s, s->last_enqueued);
+  }
+  return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   Lock lock(mu());
