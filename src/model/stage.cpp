@@ -163,8 +163,9 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
         if (n->active()) num_stats = std::max(num_stats, n->stat + 1);
   // A slot of chunk c holds the activations of chunk c's layers only.
   slots_.resize(chunk_slots.size());
-  for (int c = 0; c < num_chunks(); ++c)
-  for (int i = 0; i < chunk_slots[c]; ++i) {
+  std::vector<int> slot_chunks;  // the chunk of every slot, in order
+  for (int c = 0; c < num_chunks(); ++c) slot_chunks.insert(slot_chunks.end(), chunk_slots[c], c);
+  for (const int c : slot_chunks) {
     const bool embeds = spec_.has_embedding && c == 0, heads = spec_.has_head && c == num_chunks() - 1;
     auto slot = std::make_unique<Slot>();
     slot->first_local = chunk_begin_[c];
@@ -235,9 +236,13 @@ void LlamaStage::register_params() {
     embed_ = rows("model.embed_tokens.weight", V, C, vshard_, ParamKind::Embedding, -1);
 
   int next_stat = 0;
+  std::vector<int> globals;  // the stage's layers, chunk after chunk
   chunk_begin_ = {0};
   for (const auto& [first, last] : spec_.chunk_ranges()) {
-  for (int g = first; g < last; ++g) {
+    for (int g = first; g < last; ++g) globals.push_back(g);
+    chunk_begin_.push_back(static_cast<int>(globals.size()));
+  }
+  for (const int g : globals) {
     Layer l;
     l.global = g;
     l.first_param = p.size();
@@ -280,8 +285,6 @@ void LlamaStage::register_params() {
     l.wu = rows(layer_name(g, "mlp.up_proj.weight"), F, C, fshard_, ParamKind::Up, g);
     l.wd = cols(layer_name(g, "mlp.down_proj.weight"), C, F, fshard_, ParamKind::Down, g);
     layers_.push_back(std::move(l));
-  }
-  chunk_begin_.push_back(static_cast<int>(layers_.size()));
   }
   if (spec_.has_head) {
     final_gain_ = p.add("model.norm.weight", {C}, ParamKind::NormGain, -1);
