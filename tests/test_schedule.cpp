@@ -1,6 +1,6 @@
 // The 1F1B order (lns/pipeline_schedule.h) as a pure function, against its contract
 // rather than its own formula: every micro-batch runs forward once and backward once,
-// forward before backward, backwards in micro-batch order, at most slots_for() in
+// forward before backward, backwards in micro-batch order, at most chunk_slots() in
 // flight, and the example of docs/parallelism.md. tests/mpi/ runs it across ranks.
 #include <gtest/gtest.h>
 
@@ -38,7 +38,7 @@ TEST(Schedule1F1B, EveryMicroBatchOnceForwardBeforeBackwardWithinSlots) {
         // last stage: min(M, P - s) is both the bound and what the schedule reaches.
         const int bound = std::min(M, P - s);
         EXPECT_EQ(most, bound) << "M " << M << " stage " << s << "/" << P;
-        EXPECT_EQ(PipelineSchedule1F1B::slots_for(M, s, P), bound);
+        EXPECT_EQ(chunk_slots(M, s, P, 1), std::vector<int>{bound});
       }
 }
 

@@ -2,7 +2,7 @@
 // one-forward-one-backward order (warm-up forwards, steady 1F1B, cool-down
 // backwards), sending activations to the next stage and gradients to the previous
 // one. Stage s keeps at most min(M, P - s) micro-batches in flight, which is the
-// number of activation slots its LlamaStage is built with (slots_for()).
+// number of activation slots its LlamaStage is built with (chunk_slots()).
 //
 // With V > 1 virtual stages (layout.virtual_stages) each rank holds V model chunks
 // and runs Megatron's interleaved 1F1B: model chunk k = c*P + s is chunk c of rank
@@ -47,8 +47,6 @@ double pipeline_bubble(int num_micro, int stages, int chunks);
 
 class PipelineSchedule1F1B {
  public:
-  static int slots_for(int num_micro, int stage, int stages);
-
   PipelineSchedule1F1B(ProcessGrid& grid, LlamaStage& stage, int num_micro);
 
   // One training pass: inputs(m) gives micro-batch m's token ids [B,T] (first stage),

@@ -64,8 +64,6 @@ std::vector<int> chunk_slots(int M, int s, int P, int V) {
 
 double pipeline_bubble(int M, int P, int V) { return double(P - 1) / (double(V) * M); }
 
-int PipelineSchedule1F1B::slots_for(int M, int s, int P) { return std::max(1, std::min(M, P - s)); }
-
 PipelineSchedule1F1B::PipelineSchedule1F1B(ProcessGrid& grid, LlamaStage& stage, int num_micro)
     : grid_(grid), stage_(stage), num_micro_(num_micro), chunks_(grid.layout.virtual_stages) {
   LNS_CHECK(stage.num_chunks() == chunks_) << "the stage holds " << stage.num_chunks() << " chunks, the layout "
