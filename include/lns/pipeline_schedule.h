@@ -52,13 +52,16 @@ class PipelineSchedule1F1B {
   // One training pass: inputs(m) gives micro-batch m's token ids [B,T] (first stage),
   // targets(m) its targets [B*T] (last stage). Parameter gradients accumulate in the
   // stage, scaled by grad_scale. on_logits(m, logits) sees the last stage's logits
-  // before backward overwrites them; before_last_backward() runs just before this
-  // rank's last backward op (micro-batch M-1, chunk 0), after which every gradient
-  // the stage reports ready is final. Returns the sum of token losses (last stage; 0
-  // elsewhere). The stage needs chunk_slots() activation slots per chunk.
+  // before backward overwrites them; before_forward(m, slot, chunk) runs just before
+  // micro-batch m's forward through the stage's `chunk` (in the slot it will use);
+  // before_last_backward() just before this rank's last backward op (micro-batch M-1,
+  // chunk 0), after which every gradient the stage reports ready is final. Returns the
+  // sum of token losses (last stage; 0 elsewhere). The stage needs chunk_slots()
+  // activation slots per chunk.
   double train(const std::function<Tensor(int)>& inputs, const std::function<Tensor(int)>& targets,
                float grad_scale, const std::function<void(int, Tensor)>& on_logits = {},
-               const std::function<void()>& before_last_backward = {});
+               const std::function<void()>& before_last_backward = {},
+               const std::function<void(int, int, int)>& before_forward = {});
   // Forward only, micro-batches one after another (evaluation), each through every
   // chunk in order, in slot 0. Returns the loss sum. tag_base offsets the message
   // tags (callers making several calls in a row).

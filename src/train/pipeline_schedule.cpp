@@ -105,7 +105,8 @@ Tensor PipelineSchedule1F1B::forward_micro(int m, int tag_m, int slot, int chunk
 double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
                                    const std::function<Tensor(int)>& targets, float grad_scale,
                                    const std::function<void(int, Tensor)>& on_logits,
-                                   const std::function<void()>& before_last_backward) {
+                                   const std::function<void()>& before_last_backward,
+                                   const std::function<void(int, int, int)>& before_forward) {
   Communicator& world = grid_.world();
   const Layout& layout = grid_.layout;
   const int s = grid_.coords.pp, P = layout.pp;
@@ -117,6 +118,7 @@ double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
     OwnedTensor& sa = send_act_[m * chunks_ + c];
     OwnedTensor& sg = send_grad_[m * chunks_ + c];
     if (ops[i].forward) {
+      if (before_forward) before_forward(m, slot, c);
       const Tensor out = forward_micro(m, m, slot, c, inputs);
       if (model_last(c)) {
         // kept on the device; read once after the last micro-batch
