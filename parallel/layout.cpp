@@ -17,28 +17,47 @@ int Layout::rank_of(RankCoords c) const { return c.tp + c.dp * tp + c.pp * tp * 
 RankCoords Layout::coords_of(int rank) const { return {rank % tp, (rank / tp) % dp, rank / (tp * dp)}; }
 
 std::pair<int, int> Layout::stage_range(int pp_rank) const {
-  LNS_CHECK(pp_rank >= 0 && pp_rank < static_cast<int>(stage_layers.size()))
-      << "stage " << pp_rank << " of a layout with " << stage_layers.size()
-      << " stages split (layout_for_model fills the split)";
-  return stage_layers[pp_rank];
+  LNS_CHECK(virtual_stages == 1) << "a stage of an interleaved layout is several ranges: stage_chunks()";
+  return stage_chunks(pp_rank)[0];
 }
 
-std::string Layout::brief() const { return absl::StrCat("tp=", tp, " pp=", pp, " dp=", dp, zero ? " zero" : ""); }
+std::vector<std::pair<int, int>> Layout::stage_chunks(int pp_rank) const {
+  LNS_CHECK(pp_rank >= 0 && pp_rank < pp && static_cast<int>(stage_layers.size()) == pp * virtual_stages)
+      << "stage " << pp_rank << " of a layout with " << stage_layers.size()
+      << " chunks split (layout_for_model fills the split)";
+  std::vector<std::pair<int, int>> chunks;
+  for (int c = 0; c < virtual_stages; ++c) chunks.push_back(stage_layers[chunk_index(pp_rank, c)]);
+  return chunks;
+}
+
+std::string Layout::brief() const {
+  return absl::StrCat("tp=", tp, " pp=", pp, " dp=", dp,
+                      virtual_stages > 1 ? absl::StrCat(" vp=", virtual_stages) : "", zero ? " zero" : "");
+}
 
 std::string Layout::describe() const {
   std::string s = absl::StrCat("world ", world_size(), " = tp ", tp, " x dp ", dp, " x pp ", pp,
                                " (rank = tp + dp*", tp, " + pp*", tp * dp, ")");
-  const int stages = static_cast<int>(stage_layers.size());
-  for (int p = 0; p < stages; ++p)
-    absl::StrAppend(&s, "\n  stage ", p, ": layers ", stage_layers[p].first, "..", stage_layers[p].second - 1,
-                    " (", stage_layers[p].second - stage_layers[p].first, ")", p == 0 ? " + embedding" : "",
-                    p + 1 == stages ? " + final norm + head" : "", ", ranks ", rank_of({0, 0, p}), "..",
-                    rank_of({tp - 1, dp - 1, p}));
+  if (virtual_stages > 1) absl::StrAppend(&s, ", ", virtual_stages, " model chunks per stage (interleaved)");
+  if (static_cast<int>(stage_layers.size()) != pp * virtual_stages) return s;  // not split yet
+  for (int p = 0; p < pp; ++p) {
+    absl::StrAppend(&s, "\n  stage ", p, ": layers ");
+    int count = 0;
+    const auto chunks = stage_chunks(p);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      absl::StrAppend(&s, c ? ", " : "", chunks[c].first, "..", chunks[c].second - 1);
+      count += chunks[c].second - chunks[c].first;
+    }
+    absl::StrAppend(&s, " (", count, ")", p == 0 ? " + embedding" : "", p + 1 == pp ? " + final norm + head" : "",
+                    ", ranks ", rank_of({0, 0, p}), "..", rank_of({tp - 1, dp - 1, p}));
+  }
   return s;
 }
 
 nlohmann::json Layout::to_json() const {
-  return {{"tp", tp}, {"pp", pp}, {"dp", dp}, {"zero", zero}, {"stage_layers", stage_layers}};
+  nlohmann::json j = {{"tp", tp}, {"pp", pp}, {"dp", dp}, {"zero", zero}, {"stage_layers", stage_layers}};
+  if (virtual_stages > 1) j["virtual_stages"] = virtual_stages;  // absent in older manifests: 1
+  return j;
 }
 
 Layout Layout::from_json(const JsonIn& j, int num_layers) {
@@ -47,9 +66,11 @@ Layout Layout::from_json(const JsonIn& j, int num_layers) {
   l.pp = static_cast<int>(j["pp"].integer(1, kMaxRanks));
   l.dp = static_cast<int>(j["dp"].integer(1, kMaxRanks));
   l.zero = j["zero"].boolean();
+  if (j.has("virtual_stages")) l.virtual_stages = static_cast<int>(j["virtual_stages"].integer(1, kMaxRanks));
   const JsonIn stages = j["stage_layers"];
-  if (stages.size() != static_cast<size_t>(l.pp))
-    stages.error("has ", std::to_string(stages.size()), " stages, layout.pp is ", std::to_string(l.pp));
+  if (stages.size() != static_cast<size_t>(int64_t{l.pp} * l.virtual_stages))
+    stages.error("has ", std::to_string(stages.size()), " stages, layout.pp is ", std::to_string(l.pp),
+                 l.virtual_stages > 1 ? absl::StrCat(" x virtual_stages ", l.virtual_stages) : "");
   int next = 0;
   for (size_t s = 0; s < stages.size(); ++s) {
     const auto r = stages.at(s).integers(2, 2, 0, num_layers);
@@ -72,21 +93,29 @@ Layout layout_for_world(int tp, int pp, int world) {
   return l;
 }
 
-std::vector<std::pair<int, int>> split_layers(int num_layers, int pp, const std::string& pp_layers) {
+std::vector<std::pair<int, int>> split_layers(int num_layers, int pp, const std::string& pp_layers,
+                                              int virtual_stages) {
+  const int V = virtual_stages;
+  LNS_REQUIRE(V >= 1 && V <= kMaxRanks, "--virtual_stages must be >= 1, got ", V);
+  LNS_REQUIRE(V == 1 || pp > 1, "--virtual_stages=", V, " interleaves pipeline stages: it needs --pp > 1");
+  // One range per model chunk; a stage is a chunk when V = 1, and the messages say so.
+  const int64_t pieces = int64_t{pp} * V;
+  const std::string what = V == 1 ? absl::StrCat("--pp=", pp, " stages")
+                                  : absl::StrCat("--pp=", pp, " x --virtual_stages=", V, " = ", pieces, " model chunks");
   std::vector<int> counts;
   if (pp_layers.empty()) {
-    LNS_REQUIRE(pp <= num_layers, "--pp=", pp, " stages for ", num_layers,
-                " layers: every stage needs at least one layer");
-    for (int p = 0; p < pp; ++p) counts.push_back(num_layers / pp + (p < num_layers % pp ? 1 : 0));
+    LNS_REQUIRE(pieces <= num_layers, what, " for ", num_layers, " layers: every ",
+                V == 1 ? "stage" : "chunk", " needs at least one layer");
+    for (int k = 0; k < pieces; ++k) counts.push_back(num_layers / pieces + (k < num_layers % pieces ? 1 : 0));
   } else {
     for (absl::string_view part : absl::StrSplit(pp_layers, ',')) {
       int c = 0;
-      LNS_REQUIRE(absl::SimpleAtoi(part, &c) && c >= 1, "--pp_layers=", pp_layers,
-                  ": expected positive layer counts per stage, e.g. 3,2,2");
+      LNS_REQUIRE(absl::SimpleAtoi(part, &c) && c >= 1, "--pp_layers=", pp_layers, ": expected positive layer counts per ",
+                  V == 1 ? "stage, e.g. 3,2,2" : "model chunk in layer order, e.g. 2,2,2,1");
       counts.push_back(c);
     }
-    LNS_REQUIRE(static_cast<int>(counts.size()) == pp, "--pp_layers=", pp_layers, " names ", counts.size(),
-                " stages but --pp=", pp);
+    LNS_REQUIRE(static_cast<int64_t>(counts.size()) == pieces, "--pp_layers=", pp_layers, " names ", counts.size(),
+                V == 1 ? " stages but " : " model chunks but ", what);
     int64_t sum = 0;
     for (int c : counts) sum += c;
     LNS_REQUIRE(sum == num_layers, "--pp_layers=", pp_layers, " adds up to ", sum, " layers but --num_layers=",

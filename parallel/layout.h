@@ -14,6 +14,10 @@
 //    rank owning zero_shard() of the flat buffer).
 //  - pipeline: stage s holds global layers stage_layers[s] = [first, last); it sends
 //    activations to the same (tp, dp) rank of stage s+1 and receives gradients back.
+//    With V = virtual_stages > 1 (interleaved 1F1B) the layers are cut into P*V model
+//    chunks, stage_layers[k] for chunk k, dealt round-robin: chunk k = c*P + s is
+//    chunk c of stage s (chunk_index). Stage P-1 sends chunk c's output to stage 0's
+//    chunk c+1. Layer numbers stay global, so every scheme computes what it did.
 //  - embed group (tied embeddings, pp > 1): the first and the last stage of the same
 //    (tp, dp) sum the embedding gradient so both copies stay equal.
 //
@@ -42,7 +46,9 @@ struct RankCoords {
 struct Layout {
   int tp = 1, pp = 1, dp = 1;
   bool zero = false;  // ZeRO-1: AdamW moments sharded over the dp ranks
-  // Global layers [first, last) of each stage; empty until the model side splits.
+  int virtual_stages = 1;  // V: model chunks per pipeline rank (interleaved 1F1B)
+  // Global layers [first, last) of each model chunk (of each stage when V = 1), in
+  // layer order; empty until the model side splits.
   std::vector<std::pair<int, int>> stage_layers;
 
   int world_size() const { return tp * pp * dp; }
@@ -51,8 +57,16 @@ struct Layout {
   RankCoords coords_of(int rank) const;
   bool first_stage(int pp_rank) const { return pp_rank == 0; }
   bool last_stage(int pp_rank) const { return pp_rank == pp - 1; }
-  // The global layers [first, last) of stage pp_rank (the split must be filled).
+  // The global layers [first, last) of stage pp_rank (the split must be filled; V = 1).
   std::pair<int, int> stage_range(int pp_rank) const;
+  // Model chunk c of stage pp_rank is chunk chunk_index() of the model: round-robin.
+  int chunk_index(int pp_rank, int c) const { return c * pp + pp_rank; }
+  // The global layers [first, last) of each of stage pp_rank's V chunks, in order.
+  std::vector<std::pair<int, int>> stage_chunks(int pp_rank) const;
+  // The ranks a stage's chunks talk to: the same (tp, dp) on the stage after / before,
+  // wrapping around from the last stage to the first for the next chunk.
+  int next_stage_rank(RankCoords c) const { return rank_of({c.tp, c.dp, (c.pp + 1) % pp}); }
+  int prev_stage_rank(RankCoords c) const { return rank_of({c.tp, c.dp, (c.pp + pp - 1) % pp}); }
   // The part of a flat buffer of `numel` elements that dp rank `dp_rank` owns under
   // ZeRO (and sums in the gradient norm either way): the split of parallel/shard.h.
   ShardRange zero_shard(int64_t numel, int dp_rank) const { return shard_range(numel, dp, dp_rank); }
@@ -62,10 +76,11 @@ struct Layout {
   // "world 8 = tp 2 x dp 2 x pp 2 (rank = ...)" and one line per stage with its
   // global layers and ranks, printed at start-up.
   std::string describe() const;
-  // The manifest's "layout" object: {"tp", "pp", "dp", "zero", "stage_layers"}.
+  // The manifest's "layout" object: {"tp", "pp", "dp", "zero", "stage_layers"}, and
+  // "virtual_stages" when it is above 1 (absent reads as 1).
   nlohmann::json to_json() const;
-  // Reads and validates that object (stages cover 0..num_layers in order, each at
-  // least one layer); UserError naming the file and field.
+  // Reads and validates that object (pp * virtual_stages ranges that cover
+  // 0..num_layers in order, each at least one layer); UserError naming the file and field.
   static Layout from_json(const JsonIn& j, int num_layers);
 
   bool operator==(const Layout&) const = default;
@@ -75,9 +90,11 @@ struct Layout {
 // UserError naming --tp / --pp when they are below 1 or do not divide the world.
 Layout layout_for_world(int tp, int pp, int world);
 
-// The global layers [first, last) of every stage: an even split with the extra layers
-// on the first stages, or the counts of --pp_layers=a,b,c. UserError when the counts
-// do not add up or a stage would be empty.
-std::vector<std::pair<int, int>> split_layers(int num_layers, int pp, const std::string& pp_layers);
+// The global layers [first, last) of every model chunk, pp * virtual_stages of them
+// in layer order: an even split with the extra layers on the first chunks, or the
+// counts of --pp_layers=a,b,c (one per chunk). UserError when the counts do not add
+// up, a chunk would be empty, or --virtual_stages is below 1 or above 1 with --pp=1.
+std::vector<std::pair<int, int>> split_layers(int num_layers, int pp, const std::string& pp_layers,
+                                              int virtual_stages = 1);
 
 }  // namespace lns

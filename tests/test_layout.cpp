@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <utility>
 
 #include "lns/errors.h"
 #include "lns/json_in.h"
@@ -177,6 +178,62 @@ TEST(Layout, OnePrinter) {
             "world 8 = tp 2 x dp 2 x pp 2 (rank = tp + dp*2 + pp*4)\n"
             "  stage 0: layers 0..3 (4) + embedding, ranks 0..3\n"
             "  stage 1: layers 4..6 (3) + final norm + head, ranks 4..7");
+}
+
+// Virtual stages: pp * V model chunks, dealt round-robin (chunk k = c*pp + s is chunk
+// c of stage s), layer numbers global; the manifest, the printer and the flags say so.
+TEST(Layout, VirtualStagesDealChunksRoundRobin) {
+  LlamaConfig cfg;
+  cfg.num_layers = 7, cfg.num_heads = 4, cfg.num_kv_heads = 2;
+  Layout want = sizes(1, 2, 1);
+  want.virtual_stages = 3;
+  const Layout l = layout_for_model(cfg, want, "");
+  // 7 layers over 6 chunks: the first chunk takes the extra one.
+  EXPECT_EQ(l.stage_layers, (std::vector<std::pair<int, int>>{{0, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 6}, {6, 7}}));
+  EXPECT_EQ(l.stage_chunks(0), (std::vector<std::pair<int, int>>{{0, 2}, {3, 4}, {5, 6}}));
+  EXPECT_EQ(l.stage_chunks(1), (std::vector<std::pair<int, int>>{{2, 3}, {4, 5}, {6, 7}}));
+  const StageSpec first = stage_spec(l, 0), last = stage_spec(l, 1);
+  EXPECT_EQ(first.chunk_ranges(), l.stage_chunks(0));
+  EXPECT_EQ(first.num_chunks(), 3);
+  EXPECT_EQ(first.first_layer, 0);
+  EXPECT_EQ(first.last_layer, 2);
+  EXPECT_TRUE(first.has_embedding && !first.has_head);
+  EXPECT_EQ(last.chunk_ranges(), l.stage_chunks(1));
+  EXPECT_TRUE(!last.has_embedding && last.has_head);
+  // Every layer on exactly one stage, each stage's chunks in layer order.
+  std::vector<int> owner(7, -1);
+  for (int s = 0; s < 2; ++s)
+    for (const auto& [a, b] : l.stage_chunks(s))
+      for (int g = a; g < b; ++g) EXPECT_EQ(std::exchange(owner[g], s), -1) << g;
+  for (int g = 0; g < 7; ++g) EXPECT_GE(owner[g], 0) << g;
+  // Ranks of the next and previous chunk wrap from the last stage to the first.
+  const Layout w = layout_for_world(2, 3, 12);
+  EXPECT_EQ(w.next_stage_rank({1, 1, 2}), w.rank_of({1, 1, 0}));
+  EXPECT_EQ(w.prev_stage_rank({1, 1, 0}), w.rank_of({1, 1, 2}));
+  EXPECT_EQ(w.next_stage_rank({1, 0, 0}), w.rank_of({1, 0, 1}));
+  // --pp_layers names one count per chunk.
+  EXPECT_EQ(split_layers(7, 2, "1,2,1,3", 2), (std::vector<std::pair<int, int>>{{0, 1}, {1, 3}, {3, 4}, {4, 7}}));
+  expect_user_error([] { split_layers(7, 2, "3,4", 2); },
+                    "--pp_layers=3,4 names 2 model chunks but --pp=2 x --virtual_stages=2 = 4 model chunks");
+  expect_user_error([&] { layout_for_model(cfg, [] { Layout x = sizes(1, 4, 1); x.virtual_stages = 2; return x; }(), ""); },
+                    "--pp=4 x --virtual_stages=2 = 8 model chunks for 7 layers: every chunk needs at least one layer");
+  expect_user_error([] { split_layers(7, 1, "", 2); }, "--virtual_stages=2 interleaves pipeline stages: it needs --pp > 1");
+  expect_user_error([] { split_layers(7, 2, "", 0); }, "--virtual_stages must be >= 1, got 0");
+  // The manifest: "virtual_stages" written when above 1, and read back.
+  EXPECT_EQ(l.to_json().dump(),
+            R"({"dp":1,"pp":2,"stage_layers":[[0,2],[2,3],[3,4],[4,5],[5,6],[6,7]],"tp":1,"virtual_stages":3,"zero":false})");
+  EXPECT_EQ(Layout::from_json(JsonIn(l.to_json(), "m.json", "layout"), 7), l);
+  nlohmann::json bad = l.to_json();
+  bad["virtual_stages"] = 2;
+  expect_user_error([&] { Layout::from_json(JsonIn(bad, "m.json", "layout"), 7); },
+                    "m.json: layout.stage_layers: has 6 stages, layout.pp is 2 x virtual_stages 2");
+  bad["virtual_stages"] = 0;
+  expect_user_error([&] { Layout::from_json(JsonIn(bad, "m.json", "layout"), 7); }, "m.json: layout.virtual_stages");
+  EXPECT_EQ(l.brief(), "tp=1 pp=2 dp=1 vp=3");
+  EXPECT_EQ(l.describe(),
+            "world 2 = tp 1 x dp 1 x pp 2 (rank = tp + dp*1 + pp*1), 3 model chunks per stage (interleaved)\n"
+            "  stage 0: layers 0..1, 3..3, 5..5 (4) + embedding, ranks 0..0\n"
+            "  stage 1: layers 2..2, 4..4, 6..6 (3) + final norm + head, ranks 1..1");
 }
 
 // Who reports a parameter once: split tensors on every tp rank (each its own slice),

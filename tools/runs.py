@@ -31,6 +31,8 @@ def summarize(run_dir):
             r = json.load(f)
         l = r.get("layout", {})
         info["layout"] = "tp%d pp%d dp%d" % (l.get("tp", 1), l.get("pp", 1), l.get("dp", 1))
+        if l.get("virtual_stages", 1) > 1:  # interleaved pipeline
+            info["layout"] += " vp%d" % l["virtual_stages"]
         info["hosts"] = len(set(r.get("hosts", [])))
         info["revision"] = r.get("source_revision")
         info["started"] = r.get("started")

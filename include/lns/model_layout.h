@@ -12,11 +12,13 @@
 
 namespace lns {
 
-// `layout` (sizes and zero) with the stage split filled in: even, or the counts of
-// pp_layers ("a,b,c"). UserError naming the flags when the model does not fit.
+// `layout` (sizes, virtual_stages and zero) with the split into stages (model chunks
+// when virtual_stages > 1) filled in: even, or the counts of pp_layers ("a,b,c").
+// UserError naming the flags when the model does not fit.
 Layout layout_for_model(const LlamaConfig& cfg, Layout layout, const std::string& pp_layers);
 
-// The stage that pipeline rank pp_rank of a split layout holds.
+// The stage that pipeline rank pp_rank of a split layout holds (its chunks, when the
+// layout interleaves).
 StageSpec stage_spec(const Layout& layout, int pp_rank);
 
 }  // namespace lns

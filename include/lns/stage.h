@@ -1,6 +1,9 @@
 // LlamaStage: a contiguous range [first_layer, last_layer) of the global model, plus
 // the token embedding when it is the first stage and the final norm and LM head when
 // it is the last. The single-process model is the stage that holds everything.
+// Under the interleaved pipeline a stage holds several such ranges, its model chunks
+// (StageSpec::chunks): forward/backward run one chunk, the embedding before chunk 0,
+// the head after the last; parameters stay in one flat buffer, in layer order.
 //
 // Every depth-dependent choice (LNS scale, Mix-LN role, parameter names) is made from
 // the global layer index through block_plan(), so splitting the model into stages
@@ -18,6 +21,7 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "lns/block_plan.h"
@@ -28,17 +32,32 @@
 namespace lns {
 
 struct StageSpec {
-  int first_layer = 0, last_layer = 0;  // global layer range [first, last)
-  bool has_embedding = true;
-  bool has_head = true;  // final norm + LM head + loss
+  StageSpec() = default;
+  StageSpec(int first, int last, bool embedding, bool head)
+      : first_layer(first), last_layer(last), has_embedding(embedding), has_head(head) {}
+  int first_layer = 0, last_layer = 0;  // global layer range [first, last) (of chunk 0)
+  bool has_embedding = true;  // before chunk 0
+  bool has_head = true;  // final norm + LM head + loss, after the last chunk
+  // Interleaved pipeline: the global layer ranges of every model chunk this stage
+  // holds, in order (chunks[0] = [first_layer, last_layer)); empty for one chunk.
+  std::vector<std::pair<int, int>> chunks;
   static StageSpec whole(const LlamaConfig& cfg) { return {0, cfg.num_layers, true, true}; }
+  // chunks, or the one range [first_layer, last_layer).
+  std::vector<std::pair<int, int>> chunk_ranges() const {
+    return chunks.empty() ? std::vector<std::pair<int, int>>{{first_layer, last_layer}} : chunks;
+  }
+  int num_chunks() const { return chunks.empty() ? 1 : static_cast<int>(chunks.size()); }
 };
 
 class LlamaStage {
  public:
   // device: where parameters and activations live (lns/device.h for the dtypes).
+  // num_slots activation slots for every chunk.
   LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
              int num_slots = 1, TensorParallel tp = {}, Device device = Device::CPU);
+  // chunk_slots[c] activation slots for chunk c (one entry per chunk of spec).
+  LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
+             const std::vector<int>& chunk_slots, TensorParallel tp = {}, Device device = Device::CPU);
   ~LlamaStage();
 
   // Names and logical shapes of every parameter of the whole model, in order,
@@ -74,8 +93,8 @@ class LlamaStage {
   // blocks after k only, and the next (smaller) k reads a block before them.
   Tensor forward_skipping(int global_layer, int slot = 0);
 
-  // Per-block statistics of the last forward() of `slot`, for this stage's layers
-  // (curse-of-depth diagnostics). Sums over tokens, so batches and ranks add up.
+  // Per-block statistics of the last forward() of `slot` (of every chunk), for this
+  // stage's layers (curse-of-depth diagnostics). Sums over tokens, so batches and ranks add up.
   struct LayerStats {
     int layer = 0;             // global index
     double tokens = 0;         // tokens summed
@@ -106,7 +125,8 @@ class LlamaStage {
   // forward() of `slot`. Training draws it for the micro-batch whose first sequence is
   // sample `first_sample` of the training stream (gate_noise()); a forward without it
   // (evaluation) runs with no noise, i.e. the router's argmax. Noise lasts one forward.
-  void set_gate_noise(uint64_t seed, uint64_t first_sample, int slot = 0);
+  // With several chunks, for the routed layers of `chunk` in its `slot`.
+  void set_gate_noise(uint64_t seed, uint64_t first_sample, int slot = 0, int chunk = 0);
   // Given noise [B,2] for one routed layer (tests against the reference's noise).
   void set_gate_noise(int global_layer, const std::vector<float>& noise, int slot = 0);
   bool has_routed_layers() const;
@@ -118,9 +138,11 @@ class LlamaStage {
   // input: token ids [B,T] i32 on the first stage (host or device memory), hidden states
   // [B,T,C] of activation_dtype() on device() otherwise. Returns the hidden states
   // leaving the stage [B,T,C], or logits [B,T,V_local] on the last (this rank's
-  // vocabulary columns, padding columns included), on device().
-  Tensor forward(Tensor input, int slot = 0);
-  // Last stage, after forward: per-token losses [B*T] f32 on device() (0 where
+  // vocabulary columns, padding columns included), on device(). With several chunks,
+  // `chunk` picks one: ids go into chunk 0 of the first stage, logits leave the last
+  // chunk of the last stage, hidden states everywhere else.
+  Tensor forward(Tensor input, int slot = 0, int chunk = 0);
+  // Last stage, after forward (of the last chunk): per-token losses [B*T] f32 on device() (0 where
   // ignored) and their sum. targets [B*T] i32 may be host or device memory.
   double loss(Tensor targets, int slot = 0);
   // The same without reading anything back: the per-token losses [B*T] f32 on device(),
@@ -132,8 +154,9 @@ class LlamaStage {
   // `dout` is ignored and d(loss)/d(logits) = grad_scale * (softmax - onehot) is used;
   // elsewhere dout is the gradient of this stage's output [B,T,C]. Returns the
   // gradient of the stage input [B,T,C] (empty on the first stage). The logits are
-  // overwritten by their gradient.
-  Tensor backward(Tensor dout, float grad_scale, int slot = 0);
+  // overwritten by their gradient. `chunk` as in forward().
+  Tensor backward(Tensor dout, float grad_scale, int slot = 0, int chunk = 0);
+  int num_chunks() const { return static_cast<int>(chunk_begin_.size()) - 1; }
   // Called during backward() each time the gradients of every parameter at flat
   // offsets >= from are complete for this micro-batch (the head, then each layer
   // from the last, then the embedding at from = 0): for overlapping their reduction.
@@ -163,6 +186,8 @@ class LlamaStage {
   static auto& acts(const Layer& layer, Slot& s);
   Tensor head_forward(Slot& s, Stream x);
   Tensor layer_output(int local, const Slot& s) const;
+  Slot& slot_at(int i, int chunk) const;
+  int local_of(int global_layer) const;  // index into layers_, -1 when not held
   void sublayer_backward(Layer& layer, int which, Slot& s, Tensor dy, Tensor dx);
   void attention_fwd(Layer& layer, Slot& s, Tensor u, Tensor f);
   void attention_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
@@ -185,7 +210,8 @@ class LlamaStage {
   AttentionImpl attn_ = AttentionImpl::Materialized;  // resolved once (choose_attention_impl)
   std::vector<Layer> layers_;
   std::vector<bool> skipped_;  // per local layer
-  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<int> chunk_begin_;  // chunk c holds layers_[chunk_begin_[c], chunk_begin_[c+1])
+  std::vector<std::vector<std::unique_ptr<Slot>>> slots_;  // [chunk][slot]
   std::unique_ptr<Scratch> scratch_;
   int embed_ = -1, final_gain_ = -1, final_bias_ = -1, head_ = -1;
   float final_fixed_[2] = {0.0f, 0.0f};  // LN-free divisors of the final norm (0: live)

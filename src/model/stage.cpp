@@ -38,7 +38,7 @@ struct LlamaStage::Sublayer {
 
 struct LlamaStage::Layer {
   int global = 0;
-  int local = 0;  // index in layers_ (and in each Slot's layers)
+  int local = 0;  // index in layers_ (in its chunk's Slots: local - Slot::first_local)
   int first_param = -1;  // the layer's first registered parameter (lowest flat offset)
   BlockPlan plan;
   int wq = -1, wk = -1, wv = -1, wo = -1, wg = -1, wu = -1, wd = -1;
@@ -83,6 +83,7 @@ struct LlamaStage::Slot {
   OwnedTensor targets;    // [N] i32, copied from the caller's
   bool loss_pending = false;  // loss() ran, so backward() may
   Tensor out;             // what forward returned
+  int first_local = 0;    // layers[j] belongs to layers_[first_local + j] (its chunk's)
 };
 
 // Gradient buffers for backward, reused by every layer and slot.
@@ -139,6 +140,10 @@ void LlamaStage::init_dims() {
 
 LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
                        int num_slots, TensorParallel tp, Device device)
+    : LlamaStage(cfg, spec, micro_batch, seq_len, std::vector<int>(spec.num_chunks(), num_slots), tp, device) {}
+
+LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
+                       const std::vector<int>& chunk_slots, TensorParallel tp, Device device)
     : cfg_(cfg), spec_(spec), B_(micro_batch), T_(seq_len), tp_(tp),
       rope_(seq_len, cfg.head_dim(), cfg.rope_theta), device_(device),
       act_(lns::activation_dtype(device)) {
@@ -148,9 +153,10 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   if (device_ == Device::CUDA)
     LOG(INFO) << "attention: " << attention_impl_name(attn_) << " (--attention="
               << attention_impl_name(cfg_.attention) << ", head dim " << cfg_.head_dim() << ")";
-  LNS_CHECK(0 <= spec.first_layer && spec.first_layer <= spec.last_layer &&
-            spec.last_layer <= cfg.num_layers);
-  LNS_CHECK(num_slots >= 1 && B_ > 0 && T_ > 0);
+  for (const auto& [first, last] : spec.chunk_ranges())
+    LNS_CHECK(0 <= first && first <= last && last <= cfg.num_layers);
+  LNS_CHECK(static_cast<int>(chunk_slots.size()) == spec.num_chunks() && B_ > 0 && T_ > 0);
+  for (int n : chunk_slots) LNS_CHECK(n >= 1);
   register_params();
   params_.finalize(device_);
   rope_cos_ = rope_.cos, rope_sin_ = rope_.sin;
@@ -174,9 +180,15 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       for (auto& s : path ? path->sub : l.sub)
         for (NormUse* n : {&s.pre, &s.out, &s.add})
           if (n->active()) num_stats = std::max(num_stats, n->stat + 1);
-  for (int i = 0; i < num_slots; ++i) {
+  // A slot of chunk c holds the activations of chunk c's layers only.
+  slots_.resize(chunk_slots.size());
+  std::vector<int> slot_chunks;  // the chunk of every slot, in order
+  for (int c = 0; c < num_chunks(); ++c) slot_chunks.insert(slot_chunks.end(), chunk_slots[c], c);
+  for (const int c : slot_chunks) {
+    const bool embeds = spec_.has_embedding && c == 0, heads = spec_.has_head && c == num_chunks() - 1;
     auto slot = std::make_unique<Slot>();
-    if (spec_.has_embedding) slot->ids = OwnedTensor(DType::I32, Shape{B_, T_}, device_);
+    slot->first_local = chunk_begin_[c];
+    if (embeds) slot->ids = OwnedTensor(DType::I32, Shape{B_, T_}, device_);
     slot->h0 = act({N, C});
     const auto layer_acts = [&](const Layer& l) {
       Slot::LayerActs a;
@@ -198,7 +210,8 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       a.act = act({N, F});
       return a;
     };
-    for (auto& l : layers_) {
+    for (int j = chunk_begin_[c]; j < chunk_begin_[c + 1]; ++j) {
+      const Layer& l = layers_[j];
       Slot::LayerActs a = layer_acts(l);
       if (l.alt) {
         a.alt = std::make_unique<Slot::LayerActs>(layer_acts(*l.alt));
@@ -212,7 +225,7 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       slot->mean.push_back(f32({N}));
       slot->rstd.push_back(f32({N}));
     }
-    if (spec_.has_head) {
+    if (heads) {
       slot->hf = act({N, C});
       slot->logits = act({B_, T_, V});
       slot->targets = OwnedTensor(DType::I32, Shape{N}, device_);
@@ -222,7 +235,7 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       slot->sumexp = f32({N});
       slot->target_logit = f32({N});
     }
-    slots_.push_back(std::move(slot));
+    slots_[c].push_back(std::move(slot));
   }
   scratch_ = std::make_unique<Scratch>();
   Scratch& sc = *scratch_;
@@ -254,10 +267,16 @@ void LlamaStage::register_params() {
     embed_ = rows("model.embed_tokens.weight", V, C, vshard_, ParamKind::Embedding, -1);
 
   int next_stat = 0;
-  for (int g = spec_.first_layer; g < spec_.last_layer; ++g) {
+  std::vector<int> globals;  // the stage's layers, chunk after chunk
+  chunk_begin_ = {0};
+  for (const auto& [first, last] : spec_.chunk_ranges()) {
+    for (int g = first; g < last; ++g) globals.push_back(g);
+    chunk_begin_.push_back(static_cast<int>(globals.size()));
+  }
+  for (const int g : globals) {
     Layer l;
     l.global = g;
-    l.local = g - spec_.first_layer;
+    l.local = static_cast<int>(layers_.size());
     l.first_param = p.size();
     l.plan = block_plan(cfg_, g);
     // Norms first, in the order the block owns them.
@@ -331,34 +350,48 @@ void LlamaStage::register_params() {
 
 Tensor LlamaStage::layer_output(int local, const Slot& s) const {
   const Layer& l = layers_[local];
-  if (l.alt) return s.layers[local].route_out;
-  const Slot::SubActs& a = s.layers[local].sub[1];
+  if (l.alt) return s.layers[local - s.first_local].route_out;
+  const Slot::SubActs& a = s.layers[local - s.first_local].sub[1];
   return l.sub[1].add.active() ? a.y.t : a.r.t;
 }
 
+LlamaStage::Slot& LlamaStage::slot_at(int i, int chunk) const {
+  LNS_CHECK(chunk >= 0 && chunk < num_chunks()) << "chunk " << chunk << " of " << num_chunks();
+  return *slots_[chunk].at(i);
+}
+
+int LlamaStage::local_of(int global_layer) const {
+  for (size_t j = 0; j < layers_.size(); ++j)
+    if (layers_[j].global == global_layer) return static_cast<int>(j);
+  return -1;
+}
+
 auto& LlamaStage::acts(const Layer& l, Slot& s) {
-  Slot::LayerActs& a = s.layers[l.local];
+  Slot::LayerActs& a = s.layers[l.local - s.first_local];
   return l.is_alt ? *a.alt : a;
 }
 
-void LlamaStage::set_gate_noise(uint64_t seed, uint64_t first_sample, int slot) {
-  Slot& s = *slots_.at(slot);
+void LlamaStage::set_gate_noise(uint64_t seed, uint64_t first_sample, int slot, int chunk) {
+  Slot& s = slot_at(slot, chunk);
   std::vector<float> g(2 * B_);
-  for (const Layer& l : layers_) {
+  for (int j = chunk_begin_[chunk]; j < chunk_begin_[chunk + 1]; ++j) {
+    const Layer& l = layers_[j];
     if (!l.alt) continue;
     for (int64_t b = 0; b < B_; ++b)
       for (int k = 0; k < 2; ++k) g[b * 2 + k] = gate_noise(seed, l.global, first_sample + b, k);
-    copy_tensor(s.layers[l.local].route_noise, Tensor{g.data(), DType::F32, Device::CPU, Shape{B_, 2}});
+    copy_tensor(acts(l, s).route_noise, Tensor{g.data(), DType::F32, Device::CPU, Shape{B_, 2}});
   }
   s.gate_noise = true;
 }
 
 void LlamaStage::set_gate_noise(int global_layer, const std::vector<float>& noise, int slot) {
-  Slot& s = *slots_.at(slot);
-  LNS_CHECK(global_layer >= spec_.first_layer && global_layer < spec_.last_layer &&
-            layers_[global_layer - spec_.first_layer].alt && static_cast<int64_t>(noise.size()) == 2 * B_)
+  const int j = local_of(global_layer);
+  LNS_CHECK(j >= 0 && layers_[j].alt && static_cast<int64_t>(noise.size()) == 2 * B_)
       << "layer " << global_layer << " is not a routed layer of this stage, or noise is not [B,2]";
-  copy_tensor(s.layers[global_layer - spec_.first_layer].route_noise,
+  int chunk = 0;
+  while (j >= chunk_begin_[chunk + 1]) ++chunk;
+  Slot& s = slot_at(slot, chunk);
+  copy_tensor(acts(layers_[j], s).route_noise,
               Tensor{const_cast<float*>(noise.data()), DType::F32, Device::CPU, Shape{B_, 2}});
   s.gate_noise = true;
 }
@@ -410,8 +443,8 @@ void LlamaStage::block_backward(Layer& l, Slot& s, Tensor dy, Tensor dx) {
 }
 
 Tensor LlamaStage::forward_skipping(int global_layer, int slot) {
-  LNS_CHECK(spec_.has_embedding && spec_.has_head) << "the sweep's reuse needs one stage";
-  Slot& s = *slots_.at(slot);
+  LNS_CHECK(spec_.has_embedding && spec_.has_head && num_chunks() == 1) << "the sweep's reuse needs one stage";
+  Slot& s = slot_at(slot, 0);
   const int k = global_layer - spec_.first_layer;
   // The input to block k of the intact pass: block k-1's output, or the embedding.
   Stream x{k == 0 ? Tensor(s.h0) : layer_output(k - 1, s)};
@@ -420,13 +453,15 @@ Tensor LlamaStage::forward_skipping(int global_layer, int slot) {
 }
 
 std::vector<LlamaStage::LayerStats> LlamaStage::layer_stats(int slot) const {
-  const Slot& s = *slots_.at(slot);
   const int64_t N = B_ * T_, C = cfg_.hidden_size;
   std::vector<LayerStats> out;
+  int chunk = 0;
   for (size_t i = 0; i < layers_.size(); ++i) {
+    while (static_cast<int>(i) >= chunk_begin_[chunk + 1]) ++chunk;
+    const Slot& s = slot_at(slot, chunk);
     LayerStats st;
     st.layer = layers_[i].global;
-    const std::vector<float> in_h = to_host_f32(s.layers[i].sub[0].x),
+    const std::vector<float> in_h = to_host_f32(s.layers[i - s.first_local].sub[0].x),
                              o_h = to_host_f32(layer_output(static_cast<int>(i), s));
     const float *in = in_h.data(), *o = o_h.data();
     for (int64_t n = 0; n < N; ++n) {
@@ -453,7 +488,7 @@ std::vector<LlamaStage::LayerStats> LlamaStage::layer_stats(int slot) const {
 void LlamaStage::set_skipped_layers(const std::vector<int>& global_layers) {
   skipped_.assign(layers_.size(), false);
   for (int g : global_layers)
-    if (g >= spec_.first_layer && g < spec_.last_layer) skipped_[g - spec_.first_layer] = true;
+    if (const int j = local_of(g); j >= 0) skipped_[j] = true;
 }
 
 void LlamaStage::init_weights(uint64_t seed) {
@@ -489,10 +524,10 @@ void LlamaStage::set_fixed_divisor(int global_layer, int which, float pos0, floa
   }
   NormUse* n = nullptr;
   {
-    LNS_REQUIRE(global_layer >= spec_.first_layer && global_layer < spec_.last_layer &&
-                    (which == 0 || which == 1),
-                "--ln_free: layer ", global_layer, " sublayer ", which, " is not on this stage");
-    n = &layers_[global_layer - spec_.first_layer].sub[which].pre;
+    const int j = local_of(global_layer);
+    LNS_REQUIRE(j >= 0 && (which == 0 || which == 1), "--ln_free: layer ", global_layer, " sublayer ", which,
+                " is not on this stage");
+    n = &layers_[j].sub[which].pre;
     LNS_REQUIRE(n->active(), "--ln_free: layer ", global_layer, " sublayer ", which,
                 " has no pre-norm in scheme ", norm_scheme_name(cfg_.norm_scheme));
   }
@@ -500,7 +535,8 @@ void LlamaStage::set_fixed_divisor(int global_layer, int which, float pos0, floa
 }
 
 void LlamaStage::add_divisor_sums(std::vector<std::array<double, 4>>& sums, int slot) const {
-  const Slot& s = *slots_.at(slot);
+  LNS_CHECK(num_chunks() == 1) << "LN-free calibration runs on one stage";
+  const Slot& s = slot_at(slot, 0);
   const size_t n = 2 * layers_.size() + (spec_.has_head ? 1 : 0);
   if (sums.size() < n) sums.resize(n, {0.0, 0.0, 0.0, 0.0});
   for (size_t j = 0; j < layers_.size(); ++j)
@@ -678,10 +714,11 @@ void LlamaStage::mlp_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   tp_.all_reduce_sum(du);  // column-parallel gate/up: input gradient summed over tp
 }
 
-Tensor LlamaStage::forward(Tensor input, int slot) {
-  Slot& s = *slots_.at(slot);
+Tensor LlamaStage::forward(Tensor input, int slot, int chunk) {
+  Slot& s = slot_at(slot, chunk);
   const int64_t N = B_ * T_, C = cfg_.hidden_size;
-  if (spec_.has_embedding) {
+  const bool embeds = spec_.has_embedding && chunk == 0, heads = spec_.has_head && chunk == num_chunks() - 1;
+  if (embeds) {
     LNS_CHECK(input.dtype == DType::I32 && input.numel() == N) << "first stage takes ids [B,T]";
     copy(s.ids, input);
     // The real rows only: ids past them belong to the next rank (the stored padding).
@@ -692,12 +729,12 @@ Tensor LlamaStage::forward(Tensor input, int slot) {
     copy(s.h0, input);
   }
   Stream x{s.h0};
-  for (Layer& l : layers_) {
-    if (!skipped_.empty() && skipped_[&l - layers_.data()]) continue;
-    x = block_forward(l, s, x);
+  for (int j = chunk_begin_[chunk]; j < chunk_begin_[chunk + 1]; ++j) {
+    if (!skipped_.empty() && skipped_[j]) continue;
+    x = block_forward(layers_[j], s, x);
   }
   s.gate_noise = false;  // noise is for one forward: evaluation runs without
-  if (!spec_.has_head) {
+  if (!heads) {
     settle(x);
     s.out = x.x.view({B_, T_, C});
     return s.out;
@@ -716,7 +753,7 @@ Tensor LlamaStage::head_forward(Slot& s, Stream x) {
 }
 
 double LlamaStage::loss(Tensor targets, int slot) {
-  Slot& s = *slots_.at(slot);
+  Slot& s = slot_at(slot, num_chunks() - 1);
   loss_tokens(targets, slot);
   const float* host = s.losses.f32();
   if (device_ != Device::CPU) {  // one copy into a buffer kept with the slot
@@ -729,7 +766,7 @@ double LlamaStage::loss(Tensor targets, int slot) {
 }
 
 Tensor LlamaStage::loss_tokens(Tensor targets, int slot) {
-  Slot& s = *slots_.at(slot);
+  Slot& s = slot_at(slot, num_chunks() - 1);
   LNS_CHECK(spec_.has_head && targets.dtype == DType::I32 && targets.numel() == B_ * T_);
   copy(s.targets, targets.view(s.targets.t.shape));
   targets = s.targets;
@@ -746,14 +783,15 @@ Tensor LlamaStage::loss_tokens(Tensor targets, int slot) {
   return s.losses;
 }
 
-Tensor LlamaStage::losses(int slot) const { return slots_.at(slot)->losses; }
+Tensor LlamaStage::losses(int slot) const { return slot_at(slot, num_chunks() - 1).losses; }
 
-Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
-  Slot& s = *slots_.at(slot);
+Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot, int chunk) {
+  Slot& s = slot_at(slot, chunk);
   Scratch& sc = *scratch_;
   const int64_t N = B_ * T_, C = cfg_.hidden_size;
+  const bool embeds = spec_.has_embedding && chunk == 0, heads = spec_.has_head && chunk == num_chunks() - 1;
   Tensor dy = sc.d_a.t.view({N, C}), dx = sc.d_b.t.view({N, C});
-  if (spec_.has_head) {
+  if (heads) {
     LNS_CHECK(s.loss_pending) << "loss() must run before backward() on the last stage";
     const Tensor dlogits = s.logits.t.view({N, vshard_.stored});
     vocab_cross_entropy_backward(dlogits, dlogits, s.rowmax, s.sumexp, s.targets, vshard_.begin,
@@ -768,12 +806,12 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
     LNS_CHECK(dout.numel() == N * C);
     copy(dy, dout);
   }
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
-    if (!skipped_.empty() && skipped_[&*it - layers_.data()]) continue;
-    block_backward(*it, s, dy, dx);
-    if (grad_ready_) grad_ready_(params_.info(it->first_param).offset);
+  for (int j = chunk_begin_[chunk + 1] - 1; j >= chunk_begin_[chunk]; --j) {
+    if (!skipped_.empty() && skipped_[j]) continue;
+    block_backward(layers_[j], s, dy, dx);
+    if (grad_ready_) grad_ready_(params_.info(layers_[j].first_param).offset);
   }
-  if (spec_.has_embedding) {
+  if (embeds) {
     embedding_backward(params_.grad(embed_).rows(0, vshard_.valid), s.ids, dy, vshard_.begin);
     if (grad_ready_) grad_ready_(0);
     return {};

@@ -91,6 +91,7 @@ int run() {
     model_cfg = config_from_flags();
     cfg = train_config_from_flags();
     grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
+    grid->layout.virtual_stages = cfg.virtual_stages;
     grid->layout = layout_for_model(model_cfg, grid->layout, cfg.pp_layers);
     if (cfg.device == Device::CUDA) {
       const int gpu = bind_local_gpu(local_rank_from_env());

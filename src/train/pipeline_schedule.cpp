@@ -4,15 +4,9 @@
 #include <cstring>
 
 #include "lns/device.h"
+#include "lns/errors.h"
 
 namespace lns {
-namespace {
-
-// Tags keep the two directions of one micro-batch apart.
-int act_tag(int m) { return 2 * (m % 16384); }  // MPI guarantees tags up to 32767
-int grad_tag(int m) { return 2 * (m % 16384) + 1; }
-
-}  // namespace
 
 std::vector<PipelineOp> schedule_1f1b(int M, int s, int P) {
   const int warmup = std::min(P - s - 1, M);
@@ -27,74 +21,124 @@ std::vector<PipelineOp> schedule_1f1b(int M, int s, int P) {
   return ops;
 }
 
-int PipelineSchedule1F1B::slots_for(int M, int s, int P) { return std::max(1, std::min(M, P - s)); }
+std::vector<PipelineOp> schedule_interleaved(int M, int s, int P, int V) {
+  LNS_CHECK(M % P == 0 && V >= 1) << "check_micro_batches() refuses " << M << " micro-batches for " << P << " stages";
+  const int total = M * V, group = P * V;
+  // Megatron's warm-up: enough forwards that the first backward of the last chunk can
+  // reach this rank without it waiting; M == P leaves no steady state.
+  const int warmup = M == P ? total : std::min(total, 2 * (P - s - 1) + (V - 1) * P);
+  // The k-th forward (backward) of this rank: micro-batch groups of P, each through
+  // every chunk before the next group starts.
+  const auto op = [&](int k, bool forward) {
+    const int c = (k % group) / P;
+    return PipelineOp{forward, (k / group) * P + k % P, forward ? c : V - 1 - c};
+  };
+  std::vector<PipelineOp> ops;
+  for (int k = 0; k < warmup; ++k) ops.push_back(op(k, true));
+  for (int i = 0; i < total - warmup; ++i) {
+    ops.push_back(op(warmup + i, true));
+    ops.push_back(op(i, false));
+  }
+  for (int k = total - warmup; k < total; ++k) ops.push_back(op(k, false));
+  return ops;
+}
+
+std::vector<PipelineOp> pipeline_schedule(int M, int s, int P, int V) {
+  return V == 1 ? schedule_1f1b(M, s, P) : schedule_interleaved(M, s, P, V);
+}
+
+void check_micro_batches(int M, int P, int V) {
+  LNS_REQUIRE(V == 1 || M % P == 0, "--virtual_stages=", V, " (interleaved pipeline) needs the micro-batches ",
+              "per step, --global_batch_size / (--micro_batch_size x data-parallel size) = ", M,
+              ", to be a multiple of --pp=", P);
+}
+
+std::vector<int> chunk_slots(int M, int s, int P, int V) {
+  std::vector<int> now(V, 0), most(V, 1);
+  for (const PipelineOp& op : pipeline_schedule(M, s, P, V)) {
+    now[op.chunk] += op.forward ? 1 : -1;
+    most[op.chunk] = std::max(most[op.chunk], now[op.chunk]);
+  }
+  return most;
+}
+
+double pipeline_bubble(int M, int P, int V) { return double(P - 1) / (double(V) * M); }
 
 PipelineSchedule1F1B::PipelineSchedule1F1B(ProcessGrid& grid, LlamaStage& stage, int num_micro)
-    : grid_(grid), stage_(stage), num_micro_(num_micro) {
+    : grid_(grid), stage_(stage), num_micro_(num_micro), chunks_(grid.layout.virtual_stages) {
+  LNS_CHECK(stage.num_chunks() == chunks_) << "the stage holds " << stage.num_chunks() << " chunks, the layout "
+                                           << chunks_;
   // [B*T, C] hidden states and their gradients, where and as the stage keeps them.
   const Shape act{stage.tokens(), stage.config().hidden_size};
   const DType dt = stage.activation_dtype();
   const Device dev = stage.device();
-  if (!grid.first_stage()) recv_act_ = OwnedTensor(dt, act, dev);
-  if (!grid.last_stage()) recv_grad_ = OwnedTensor(dt, act, dev);
+  if (!model_first(0) || chunks_ > 1) recv_act_ = OwnedTensor(dt, act, dev);
+  if (!model_last(chunks_ - 1) || chunks_ > 1) recv_grad_ = OwnedTensor(dt, act, dev);
   if (grid.last_stage()) {
     step_losses_ = OwnedTensor(DType::F32, Shape{num_micro, stage.tokens()}, dev);
     if (dev != Device::CPU) step_losses_host_ = OwnedTensor(DType::F32, Shape{num_micro, stage.tokens()});
   }
-  for (int m = 0; m < num_micro; ++m) {
-    if (!grid.last_stage()) send_act_.emplace_back(dt, act, dev);
-    if (!grid.first_stage()) send_grad_.emplace_back(dt, act, dev);
-  }
+  for (int m = 0; m < num_micro; ++m)
+    for (int c = 0; c < chunks_; ++c) {
+      send_act_.push_back(model_last(c) ? OwnedTensor() : OwnedTensor(dt, act, dev));
+      send_grad_.push_back(model_first(c) ? OwnedTensor() : OwnedTensor(dt, act, dev));
+    }
 }
 
-Tensor PipelineSchedule1F1B::forward_micro(int m, int slot, const std::function<Tensor(int)>& inputs) {
-  return forward_micro_as(m, m, slot, inputs);
+int PipelineSchedule1F1B::tag(int m, int model_chunk, bool forward) const {
+  const int64_t chunks = int64_t{grid_.layout.pp} * chunks_;
+  return static_cast<int>(2 * ((int64_t{m} * chunks + model_chunk) % 16384) + (forward ? 0 : 1));  // MPI: <= 32767
 }
 
-Tensor PipelineSchedule1F1B::forward_micro_as(int m, int tag, int slot,
-                                              const std::function<Tensor(int)>& inputs) {
-  Communicator& world = grid_.world();
+Tensor PipelineSchedule1F1B::forward_micro(int m, int tag_m, int slot, int chunk,
+                                           const std::function<Tensor(int)>& inputs) {
   Tensor in;
-  if (grid_.first_stage()) {
+  if (model_first(chunk)) {
     in = inputs(m);
   } else {
-    world.recv(recv_act_, grid_.prev_stage_rank(), act_tag(tag));
+    grid_.world().recv(recv_act_, grid_.layout.prev_stage_rank(grid_.coords), tag(tag_m, model_chunk(chunk), true));
     in = recv_act_;
   }
-  return stage_.forward(in, slot);
+  return stage_.forward(in, slot, chunk);
 }
 
 double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
                                    const std::function<Tensor(int)>& targets, float grad_scale,
                                    const std::function<void(int, Tensor)>& on_logits,
-                                   const std::function<void(int)>& before_backward,
-                                   const std::function<void(int, int)>& before_forward) {
+                                   const std::function<void()>& before_last_backward,
+                                   const std::function<void(int, int, int)>& before_forward) {
   Communicator& world = grid_.world();
-  const int slots = slots_for(num_micro_, grid_.coords.pp, grid_.layout.pp);
-  for (const PipelineOp& op : schedule_1f1b(num_micro_, grid_.coords.pp, grid_.layout.pp)) {
-    const int m = op.micro, slot = m % slots;
-    if (op.forward) {
-      if (before_forward) before_forward(m, slot);
-      const Tensor out = forward_micro(m, slot, inputs);
-      if (grid_.last_stage()) {
+  const Layout& layout = grid_.layout;
+  const int s = grid_.coords.pp, P = layout.pp;
+  const std::vector<int> slots = chunk_slots(num_micro_, s, P, chunks_);
+  const std::vector<PipelineOp> ops = pipeline_schedule(num_micro_, s, P, chunks_);
+  const int next = layout.next_stage_rank(grid_.coords), prev = layout.prev_stage_rank(grid_.coords);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const int m = ops[i].micro, c = ops[i].chunk, slot = m % slots[c];  // in flight: consecutive m
+    OwnedTensor& sa = send_act_[m * chunks_ + c];
+    OwnedTensor& sg = send_grad_[m * chunks_ + c];
+    if (ops[i].forward) {
+      if (before_forward) before_forward(m, slot, c);
+      const Tensor out = forward_micro(m, m, slot, c, inputs);
+      if (model_last(c)) {
         // kept on the device; read once after the last micro-batch
         copy_tensor(step_losses_.t.rows(m, m + 1).view({stage_.tokens()}), stage_.loss_tokens(targets(m), slot));
         if (on_logits) on_logits(m, out);
       } else {
-        copy_tensor(send_act_[m], out.view(send_act_[m].t.shape));
-        world.send(send_act_[m], grid_.next_stage_rank(), act_tag(m));
+        copy_tensor(sa, out.view(sa.t.shape));
+        world.send(sa, next, tag(m, model_chunk(c) + 1, true));
       }
     } else {
       Tensor dout;
-      if (!grid_.last_stage()) {
-        world.recv(recv_grad_, grid_.next_stage_rank(), grad_tag(m));
+      if (!model_last(c)) {
+        world.recv(recv_grad_, next, tag(m, model_chunk(c), false));
         dout = recv_grad_;
       }
-      if (before_backward) before_backward(m);
-      const Tensor din = stage_.backward(dout, grad_scale, slot);
-      if (!grid_.first_stage()) {
-        copy_tensor(send_grad_[m], din.view(send_grad_[m].t.shape));
-        world.send(send_grad_[m], grid_.prev_stage_rank(), grad_tag(m));
+      if (before_last_backward && i + 1 == ops.size()) before_last_backward();
+      const Tensor din = stage_.backward(dout, grad_scale, slot, c);
+      if (!model_first(c)) {
+        copy_tensor(sg, din.view(sg.t.shape));
+        world.send(sg, prev, tag(m, model_chunk(c) - 1, false));
       }
     }
   }
@@ -118,16 +162,20 @@ double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
 double PipelineSchedule1F1B::forward_only(int count, const std::function<Tensor(int)>& inputs,
                                           const std::function<Tensor(int)>& targets, int tag_base) {
   Communicator& world = grid_.world();
+  const int next = grid_.layout.next_stage_rank(grid_.coords);
   double loss_sum = 0.0;
   for (int i = 0; i < count; ++i) {
     const int m = tag_base + i;  // the tag; the callbacks see i
-    const Tensor out = forward_micro_as(i, m, 0, inputs);
-    if (grid_.last_stage()) {
-      loss_sum += stage_.loss(targets(i), 0);
-    } else {
-      copy_tensor(send_act_[0], out.view(send_act_[0].t.shape));
-      world.send(send_act_[0], grid_.next_stage_rank(), act_tag(m));
-      world.wait_sends();  // slot 0 and its send buffer are reused by the next micro-batch
+    for (int c = 0; c < chunks_; ++c) {
+      const Tensor out = forward_micro(i, m, 0, c, inputs);
+      if (model_last(c)) {
+        loss_sum += stage_.loss(targets(i), 0);
+      } else {
+        OwnedTensor& sa = send_act_[c];
+        copy_tensor(sa, out.view(sa.t.shape));
+        world.send(sa, next, tag(m, model_chunk(c) + 1, true));
+        world.wait_sends();  // slot 0 and its send buffer are reused by the next micro-batch
+      }
     }
   }
   return loss_sum;

@@ -45,7 +45,13 @@ DEFINE_string(comm, "nccl",
               "lets several ranks share one GPU). CPU runs always use MPI.");
 DEFINE_int32(tp, 1, "Tensor-parallel size: splits heads, FFN width and vocabulary.");
 DEFINE_int32(pp, 1, "Pipeline-parallel stages (1F1B schedule). Data parallel = world / (tp * pp).");
-DEFINE_string(pp_layers, "", "Layers per pipeline stage, e.g. 3,2,2 (default: even split).");
+DEFINE_string(pp_layers, "",
+              "Layers per pipeline stage, e.g. 3,2,2 (default: even split); with --virtual_stages, "
+              "layers per model chunk, pp x virtual_stages counts in layer order.");
+DEFINE_int32(virtual_stages, 1,
+             "Model chunks per pipeline rank: > 1 runs the interleaved 1F1B schedule (layers dealt "
+             "round-robin in pp x virtual_stages chunks; bubble (pp-1)/(virtual_stages x micro-batches)); "
+             "needs --pp > 1 and micro-batches per step a multiple of --pp.");
 DEFINE_bool(zero, false, "ZeRO-1: shard AdamW state and master weights across data-parallel ranks.");
 DEFINE_double(dp_bucket_mb, 25, "Data-parallel gradient all-reduce bucket size in MiB.");
 DEFINE_bool(overlap_grad_reduce, true,
@@ -94,6 +100,7 @@ TrainConfig train_config_from_flags() {
   c.device = parse_device(FLAGS_device);
   c.init_from = FLAGS_init_from;
   c.pp_layers = FLAGS_pp_layers;
+  c.virtual_stages = FLAGS_virtual_stages;
   c.zero = FLAGS_zero;
   c.dp_bucket_mb = FLAGS_dp_bucket_mb;
   c.overlap_grad_reduce = FLAGS_overlap_grad_reduce;

@@ -75,6 +75,7 @@ void TrainConfig::validate() const {
               "--weight_decay must be >= 0, got ", adam.weight_decay);
   LNS_REQUIRE(std::isfinite(grad_clip) && grad_clip >= 0, "--grad_clip must be >= 0 (0 = off), got ", grad_clip);
   LNS_REQUIRE(std::isfinite(peak_tflops) && peak_tflops >= 0, "--peak_tflops must be >= 0, got ", peak_tflops);
+  LNS_REQUIRE(virtual_stages >= 1, "--virtual_stages must be >= 1, got ", virtual_stages);
   LNS_REQUIRE(diag_every >= 0, "--diag_every must be >= 0 (0 = off), got ", diag_every);
   LNS_REQUIRE(log_every > 0, "--log_every must be positive, got ", log_every);
   LNS_REQUIRE(eval_every >= 0, "--eval_every must be >= 0 (0 = only at the end), got ", eval_every);
@@ -103,6 +104,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   if (cfg_.resume.empty()) check_fresh_run_dir(cfg_.out_dir);  // before anything is allocated
   // The model's part of the layout: its stage split, and --zero (which shards only
   // over more than one dp rank).
+  grid_->layout.virtual_stages = cfg_.virtual_stages;
   grid_->layout = layout_for_model(model_cfg_, grid_->layout, cfg_.pp_layers);
   grid_->layout.zero = cfg_.zero && grid_->layout.dp > 1;
   const Layout& layout = grid_->layout;
@@ -111,6 +113,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
               cfg_.global_batch, " must be a multiple of --micro_batch_size=", cfg_.micro_batch,
               " x data-parallel size ", dp);
   num_micro_ = static_cast<int>(cfg_.global_batch / (cfg_.micro_batch * dp));
+  check_micro_batches(num_micro_, layout.pp, layout.virtual_stages);
   schedule_ = {cfg_.lr, cfg_.min_lr_ratio, cfg_.warmup_steps, std::max<int64_t>(cfg_.steps, 1)};
 
   // Data first: a missing file should fail before gigabytes are allocated.
@@ -132,7 +135,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   const StageSpec spec = stage_spec(layout, grid_->coords.pp);
   model_ = std::make_unique<LlamaStage>(
       model_cfg_, spec, cfg_.micro_batch, cfg_.seq_len,
-      PipelineSchedule1F1B::slots_for(num_micro_, grid_->coords.pp, layout.pp), grid_->tensor_parallel(),
+      chunk_slots(num_micro_, grid_->coords.pp, layout.pp, layout.virtual_stages), grid_->tensor_parallel(),
       cfg_.device);
   if (cfg_.init_from.empty()) {
     model_->init_weights(cfg_.seed);
@@ -252,11 +255,12 @@ Trainer::BatchResult Trainer::run_global_batch(const std::function<void(int, Ten
       [&](int m) { return in.rows(m * B, (m + 1) * B); },
       [&](int m) { return tg.rows(m * B, (m + 1) * B).view({B * T}); },
       valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f, on_logits,
-      [&](int m) {
-        if (overlap && m == num_micro_ - 1) sync_->arm_overlap();
+      [&] {
+        if (overlap) sync_->arm_overlap();
       },
-      [&](int m, int slot) {
-        if (model_->has_routed_layers()) model_->set_gate_noise(cfg_.seed, first_sample + uint64_t(m) * B, slot);
+      [&](int m, int slot, int chunk) {
+        if (model_->has_routed_layers())
+          model_->set_gate_noise(cfg_.seed, first_sample + uint64_t(m) * B, slot, chunk);
       });
   // Every rank learns the global loss.
   const double total = grid_->world().all_reduce_sum(grid_->reports_loss() ? loss_sum : 0.0);
@@ -395,6 +399,13 @@ bool Trainer::run() {
         "rank), %.1f GFLOP per step",
         cfg_.steps, cfg_.global_batch, cfg_.seq_len, num_micro_, cfg_.micro_batch,
         flops_per_step / 1e9);
+  if (is_root() && grid_->layout.pp > 1) {
+    const Layout& l = grid_->layout;
+    LOG(INFO) << absl::StrFormat(
+        "pipeline: %s over %d stages x %d micro-batches: idle fraction (bubble) (P-1)/(V*M) = %.3f",
+        l.virtual_stages > 1 ? absl::StrFormat("interleaved 1F1B, %d chunks per stage,", l.virtual_stages) : "1F1B",
+        l.pp, num_micro_, pipeline_bubble(num_micro_, l.pp, l.virtual_stages));
+  }
   const double start = now_seconds();
   double window_time = 0;
   int64_t window_tokens = 0;

@@ -1,5 +1,6 @@
 // Parallel layouts against the single-rank model, run under mpirun by ctest:
-//   mpirun -np N lns_mpi_tests --tp=T --pp=P [--zero] [--device=cuda --comm=mpi]
+//   mpirun -np N lns_mpi_tests --tp=T --pp=P [--virtual_stages=V --test_layers=L] [--zero]
+//                              [--device=cuda --comm=mpi]
 // Rank 0 also computes the single-rank reference in-process (a local grid, no MPI),
 // so every comparison is layout vs one rank on identical data and weights.
 // Tolerance: 1e-5 relative to each tensor's largest entry on the CPU (the sums of a
@@ -26,6 +27,8 @@
 DECLARE_bool(zero);
 DECLARE_double(dp_bucket_mb);
 DECLARE_string(device);
+DECLARE_int32(virtual_stages);
+DEFINE_int32(test_layers, 7, "Layers of the test model (pp x virtual_stages chunks need as many).");
 
 namespace lns {
 namespace {
@@ -35,10 +38,11 @@ Device g_device = Device::CPU;
 double kTol = 1e-5;
 
 // Odd sizes on purpose: FFN 45 and vocabulary 53 pad under tp = 2; 7 layers split
-// unevenly over 2 or 3 stages; GQA with 4 query and 2 key-value heads.
+// unevenly over 2 or 3 stages (or 4 or 6 model chunks; --test_layers=9 over 8);
+// GQA with 4 query and 2 key-value heads.
 LlamaConfig model(NormScheme scheme, bool tied) {
   LlamaConfig c;
-  c.vocab_size = 53, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 7;
+  c.vocab_size = 53, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = FLAGS_test_layers;
   c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = scheme, c.post_layers = 3;
   c.tie_embeddings = tied, c.init_std = 0.1f, c.embed_init_std = 0.5f;
   // pre, scale_res_pre_norm, deeppost, routed, sandwich, pre, scale_res_pre_norm: each
@@ -76,7 +80,14 @@ TrainConfig train(SampleMode mode) {
   t.adam.weight_decay = 0.1f;
   t.zero = FLAGS_zero;
   t.dp_bucket_mb = FLAGS_dp_bucket_mb;
+  t.virtual_stages = FLAGS_virtual_stages;
   t.device = g_device;
+  return t;
+}
+
+// The single-rank reference of a layout's run: one stage, one chunk.
+TrainConfig one_rank(TrainConfig t) {
+  t.virtual_stages = 1;
   return t;
 }
 
@@ -116,7 +127,7 @@ TEST_P(Layout, StepDumpEqualsSingleRank) {
   const std::string got = dir + "_layout.safetensors", want = dir + "_single.safetensors";
   Trainer(model(c.scheme, c.tied), train(c.mode), g_grid).dump_step_state(got);
   if (g_grid->rank != 0) return;
-  Trainer(model(c.scheme, c.tied), train(c.mode)).dump_step_state(want);
+  Trainer(model(c.scheme, c.tied), one_rank(train(c.mode))).dump_step_state(want);
   compare_files(got, want);
 }
 
@@ -126,7 +137,7 @@ TEST_P(Layout, FiveStepsOfLossesEqualSingleRank) {
   std::vector<StepStats> got;
   for (int i = 0; i < 5; ++i) got.push_back(t.train_step());
   if (g_grid->rank != 0) return;
-  Trainer single(model(c.scheme, c.tied), train(c.mode));
+  Trainer single(model(c.scheme, c.tied), one_rank(train(c.mode)));
   for (int i = 0; i < 5; ++i) {
     const StepStats want = single.train_step();
     EXPECT_NEAR(got[i].loss, want.loss, kTol * want.loss) << "step " << i + 1;
@@ -169,13 +180,14 @@ TEST(Eval, SweepAndDiagnosticsEqualSingleRank) {
   TrainConfig t = train(SampleMode::Packed);
   t.val_data = g_corpus;
   t.eval_tokens = 90;  // uneven over dp ranks and micro-batches
-  std::vector<int> all = {0, 1, 2, 3, 4, 5, 6};
+  std::vector<int> all(FLAGS_test_layers);
+  for (int l = 0; l < FLAGS_test_layers; ++l) all[l] = l;
   Trainer par(model(NormScheme::Mix, false), t, g_grid);
   par.train_step();
   const auto got = par.evaluator()->sweep(all);
   const auto got_diag = par.evaluator()->diagnostics(0);
   if (g_grid->rank != 0) return;
-  Trainer one(model(NormScheme::Mix, false), t);
+  Trainer one(model(NormScheme::Mix, false), one_rank(t));
   one.train_step();
   const auto want = one.evaluator()->sweep(all);
   const auto want_diag = one.evaluator()->diagnostics(0);
@@ -199,13 +211,14 @@ TEST(InitFrom, ShardedLoadEqualsSingleRank) {
   LlamaConfig c;
   c.vocab_size = 53, c.hidden_size = 36, c.intermediate_size = 45, c.num_layers = 3;
   c.num_heads = 6, c.num_kv_heads = 2, c.norm_scheme = NormScheme::Mix, c.post_layers = 1;
-  if (c.num_kv_heads % g_grid->layout.tp != 0 || c.num_layers < g_grid->layout.pp) GTEST_SKIP() << "layout does not fit";
+  if (c.num_kv_heads % g_grid->layout.tp != 0 || c.num_layers < g_grid->layout.pp * FLAGS_virtual_stages)
+    GTEST_SKIP() << "layout does not fit";
   TrainConfig t = train(SampleMode::Packed);
   t.init_from = golden;
   const std::string dir = ::testing::TempDir() + "/lns_mpi_init_" + std::to_string(::getppid());
   Trainer(c, t, g_grid).dump_step_state(dir + "_layout.safetensors");
   if (g_grid->rank != 0) return;
-  Trainer(c, t).dump_step_state(dir + "_single.safetensors");
+  Trainer(c, one_rank(t)).dump_step_state(dir + "_single.safetensors");
   compare_files(dir + "_layout.safetensors", dir + "_single.safetensors");
 }
 

@@ -62,7 +62,17 @@ class RankFailure(unittest.TestCase):
                   "--num_heads=3 must be divisible by --tp=2"),
                  (["--tp=2", "--num_heads=2", "--num_kv_heads=1"], "--num_kv_heads=1 must be divisible by --tp=2"),
                  (["--pp=2", "--num_layers=1"], "--pp=2 stages for --num_layers=1"),
-                 (["--pp=2", "--pp_layers=2,1", "--num_layers=2"], "--pp_layers=2,1 adds up to 3 layers")]
+                 (["--pp=2", "--pp_layers=2,1", "--num_layers=2"], "--pp_layers=2,1 adds up to 3 layers"),
+                 # interleaved pipeline (--virtual_stages)
+                 (["--virtual_stages=2"], "--virtual_stages=2 interleaves pipeline stages: it needs --pp > 1"),
+                 (["--pp=2", "--virtual_stages=0"], "--virtual_stages must be >= 1, got 0"),
+                 (["--pp=2", "--virtual_stages=2"],
+                  "--pp=2 x --virtual_stages=2 = 4 model chunks for 2 layers: every chunk needs at least one layer"),
+                 (["--pp=2", "--virtual_stages=2", "--num_layers=4", "--pp_layers=2,2"],
+                  "--pp_layers=2,2 names 2 model chunks but --pp=2 x --virtual_stages=2 = 4 model chunks"),
+                 (["--pp=2", "--virtual_stages=2", "--num_layers=4", "--global_batch_size=6"],
+                  "--virtual_stages=2 (interleaved pipeline) needs the micro-batches per step, --global_batch_size"
+                  " / (--micro_batch_size x data-parallel size) = 3, to be a multiple of --pp=2")]
         for flags, needle in cases:
             cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "2", TRAIN, *FLAGS,
                    "--data=" + self.good, *flags]

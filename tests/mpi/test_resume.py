@@ -6,7 +6,9 @@
   and the following losses equal an uninterrupted run bit for bit;
 - SIGTERM: the trainer saves and exits 0; resuming continues exactly;
 - a checkpoint saved under (tp=2, pp=2, dp=2) resumes under (1,1,1) and (1,4,2)
-  with the uninterrupted run's losses within 1e-5 relative.
+  with the uninterrupted run's losses within 1e-5 relative;
+- the interleaved pipeline's checkpoints are layout-free too: saved with
+  --virtual_stages=2 they resume with 1 and vice versa, equal to the uninterrupted run.
 """
 import json
 import os
@@ -140,6 +142,38 @@ class Resume(unittest.TestCase):
         got = losses(merged)
         for step in range(5, 13):
             self.assertAlmostEqual(got[step], self.ref[step], delta=1e-5 * self.ref[step], msg="merged step %d" % step)
+
+    def test_virtual_stages_change_on_resume(self):
+        # pp=2 with 2 model chunks per stage (layers 0,2 | 1,3), then 1 (0-1 | 2-3), then 2
+        # again: saved at step 4 under vp=2, resumed under vp=1 and saved at step 8,
+        # resumed under vp=2; every loss that of the uninterrupted single-rank run.
+        out = os.path.join(self.dir, "vp")
+        ck = os.path.join(out, "checkpoints")
+
+        def roll_back_to(step):
+            for name in os.listdir(ck):
+                if name.startswith("step_") and int(name[5:]) > step:
+                    shutil.rmtree(os.path.join(ck, name))
+            with open(os.path.join(ck, "latest"), "w") as f:
+                f.write("step_%07d\n" % step)
+
+        def layout_of(step):
+            with open(os.path.join(ck, "step_%07d" % step, "manifest.json")) as f:
+                return json.load(f)["layout"]
+
+        self.run_train(out, "--steps=12", "--save_every=4", "--virtual_stages=2", np=2, pp=2)
+        self.assertEqual(layout_of(4)["virtual_stages"], 2)
+        self.assertEqual(layout_of(4)["stage_layers"], [[0, 1], [1, 2], [2, 3], [3, 4]])
+        roll_back_to(4)
+        r = self.run_train(out, "--steps=12", "--save_every=4", "--resume=auto", "--virtual_stages=1", np=2, pp=2)
+        self.assertIn("at step 4 (saved under layout tp=1 pp=2 dp=1 vp=2)", r.stderr)
+        self.assertNotIn("virtual_stages", layout_of(8))
+        roll_back_to(8)
+        r = self.run_train(out, "--steps=12", "--resume=auto", "--virtual_stages=2", np=2, pp=2)
+        self.assertIn("at step 8 (saved under layout tp=1 pp=2 dp=1)", r.stderr)
+        got = losses(out)
+        for step in range(1, 13):
+            self.assertAlmostEqual(got[step], self.ref[step], delta=1e-5 * self.ref[step], msg="step %d" % step)
 
 
 if __name__ == "__main__":
