@@ -15,6 +15,7 @@
 #include "cuda/runtime.h"
 #include "cuda/sim/counters.h"
 #include "cuda/sim/sim_internal.h"
+#include "lns/trainer.h"
 
 namespace lns::cuda {
 namespace {
@@ -505,6 +506,38 @@ TEST(SimChecks, LaunchesAndHostSyncsAreCounted) {
   const size_t peak = sim::device_memory_peak(0);
   { DevBuf big(1 << 22); }
   EXPECT_GE(sim::device_memory_peak(0), std::max(peak, sim::device_memory_in_use(0) + (16u << 20)));
+}
+
+// Steady state of a CUDA training step (docs/cuda.md, "Host synchronisations"): no
+// host synchronisation per micro-batch. The same global batch in 1 and in 4
+// micro-batches must wait for the device the same number of times per step (the
+// loss read once, the gradient norm, the step's uploads), while launching ~4x the
+// kernels. The embedding backward read the ids back before (one wait per micro-batch).
+TEST(SimCounts, AStepWaitsForTheDeviceTheSameTimesWhateverItsMicroBatches) {
+  LlamaConfig c;
+  c.vocab_size = 61, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 2;
+  c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = NormScheme::LNS;
+  WithChecks off(false, false);  // counts, not checks: keeps the test fast
+  uint64_t syncs[2], launches[2];
+  for (int k = 0; k < 2; ++k) {
+    TrainConfig tc;
+    tc.device = Device::CUDA;
+    tc.seq_len = 16, tc.global_batch = 4, tc.micro_batch = k == 0 ? 4 : 1, tc.steps = 3;
+    Trainer tr(c, tc);
+    tr.train_step();  // the first step grows the scratch buffers (a regrowth waits)
+    synchronize();
+    const sim::Counters before = sim::counters();
+    tr.train_step();
+    synchronize();  // the step's queued work, so that every launch is counted
+    syncs[k] = sim::counters().host_syncs - before.host_syncs - 1;  // less the synchronize() above
+    launches[k] = sim::counters().launches - before.launches;
+  }
+  std::printf("[ counts ] per step: 1 micro-batch %llu launches, %llu host syncs; 4 micro-batches %llu launches, "
+              "%llu host syncs\n",
+              (unsigned long long)launches[0], (unsigned long long)syncs[0], (unsigned long long)launches[1],
+              (unsigned long long)syncs[1]);
+  EXPECT_EQ(syncs[1], syncs[0]) << "a micro-batch synchronises with the host";
+  EXPECT_GT(launches[1], 3 * launches[0]) << "the 4 micro-batches did not run";
 }
 
 TEST(SimChecks, DevicePropertiesAreAnH100) {
