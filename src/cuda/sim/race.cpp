@@ -261,8 +261,12 @@ void race_after_slice(const char* waited_file, int waited_line) {
 }  // namespace lns::sim
 
 // ---- the hooks the instrumented kernel code calls ---------------------------------------
-// The names and signatures are those GCC's -fsanitize=thread emits; this is not
-// ThreadSanitizer (its runtime is not linked), only its instrumentation put to use.
+// The names and signatures are those GCC's -fsanitize=thread emits (its builtins, which
+// GCC also declares in an ASan build: there the hooks are left out, as no kernel calls
+// them). This is not ThreadSanitizer (its runtime is not linked), only its
+// instrumentation put to use. CMake defines LNS_SIM_ACCESS_HOOKS where the kernels
+// carry the instrumentation.
+#ifdef LNS_SIM_ACCESS_HOOKS
 #define LNS_SIM_HOOK extern "C" __attribute__((visibility("default"), used))
 LNS_SIM_HOOK void __tsan_init() { lns::sim::g_hooks = true; }
 #define LNS_SIM_ACCESS(n)                                                                                   \
@@ -277,59 +281,58 @@ LNS_SIM_ACCESS(2)
 LNS_SIM_ACCESS(4)
 LNS_SIM_ACCESS(8)
 LNS_SIM_ACCESS(16)
-LNS_SIM_HOOK void __tsan_read_range(void* p, unsigned long n) {
-  lns::sim::access(p, n, false, __builtin_return_address(0));
+LNS_SIM_HOOK void __tsan_read_range(void* p, long n) {
+  lns::sim::access(p, size_t(n), false, __builtin_return_address(0));
 }
-LNS_SIM_HOOK void __tsan_write_range(void* p, unsigned long n) {
-  lns::sim::access(p, n, true, __builtin_return_address(0));
+LNS_SIM_HOOK void __tsan_write_range(void* p, long n) {
+  lns::sim::access(p, size_t(n), true, __builtin_return_address(0));
 }
 // Never called: the kernels are compiled without function entry/exit instrumentation
 // (--param=tsan-instrument-func-entry-exit=0); defined so that a TU built without the
 // param still links.
 LNS_SIM_HOOK void __tsan_func_entry(void*) {}
-LNS_SIM_HOOK void __tsan_func_exit() {}
+LNS_SIM_HOOK void __tsan_func_exit(void*) {}
 // Stores and loads of a C++ object's vtable pointer (gtest's classes in the test
 // files): never shared memory.
-LNS_SIM_HOOK void __tsan_vptr_update(void**, void*) {}
-LNS_SIM_HOOK void __tsan_vptr_read(void**) {}
+LNS_SIM_HOOK void __tsan_vptr_update(void*, void*) {}
+LNS_SIM_HOOK void __tsan_vptr_read(void*) {}
 // Atomic operations in instrumented code (host code of the kernel files: the guard of
 // a function-local static, reference counts in library headers). GCC passes the
 // memory order as __ATOMIC_*; these do the operation with sequential consistency,
 // at least the order asked for. Not part of the race check.
-#define LNS_SIM_ATOMIC(bits, T)                                                                            \
-  LNS_SIM_HOOK T __tsan_atomic##bits##_load(const volatile T* a, int) {                                    \
-    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                          \
-  }                                                                                                       \
-  LNS_SIM_HOOK void __tsan_atomic##bits##_store(volatile T* a, T v, int) {                                 \
-    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                             \
-  }                                                                                                       \
-  LNS_SIM_HOOK T __tsan_atomic##bits##_exchange(volatile T* a, T v, int) {                                 \
-    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                   \
-  }                                                                                                       \
-  LNS_SIM_HOOK T __tsan_atomic##bits##_fetch_add(volatile T* a, T v, int) {                                \
-    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                                    \
-  }                                                                                                       \
-  LNS_SIM_HOOK T __tsan_atomic##bits##_fetch_sub(volatile T* a, T v, int) {                                \
-    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                                    \
-  }                                                                                                       \
-  LNS_SIM_HOOK T __tsan_atomic##bits##_fetch_and(volatile T* a, T v, int) {                                \
-    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                                    \
-  }                                                                                                       \
-  LNS_SIM_HOOK T __tsan_atomic##bits##_fetch_or(volatile T* a, T v, int) {                                 \
-    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                                     \
-  }                                                                                                       \
-  LNS_SIM_HOOK T __tsan_atomic##bits##_fetch_xor(volatile T* a, T v, int) {                                \
-    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                                    \
-  }                                                                                                       \
-  LNS_SIM_HOOK int __tsan_atomic##bits##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {     \
-    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);               \
-  }                                                                                                       \
-  LNS_SIM_HOOK int __tsan_atomic##bits##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {       \
-    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);               \
-  }                                                                                                       \
-  LNS_SIM_HOOK T __tsan_atomic##bits##_compare_exchange_val(volatile T* a, T c, T v, int, int) {           \
-    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                     \
-    return c;                                                                                             \
+#define LNS_SIM_ATOMIC_RMW(bits, T, op)                                       \
+  LNS_SIM_HOOK T __tsan_atomic##bits##_##op(volatile void* p, T v, int) {    \
+    return __atomic_##op(static_cast<volatile T*>(p), v, __ATOMIC_SEQ_CST); \
+  }
+#define LNS_SIM_ATOMIC(bits, T)                                                                        \
+  LNS_SIM_HOOK T __tsan_atomic##bits##_load(const volatile void* p, int) {                            \
+    return __atomic_load_n(static_cast<const volatile T*>(p), __ATOMIC_SEQ_CST);                      \
+  }                                                                                                   \
+  LNS_SIM_HOOK void __tsan_atomic##bits##_store(volatile void* p, T v, int) {                         \
+    __atomic_store_n(static_cast<volatile T*>(p), v, __ATOMIC_SEQ_CST);                               \
+  }                                                                                                   \
+  LNS_SIM_HOOK T __tsan_atomic##bits##_exchange(volatile void* p, T v, int) {                         \
+    return __atomic_exchange_n(static_cast<volatile T*>(p), v, __ATOMIC_SEQ_CST);                     \
+  }                                                                                                   \
+  LNS_SIM_ATOMIC_RMW(bits, T, fetch_add)                                                              \
+  LNS_SIM_ATOMIC_RMW(bits, T, fetch_sub)                                                              \
+  LNS_SIM_ATOMIC_RMW(bits, T, fetch_and)                                                              \
+  LNS_SIM_ATOMIC_RMW(bits, T, fetch_or)                                                               \
+  LNS_SIM_ATOMIC_RMW(bits, T, fetch_xor)                                                              \
+  LNS_SIM_HOOK bool __tsan_atomic##bits##_compare_exchange_strong(volatile void* p, void* c, T v, int, \
+                                                                  int) {                              \
+    return __atomic_compare_exchange_n(static_cast<volatile T*>(p), static_cast<T*>(c), v, false,     \
+                                       __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                           \
+  }                                                                                                   \
+  LNS_SIM_HOOK bool __tsan_atomic##bits##_compare_exchange_weak(volatile void* p, void* c, T v, int,   \
+                                                                int) {                                \
+    return __atomic_compare_exchange_n(static_cast<volatile T*>(p), static_cast<T*>(c), v, false,     \
+                                       __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                           \
+  }                                                                                                   \
+  LNS_SIM_HOOK T __tsan_atomic##bits##_compare_exchange_val(volatile void* p, T c, T v, int, int) {   \
+    __atomic_compare_exchange_n(static_cast<volatile T*>(p), &c, v, false, __ATOMIC_SEQ_CST,          \
+                                __ATOMIC_SEQ_CST);                                                    \
+    return c;                                                                                         \
   }
 LNS_SIM_ATOMIC(8, uint8_t)
 LNS_SIM_ATOMIC(16, uint16_t)
@@ -337,3 +340,4 @@ LNS_SIM_ATOMIC(32, uint32_t)
 LNS_SIM_ATOMIC(64, uint64_t)
 LNS_SIM_HOOK void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 LNS_SIM_HOOK void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
+#endif  // LNS_SIM_ACCESS_HOOKS

@@ -40,6 +40,21 @@ struct Op {
   uint64_t record_id = 0;
 };
 
+namespace lns::sim {
+// A query of pending work (cudaStreamQuery, cudaEventQuery) answers NotReady twice (the
+// GPU is busy: a polling loop runs at least one round even after a caller's own
+// query), then runs the work and answers done, as a GPU finishes eventually; a loop
+// that polls until done would never end if queries only looked.
+struct BusyAnswers {
+  uint64_t state = 0;  // the pending work they were for (seq or record id)
+  int given = 0;
+  bool busy(uint64_t pending) {
+    if (state != pending) state = pending, given = 0;
+    return given++ < 2;
+  }
+};
+}  // namespace lns::sim
+
 struct CUstream_st {
   int device = 0;
   bool legacy = false;    // the legacy default stream of `device`
@@ -47,12 +62,14 @@ struct CUstream_st {
   std::deque<Op> queue;
   uint64_t last_enqueued = 0;  // seq of the newest op (0: none yet)
   uint64_t completed = 0;      // seq of the newest completed op
+  lns::sim::BusyAnswers busy;  // cudaStreamQuery's NotReady answers for the pending work
 };
 
 struct CUevent_st {
   CUstream_st* stream = nullptr;  // of the latest record (null: never recorded)
   uint64_t seq = 0;               // that stream must complete this op
   uint64_t record_id = 0, completed_id = 0;
+  lns::sim::BusyAnswers busy;     // cudaEventQuery's NotReady answers for the pending record
   double time_ms = 0;
 };
 
@@ -705,17 +722,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   lns::sim::run_until(s, s->last_enqueued);
   return cudaSuccess;
 }
-cudaError_t cudaStreamQuery(cudaStream_t stream) {
+cudaError_t cudaStreamQuery(cudaStream_t stream) {  // lns::sim::BusyAnswers
   Lock lock(mu());
   CUstream_st* s = lns::sim::resolve(stream);
-  // Queued work runs only when the host looks at it. A GPU finishes it eventually, so a
-  // query of unfinished work runs it: a polling wait (cuda::synchronize while NCCL
-  // watches are registered) then ends instead of spinning for ever, and it counts as
-  // the host synchronisation it stands for.
-  if (s->completed < s->last_enqueued) {
-    lns::sim::host_sync_counted();
-    lns::sim::run_until(s, s->last_enqueued);
-  }
+  if (s->completed >= s->last_enqueued) return cudaSuccess;
+  if (s->busy.busy(s->last_enqueued)) return cudaErrorNotReady;
+  lns::sim::host_sync_counted();
+  lns::sim::run_until(s, s->last_enqueued);
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
@@ -753,9 +766,14 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (event->stream) lns::sim::run_until(event->stream, event->seq);
   return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t event) {
+cudaError_t cudaEventQuery(cudaEvent_t event) {  // lns::sim::BusyAnswers
   Lock lock(mu());
-  return !event->stream || event->completed_id == event->record_id ? cudaSuccess : cudaErrorNotReady;
+  if (!event) return set_error(cudaErrorInvalidResourceHandle);
+  if (!event->stream || event->completed_id == event->record_id) return cudaSuccess;
+  if (event->busy.busy(event->record_id)) return cudaErrorNotReady;
+  lns::sim::host_sync_counted();
+  lns::sim::run_until(event->stream, event->seq);
+  return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   // The host time between the two records' execution: not a GPU time (docs/cuda.md).
