@@ -130,8 +130,11 @@ void LlamaStage::init_dims() {
   Hkv_ = cfg_.num_kv_heads / tp_.size;
   QD_ = Hq_ * cfg_.head_dim();
   KD_ = Hkv_ * cfg_.head_dim();
-  fshard_ = shard_range(cfg_.intermediate_size, tp_.size, tp_.rank);
-  vshard_ = shard_range(cfg_.vocab_size, tp_.size, tp_.rank);
+  // Stored padded to the device's GEMM alignment (64 on CUDA: F = 5461 is held as
+  // 5504 zero-padded columns, the same function); the CPU stores the tp share as is.
+  const int64_t align = gemm_dim_align(device_);
+  fshard_ = shard_range(cfg_.intermediate_size, tp_.size, tp_.rank, align);
+  vshard_ = shard_range(cfg_.vocab_size, tp_.size, tp_.rank, align);
 }
 
 LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
@@ -160,8 +163,8 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
     rope_cos_ = rope_dev_[0], rope_sin_ = rope_dev_[1];
   }
 
-  const int64_t N = B_ * T_, C = cfg_.hidden_size, F = fshard_.size, QD = QD_, KD = KD_,
-                V = vshard_.size;
+  const int64_t N = B_ * T_, C = cfg_.hidden_size, F = fshard_.stored, QD = QD_, KD = KD_,
+                V = vshard_.stored;
   // Activations in the device's activation dtype; statistics always f32.
   const auto act = [&](Shape s) { return OwnedTensor(act_, s, device_); };
   const auto f32 = [&](Shape s) { return OwnedTensor(DType::F32, s, device_); };
@@ -241,12 +244,12 @@ void LlamaStage::register_params() {
   // their columns (input features); heads split evenly, FFN and vocabulary padded.
   const int r = tp_.rank;
   auto rows = [&](const std::string& name, int64_t out, int64_t in, ShardRange s, ParamKind k, int g) {
-    return p.add_shard(name, {out, in}, 0, s.begin, s.size, s.valid, k, g);
+    return p.add_shard(name, {out, in}, 0, s, k, g);
   };
   auto cols = [&](const std::string& name, int64_t out, int64_t in, ShardRange s, ParamKind k, int g) {
-    return p.add_shard(name, {out, in}, 1, s.begin, s.size, s.valid, k, g);
+    return p.add_shard(name, {out, in}, 1, s, k, g);
   };
-  const ShardRange qs{r * QD_, QD_, QD_}, ks{r * KD_, KD_, KD_};
+  const ShardRange qs{r * QD_, QD_, QD_, QD_}, ks{r * KD_, KD_, KD_, KD_};
   if (spec_.has_embedding)
     embed_ = rows("model.embed_tokens.weight", V, C, vshard_, ParamKind::Embedding, -1);
 
@@ -681,7 +684,8 @@ Tensor LlamaStage::forward(Tensor input, int slot) {
   if (spec_.has_embedding) {
     LNS_CHECK(input.dtype == DType::I32 && input.numel() == N) << "first stage takes ids [B,T]";
     copy(s.ids, input);
-    embedding_forward(s.h0, s.ids, params_.compute(embed_), vshard_.begin);
+    // The real rows only: ids past them belong to the next rank (the stored padding).
+    embedding_forward(s.h0, s.ids, params_.compute(embed_).rows(0, vshard_.valid), vshard_.begin);
     tp_.all_reduce_sum(s.h0);  // vocab-parallel: each row comes from one rank
   } else {
     LNS_CHECK(input.dtype == act_ && input.numel() == N * C) << "stage takes hidden [B,T,C]";
@@ -706,7 +710,7 @@ Tensor LlamaStage::head_forward(Slot& s, Stream x) {
   NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1,
               final_fixed_[0], final_fixed_[1]};
   stream_norm_fwd(fin, s, s.hf, x);
-  linear_forward(s.logits.t.view({N, vshard_.size}), s.hf, params_.compute(head_));
+  linear_forward(s.logits.t.view({N, vshard_.stored}), s.hf, params_.compute(head_));
   s.out = x.x;  // the input of the final norm, kept for its backward
   return s.logits;
 }
@@ -731,7 +735,7 @@ Tensor LlamaStage::loss_tokens(Tensor targets, int slot) {
   targets = s.targets;
   s.loss_pending = true;
   // Vocab-parallel cross-entropy: no rank holds the full logits.
-  const Tensor logits = s.logits.t.view({B_ * T_, vshard_.size});
+  const Tensor logits = s.logits.t.view({B_ * T_, vshard_.stored});
   vocab_row_max(s.rowmax, logits, vshard_.valid);
   tp_.all_reduce_max(s.rowmax);
   vocab_sumexp_target(s.sumexp, s.target_logit, logits, s.rowmax, targets, vshard_.begin,
@@ -751,7 +755,7 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
   Tensor dy = sc.d_a.t.view({N, C}), dx = sc.d_b.t.view({N, C});
   if (spec_.has_head) {
     LNS_CHECK(s.loss_pending) << "loss() must run before backward() on the last stage";
-    const Tensor dlogits = s.logits.t.view({N, vshard_.size});
+    const Tensor dlogits = s.logits.t.view({N, vshard_.stored});
     vocab_cross_entropy_backward(dlogits, dlogits, s.rowmax, s.sumexp, s.targets, vshard_.begin,
                                  vshard_.valid, grad_scale);
     linear_backward(sc.dhf, params_.grad(head_), dlogits, s.hf, params_.compute(head_), false);
@@ -770,7 +774,7 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
     if (grad_ready_) grad_ready_(params_.info(it->first_param).offset);
   }
   if (spec_.has_embedding) {
-    embedding_backward(params_.grad(embed_), s.ids, dy, vshard_.begin);
+    embedding_backward(params_.grad(embed_).rows(0, vshard_.valid), s.ids, dy, vshard_.begin);
     if (grad_ready_) grad_ready_(0);
     return {};
   }

@@ -334,11 +334,11 @@ void Trainer::dump_step_state(const std::string& path) {
   const int64_t B = cfg_.micro_batch, T = cfg_.seq_len, V = model_cfg_.vocab_size;
   const ShardRange vs = model_->vocab_shard();
   OwnedTensor logits;
-  if (grid_->last_stage()) logits = OwnedTensor(DType::F32, {num_micro_ * B, T, vs.size});
+  if (grid_->last_stage()) logits = OwnedTensor(DType::F32, {num_micro_ * B, T, vs.stored});
   const float loss = static_cast<float>(run_global_batch([&](int m, Tensor l) {
                                           // keep the logits before backward overwrites them
                                           const std::vector<float> h = to_host_f32(l);
-                                          std::memcpy(logits.f32() + m * B * T * vs.size, h.data(), h.size() * 4);
+                                          std::memcpy(logits.f32() + m * B * T * vs.stored, h.data(), h.size() * 4);
                                         }).loss);
   sync_->reduce(/*full=*/true);
   model_->params().download(/*grads=*/true);
