@@ -82,20 +82,6 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
   v = lane < warps ? shared[lane] : 0.0f;
   return warp_sum(v);
 }
-// Sum of a double over a block of kThreads (a power of two) threads in a fixed tree
-// order; `red` holds kThreads doubles. Every thread gets the total.
-template <int kThreads>
-__device__ __forceinline__ double block_sum_f64(double v, double* red) {
-  red[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
-    __syncthreads();
-  }
-  const double total = red[0];
-  __syncthreads();  // `red` may be reused by the next call
-  return total;
-}
 __device__ __forceinline__ float block_max(float v, float* shared) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = warp_max(v);

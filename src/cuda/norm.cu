@@ -241,6 +241,7 @@ __global__ void norm_divisor_kernel(double* __restrict__ divisor, const bf16* __
     double s = 0.0;
     for (int c = threadIdx.x; c < C; c += kDivThreads) s += to_f(xr[c]);
     mean = block_sum_f64<kDivThreads>(s, red) / C;
+    __syncthreads();  // every thread has read red[0] before the next sum writes it
   }
   double sq = 0.0;
   for (int c = threadIdx.x; c < C; c += kDivThreads) {

@@ -31,7 +31,9 @@ __global__ void route_gate_kernel(float* gate, float* soft, const double* m, con
   const int64_t b = blockIdx.x;
   double d0 = 0.0, d1 = 0.0;
   for (int64_t c = threadIdx.x; c < C; c += kBlock) d0 += m[b * C + c] * w[c], d1 += m[b * C + c] * w[C + c];
-  const double z0 = block_sum_f64<kBlock>(d0, red) + noise[b * 2], z1 = block_sum_f64<kBlock>(d1, red) + noise[b * 2 + 1];
+  const double z0 = block_sum_f64<kBlock>(d0, red) + noise[b * 2];
+  __syncthreads();  // every thread has read red[0] before the next sum writes it
+  const double z1 = block_sum_f64<kBlock>(d1, red) + noise[b * 2 + 1];
   if (threadIdx.x == 0) {
     const double mx = fmax(z0, z1), e0 = exp(z0 - mx), e1 = exp(z1 - mx);
     soft[b * 2] = float(e0 / (e0 + e1)), soft[b * 2 + 1] = float(e1 / (e0 + e1));
@@ -93,6 +95,7 @@ __global__ void route_mix_backward_kernel(bf16* dp0, bf16* dp1, double* partial,
     dp0[i] = to_bf(g0 * d), dp1[i] = to_bf(g1 * d);
   }
   s0 = block_sum_f64<kBlock>(s0, red);
+  __syncthreads();  // every thread has read red[0] before the next sum writes it
   s1 = block_sum_f64<kBlock>(s1, red);
   if (threadIdx.x == 0) {
     partial[(b * kMixSplit + blockIdx.x) * 2] = s0;
