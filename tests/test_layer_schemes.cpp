@@ -5,6 +5,7 @@
 // every bad pattern refused with a message naming the flag; a hybrid equal to the
 // scheme it spells (post:2,pre = Mix-LN with 2 post layers, bit for bit); and the
 // init rule of scale_post_pre against Mix-LN's.
+#include "lns/hf_llama.h"
 #include "lns/layer_schemes.h"
 #include "lns/stage.h"
 #include "test_util.h"
@@ -212,6 +213,23 @@ TEST(Mono, NoiseLastsOneForwardAndIsKeyedBySample) {
   const double mean = s / n, var = s2 / n - mean * mean;
   EXPECT_NEAR(mean, 0.5772, 0.01);
   EXPECT_NEAR(var, 1.6449, 0.03);
+}
+
+TEST(Mono, LnsTrainRunsBothAndExportHfRefusesThemInOneLine) {
+  const std::string model = "--vocab_size=53 --hidden_size=32 --intermediate_size=45 --num_layers=5 "
+                            "--num_heads=4 --num_kv_heads=2 --seq_len=8 --micro_batch_size=2 "
+                            "--global_batch_size=4 --steps=2";
+  for (const char* s : {"mono", "mono_reverse"}) {
+    const RunResult r = run_binary(LNS_TRAIN_BIN, model + " --norm_scheme=" + s);
+    EXPECT_EQ(r.code, 0) << s << ": " << r.err;
+  }
+  for (NormScheme s : {NormScheme::Mono, NormScheme::MonoReverse, NormScheme::Routed}) {
+    const std::string e = error_of([&] { check_hf_exportable(small_model(s)); });
+    EXPECT_NE(e.find("routes blocks between a pre- and a post-norm path"), std::string::npos) << e;
+  }
+  LlamaConfig hyb = small_model(NormScheme::Hybrid);
+  hyb.layer_schemes = "pre:3,routed,*";
+  EXPECT_NE(error_of([&] { check_hf_exportable(hyb); }).find("layer 3 is routed"), std::string::npos);
 }
 
 TEST(ScaleResPreNorm, StartsAsPreLnWithTwoScalarsPerLayer) {

@@ -45,7 +45,8 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
 // ---- fixed-divisor norm (LN-free fine-tuning, docs/ln_free.md) -------------------------
 // The norm's divisor (the RMS; the standard deviation for LayerNorm, which still subtracts
 // its measured mean) replaced by a constant. Row n is at sequence position n % T: position
-// 0 divides by pos0, positions > 0 by rest. CPU only (a CUDA tensor is refused).
+// 0 divides by pos0, positions > 0 by rest. CPU and CUDA (src/cuda/norm.cu: the live
+// kernels with the divisor given; the calibration sums a per-row f64 divisor kernel).
 struct FixedDivisor {
   float pos0 = 1.0f, rest = 1.0f;
   int64_t T = 1;  // sequence length; rows N must be a multiple

@@ -118,7 +118,7 @@ class LlamaStage {
   // 2*(global_layer - first_layer) + which, then the final norm last (last stage); each
   // {sum at position 0, count, sum at positions > 0, count} as norm_divisor_sums. Sums
   // from several batches and data-parallel ranks add; the constant is sum / count.
-  // Entries of sublayers without a pre-norm stay 0. CPU only.
+  // Entries of sublayers without a pre-norm stay 0. CPU and CUDA.
   void add_divisor_sums(std::vector<std::array<double, 4>>& sums, int slot = 0) const;
 
   // Routed blocks (mono, mono_reverse; lns/block_plan.h): the Gumbel noise of the next

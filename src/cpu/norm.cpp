@@ -152,11 +152,6 @@ void norm_backward_cpu(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Ten
     }
 }
 
-void require_cpu_for_ln_free(const Tensor& t) {
-  LNS_REQUIRE(t.device == Device::CPU,
-              "--ln_free: fixed-divisor norms have no CUDA kernel yet; run with --device=cpu");
-}
-
 }  // namespace
 
 void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
@@ -167,12 +162,12 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
 
 void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
                         Tensor bias, float scale, FixedDivisor d) {
-  require_cpu_for_ln_free(x);
-  check_norm_args(type, out, mean, rstd, x, gain, bias);
   // The constants come from calibration or a checkpoint: bad ones are the input's fault.
   LNS_REQUIRE(d.pos0 > 0.0f && d.rest > 0.0f && std::isfinite(d.pos0) && std::isfinite(d.rest),
               "--ln_free: fixed divisors must be finite and > 0, got ", d.pos0, " and ", d.rest);
   LNS_CHECK(d.T > 0);
+  LNS_DISPATCH(x, norm_forward_fixed(type, out, mean, rstd, x, gain, bias, scale, d));
+  check_norm_args(type, out, mean, rstd, x, gain, bias);
   const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
   LNS_CHECK(N % d.T == 0) << "rows " << N << " not a multiple of the sequence length " << d.T;
   const float* b = bias.empty() ? nullptr : bias.f32();
@@ -186,12 +181,12 @@ void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Ten
 
 void norm_backward_fixed(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres,
                          Tensor dout, Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale) {
-  require_cpu_for_ln_free(dout);
+  LNS_DISPATCH(dout, norm_backward_fixed(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale));
   norm_backward_cpu(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale, true);
 }
 
 void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4]) {
-  require_cpu_for_ln_free(x);
+  LNS_DISPATCH(x, norm_divisor_sums(type, x, T, eps, sums));
   cpu::require_cpu({&x});
   const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
   LNS_CHECK(T > 0 && N % T == 0) << "rows " << N << " not a multiple of the sequence length " << T;

@@ -7,6 +7,8 @@
 // it accumulates dgain/dbias for them in shared memory without atomics; the per-block
 // partials [G, C] are summed over G in a fixed order by a second kernel. The grid
 // depends only on N, so two runs give the same bits.
+#include <vector>
+
 #include "cuda/common.cuh"
 #include "cuda/ops_cuda.h"
 
@@ -14,14 +16,29 @@ namespace lns::cuda {
 namespace {
 
 
+// LN-free fine-tuning (docs/ln_free.md): the divisor of row `row` is a constant,
+// pos0 at sequence position 0 (row % T == 0) or on an end-of-text token (ids[row] ==
+// eot, when ids is given), rest elsewhere. rest == 0: the norm is live.
+struct FixedArgs {
+  float pos0 = 0.0f, rest = 0.0f;
+  int64_t T = 1;
+  const int32_t* ids = nullptr;
+  int32_t eot = -1;
+  __device__ __forceinline__ float rstd(int64_t row) const {
+    const bool first = row % T == 0 || (ids && ids[row] == eot);
+    return 1.0f / (first ? pos0 : rest);
+  }
+};
+
 // x[N,C] = alpha * res_in + delta (stored to res_out when delta is given, else x =
-// res_in); out[N,C] = scale * ((x - mean) * rstd * gain + bias).
+// res_in); out[N,C] = scale * ((x - mean) * rstd * gain + bias), rstd measured or
+// (fixed.rest > 0) the constant of fixed.
 template <int W, bool kLayerNorm>
 __global__ void norm_forward_kernel(bf16* __restrict__ out, float* __restrict__ mean_out,
                                     float* __restrict__ rstd_out, bf16* res_out, const bf16* res_in,
                                     const bf16* __restrict__ delta, float alpha,
                                     const float* __restrict__ gain, const float* __restrict__ bias,
-                                    float scale, float eps, int C) {
+                                    float scale, float eps, int C, FixedArgs fixed) {
   __shared__ float red[32];
   const int64_t row = blockIdx.x;
   const bf16* xin = res_in + row * C;
@@ -55,7 +72,7 @@ __global__ void norm_forward_kernel(bf16* __restrict__ out, float* __restrict__ 
   } else {
     var = block_sum(s2, red) / C;
   }
-  const float rstd = rsqrtf(var + eps);
+  const float rstd = fixed.rest > 0.0f ? fixed.rstd(row) : rsqrtf(var + eps);
   for (int c = threadIdx.x * W; c < C; c += blockDim.x * W) {
     float x[W];
     load<W>(xr + c, x);
@@ -71,6 +88,7 @@ __global__ void norm_forward_kernel(bf16* __restrict__ out, float* __restrict__ 
 }
 
 // dx = dres + rstd * (dxhat - mean(dxhat) [LayerNorm] - xhat * mean(dxhat * xhat)),
+// the last term absent when the divisor is a constant (fixed: LN-free),
 // dxhat = scale * dout * gain; partial[blockIdx, c] = sum over this block's rows of
 // scale * dout * xhat (dgain) and, for LayerNorm, scale * dout (dbias).
 // The column index is 64-bit: with an int, nvcc split the 16-byte dx store into
@@ -79,7 +97,8 @@ template <int W, bool kLayerNorm>
 __global__ void norm_backward_kernel(bf16* dx, float* __restrict__ partial, const bf16* dres,
                                      const bf16* __restrict__ dout, const bf16* __restrict__ x,
                                      const float* __restrict__ mean, const float* __restrict__ rstd,
-                                     const float* __restrict__ gain, float scale, int N, int C) {
+                                     const float* __restrict__ gain, float scale, int N, int C,
+                                     bool fixed) {
   LNS_EXTERN_SHARED(float, acc);  // [C] dgain, then [C] dbias (LayerNorm)
   __shared__ float red[32];
   for (int c = threadIdx.x; c < (kLayerNorm ? 2 : 1) * C; c += blockDim.x) acc[c] = 0.0f;
@@ -102,7 +121,7 @@ __global__ void norm_backward_kernel(bf16* dx, float* __restrict__ partial, cons
       }
     }
     const float m1 = kLayerNorm ? block_sum(s1, red) / C : 0.0f;
-    const float m2 = block_sum(s2, red) / C;
+    const float m2 = fixed ? 0.0f : block_sum(s2, red) / C;  // uniform over the block
     for (int64_t c = threadIdx.x * W; c < C; c += blockDim.x * W) {
       float xv[W], dy[W], dr[W];
       load<W>(x + base + c, xv);
@@ -154,7 +173,8 @@ void check_args(NormType type, const Tensor& out, const Tensor& mean, const Tens
 }
 
 void launch_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tensor rstd, Tensor x,
-                    Tensor delta, float alpha, Tensor gain, Tensor bias, float scale, float eps) {
+                    Tensor delta, float alpha, Tensor gain, Tensor bias, float scale, float eps,
+                    FixedArgs fixed = {}) {
   check_args(type, out, mean, rstd, x, gain, bias);
   const int C = static_cast<int>(x.dim(-1));
   const int64_t N = x.numel() / C;
@@ -168,28 +188,12 @@ void launch_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tens
       ptr<bf16>(out), ln ? ptr<float>(mean) : nullptr, ptr<float>(rstd),
       delta.empty() ? nullptr : ptr<bf16>(res_out), ptr<bf16>(x),
       delta.empty() ? nullptr : ptr<bf16>(delta), alpha, ptr<float>(gain),
-      bias.empty() ? nullptr : ptr<float>(bias), scale, eps, C);
+      bias.empty() ? nullptr : ptr<float>(bias), scale, eps, C, fixed);
   LNS_CUDA_LAUNCHED();
 }
 
-}  // namespace
-
-void norm_forward(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
-                  Tensor bias, float scale, float eps) {
-  launch_forward(type, {}, out, mean, rstd, x, {}, 1.0f, gain, bias, scale, eps);
-}
-
-void residual_norm_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tensor rstd,
-                           Tensor res_in, Tensor delta, float alpha, Tensor gain, Tensor bias,
-                           float scale, float eps) {
-  expect(delta, DType::BF16, "residual delta");
-  expect(res_out, DType::BF16, "residual output");
-  LNS_CHECK(delta.numel() == res_in.numel() && res_out.numel() == res_in.numel());
-  launch_forward(type, res_out, out, mean, rstd, res_in, delta, alpha, gain, bias, scale, eps);
-}
-
-void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
-                   Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale) {
+void launch_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
+                     Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale, bool fixed) {
   const bool ln = type == NormType::LayerNorm;
   check_args(type, dout, mean, rstd, x, gain, ln ? dbias : Tensor{});
   expect(dx, DType::BF16, "norm dx");
@@ -215,13 +219,91 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
   LNS_LAUNCH(fn, G, block_for(C, W), smem, stream())(
       ptr<bf16>(dx), partial, dres.empty() ? nullptr : ptr<bf16>(dres), ptr<bf16>(dout),
       ptr<bf16>(x), ln ? ptr<float>(mean) : nullptr, ptr<float>(rstd), ptr<float>(gain), scale,
-      static_cast<int>(N), C);
+      static_cast<int>(N), C, fixed);
   LNS_CUDA_LAUNCHED();
   LNS_LAUNCH(sum_partials_kernel, ceil_div(C, 256), 256, 0, stream())(ptr<float>(dgain), partial, G, C, width);
   LNS_CUDA_LAUNCHED();
   if (ln) {  // the dbias half of each block's partial row: columns [C, 2C)
     LNS_LAUNCH(sum_partials_kernel, ceil_div(C, 256), 256, 0, stream())(ptr<float>(dbias), partial + C, G, C, width);
     LNS_CUDA_LAUNCHED();
+  }
+}
+
+// divisor[row] = sqrt(var + eps) of x's row (f64; var around the mean for LayerNorm,
+// the mean square for RMSNorm). One block of kDivThreads per row.   x [N,C] bf16
+constexpr int kDivThreads = 256;
+template <bool kLayerNorm>
+__global__ void norm_divisor_kernel(double* __restrict__ divisor, const bf16* __restrict__ x, int C, float eps) {
+  __shared__ double red[kDivThreads];
+  const bf16* xr = x + int64_t(blockIdx.x) * C;
+  double mean = 0.0;
+  if constexpr (kLayerNorm) {
+    double s = 0.0;
+    for (int c = threadIdx.x; c < C; c += kDivThreads) s += to_f(xr[c]);
+    mean = block_sum_f64<kDivThreads>(s, red) / C;
+    __syncthreads();  // every thread has read red[0] before the next sum writes it
+  }
+  double sq = 0.0;
+  for (int c = threadIdx.x; c < C; c += kDivThreads) {
+    const double d = to_f(xr[c]) - mean;
+    sq += d * d;
+  }
+  const double var = block_sum_f64<kDivThreads>(sq, red) / C;
+  if (threadIdx.x == 0) divisor[blockIdx.x] = sqrt(var + double(eps));
+}
+
+}  // namespace
+
+void norm_forward(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
+                  Tensor bias, float scale, float eps) {
+  launch_forward(type, {}, out, mean, rstd, x, {}, 1.0f, gain, bias, scale, eps);
+}
+
+void residual_norm_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tensor rstd,
+                           Tensor res_in, Tensor delta, float alpha, Tensor gain, Tensor bias,
+                           float scale, float eps) {
+  expect(delta, DType::BF16, "residual delta");
+  expect(res_out, DType::BF16, "residual output");
+  LNS_CHECK(delta.numel() == res_in.numel() && res_out.numel() == res_in.numel());
+  launch_forward(type, res_out, out, mean, rstd, res_in, delta, alpha, gain, bias, scale, eps);
+}
+
+void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
+                   Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale) {
+  launch_backward(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale, false);
+}
+
+void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
+                        Tensor bias, float scale, FixedDivisor d) {
+  FixedArgs f;
+  f.pos0 = d.pos0, f.rest = d.rest, f.T = d.T;
+  LNS_CHECK(d.T > 0 && d.rest > 0.0f && d.pos0 > 0.0f && (x.numel() / x.dim(-1)) % d.T == 0);
+  launch_forward(type, {}, out, mean, rstd, x, {}, 1.0f, gain, bias, scale, 0.0f, f);
+}
+
+void norm_backward_fixed(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
+                         Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale) {
+  launch_backward(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale, true);
+}
+
+void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4]) {
+  expect(x, DType::BF16, "norm_divisor_sums x");
+  const int C = static_cast<int>(x.dim(-1));
+  const int64_t N = x.numel() / C;
+  LNS_CHECK(T > 0 && N % T == 0) << "rows " << N << " not a multiple of the sequence length " << T;
+  if (N == 0) return;
+  auto* div = static_cast<double*>(scratch(Scratch::Reduce, sizeof(double) * N));
+  auto* fn = type == NormType::LayerNorm ? norm_divisor_kernel<true> : norm_divisor_kernel<false>;
+  LNS_LAUNCH(fn, N, kDivThreads, 0, stream())(div, ptr<bf16>(x), C, eps);
+  LNS_CUDA_LAUNCHED();
+  // Summed on the host in row order, as the CPU op does (calibration is rare: one copy).
+  std::vector<double> host(N);
+  LNS_CUDA_CHECK(cudaMemcpyAsync(host.data(), div, sizeof(double) * N, cudaMemcpyDeviceToHost, stream()));
+  LNS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  for (int64_t n = 0; n < N; ++n) {
+    const int k = n % T == 0 ? 0 : 2;
+    sums[k] += host[n];
+    sums[k + 1] += 1.0;
   }
 }
 

@@ -13,19 +13,6 @@ constexpr int kBlock = 256;
 constexpr int kMixSplit = 64;  // blocks per sequence in the mix backward's dgate sums
 inline int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>(ceil_div(n, kBlock), 65535L * 16)); }
 
-// Sum of a double over the block, tree order (blockDim.x == kBlock).
-__device__ double block_sum_f64(double v, double* red) {
-  red[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = kBlock / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
-    __syncthreads();
-  }
-  const double total = red[0];
-  __syncthreads();
-  return total;
-}
-
 // m[b,c] = mean_t x[b,t,c] (f64, t in order)                 x [B,T,C] bf16; m [B,C]
 __global__ void sequence_mean_kernel(double* m, const bf16* x, int64_t B, int64_t T, int64_t C) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < B * C; i += int64_t(gridDim.x) * blockDim.x) {
@@ -44,7 +31,9 @@ __global__ void route_gate_kernel(float* gate, float* soft, const double* m, con
   const int64_t b = blockIdx.x;
   double d0 = 0.0, d1 = 0.0;
   for (int64_t c = threadIdx.x; c < C; c += kBlock) d0 += m[b * C + c] * w[c], d1 += m[b * C + c] * w[C + c];
-  const double z0 = block_sum_f64(d0, red) + noise[b * 2], z1 = block_sum_f64(d1, red) + noise[b * 2 + 1];
+  const double z0 = block_sum_f64<kBlock>(d0, red) + noise[b * 2];
+  __syncthreads();  // every thread has read red[0] before the next sum writes it
+  const double z1 = block_sum_f64<kBlock>(d1, red) + noise[b * 2 + 1];
   if (threadIdx.x == 0) {
     const double mx = fmax(z0, z1), e0 = exp(z0 - mx), e1 = exp(z1 - mx);
     soft[b * 2] = float(e0 / (e0 + e1)), soft[b * 2 + 1] = float(e1 / (e0 + e1));
@@ -105,8 +94,9 @@ __global__ void route_mix_backward_kernel(bf16* dp0, bf16* dp1, double* partial,
     s0 += double(d) * to_f(p0[i]), s1 += double(d) * to_f(p1[i]);
     dp0[i] = to_bf(g0 * d), dp1[i] = to_bf(g1 * d);
   }
-  s0 = block_sum_f64(s0, red);
-  s1 = block_sum_f64(s1, red);
+  s0 = block_sum_f64<kBlock>(s0, red);
+  __syncthreads();  // every thread has read red[0] before the next sum writes it
+  s1 = block_sum_f64<kBlock>(s1, red);
   if (threadIdx.x == 0) {
     partial[(b * kMixSplit + blockIdx.x) * 2] = s0;
     partial[(b * kMixSplit + blockIdx.x) * 2 + 1] = s1;

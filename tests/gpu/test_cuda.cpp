@@ -164,6 +164,73 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.param.C) + (info.param.misalign ? "_misaligned" : "");
     });
 
+// ---- fixed-divisor norms (LN-free fine-tuning, docs/ln_free.md) ---------------------------
+// Forward, backward (no term through the constant divisor) and the calibration sums
+// against the CPU ops, on T = 5 positions per sequence (rows 0, 5, ... divide by pos0).
+class NormFixed : public ::testing::TestWithParam<NormCase> {};
+TEST_P(NormFixed, ForwardBackwardAndDivisorSumsMatchCpu) {
+  REQUIRE_GPU();
+  const auto [type, C, mis] = GetParam();
+  const int64_t T = 5, N = 60 * T;  // more rows than the backward's blocks would take at once
+  const bool ln = type == NormType::LayerNorm;
+  const float scale = 1.0f / std::sqrt(3.0f);
+  const FixedDivisor d{0.7f, 1.9f, T};
+  Dev x(randn(N * C, 21, 1.5f, 0.2f), {N, C}, DType::BF16, mis), dy(randn(N * C, 22), {N, C}, DType::BF16, mis);
+  Dev dres(randn(N * C, 23), {N, C}, DType::BF16, mis);
+  Dev g(randn(C, 24, 0.2f, 1.0f), {C}, DType::F32), b(randn(C, 25, 0.1f), {C}, DType::F32);
+  Dev out = zeros({N, C}, DType::BF16, mis), mean = zeros({N}, DType::F32), rstd = zeros({N}, DType::F32);
+  norm_forward_fixed(type, out, ln ? Tensor(mean) : Tensor{}, rstd, x, g, ln ? Tensor(b) : Tensor{}, scale, d);
+  std::vector<float> xh = x.host, gh = g.host, bh = b.host, want(N * C), wm(N), wr(N);
+  norm_forward_fixed(type, cpu(want, {N, C}), ln ? cpu(wm, {N}) : Tensor{}, cpu(wr, {N}), cpu(xh, {N, C}),
+                     cpu(gh, {C}), ln ? cpu(bh, {C}) : Tensor{}, scale, d);
+  EXPECT_LE(rel(out.get(), want), kOut);
+  EXPECT_EQ(rstd.get(), wr) << "1/d exactly, as on the CPU";
+  EXPECT_EQ(wr[0], 1.0f / 0.7f);
+  EXPECT_EQ(wr[1], 1.0f / 1.9f);
+  if (ln) EXPECT_LE(rel(mean.get(), wm), kF32);
+
+  Dev dx = zeros({N, C}, DType::BF16, mis);
+  std::vector<float> dg0 = randn(C, 26), db0 = randn(C, 27);
+  Dev dgain(dg0, {C}, DType::F32), dbias(db0, {C}, DType::F32);
+  Dev mcpu(wm, {N}, DType::F32), rcpu(wr, {N}, DType::F32);
+  norm_backward_fixed(type, dx, dgain, ln ? Tensor(dbias) : Tensor{}, dres, dy, x, ln ? Tensor(mcpu) : Tensor{}, rcpu,
+                      g, scale);
+  std::vector<float> wdx(N * C), wdg = dg0, wdb = db0, dyh = dy.host, drh = dres.host;
+  norm_backward_fixed(type, cpu(wdx, {N, C}), cpu(wdg, {C}), ln ? cpu(wdb, {C}) : Tensor{}, cpu(drh, {N, C}),
+                      cpu(dyh, {N, C}), cpu(xh, {N, C}), ln ? cpu(wm, {N}) : Tensor{}, cpu(wr, {N}), cpu(gh, {C}),
+                      scale);
+  EXPECT_LE(rel(dx.get(), wdx), kOut);
+  EXPECT_LE(rel(dgain.get(), wdg), kF32);
+  if (ln) EXPECT_LE(rel(dbias.get(), wdb), kF32);
+  // The live backward differs (it has the divisor term): the flag reaches the kernel.
+  Dev dx_live = zeros({N, C}, DType::BF16, mis), dg_live(dg0, {C}, DType::F32), db_live(db0, {C}, DType::F32);
+  norm_backward(type, dx_live, dg_live, ln ? Tensor(db_live) : Tensor{}, dres, dy, x, ln ? Tensor(mcpu) : Tensor{},
+                rcpu, g, scale);
+  EXPECT_GT(rel(dx_live.get(), wdx), 10 * kOut);
+
+  double got[4] = {0, 0, 0, 0}, cpu_sums[4] = {0, 0, 0, 0};
+  norm_divisor_sums(type, x, T, 1e-5f, got);
+  norm_divisor_sums(type, cpu(xh, {N, C}), T, 1e-5f, cpu_sums);
+  EXPECT_EQ(got[1], N / T);
+  EXPECT_EQ(got[3], N - N / T);
+  EXPECT_EQ(got[1], cpu_sums[1]);
+  EXPECT_EQ(got[3], cpu_sums[3]);
+  EXPECT_NEAR(got[0], cpu_sums[0], 1e-9 * cpu_sums[0]);  // f64 on both, other summation order
+  EXPECT_NEAR(got[2], cpu_sums[2], 1e-9 * cpu_sums[2]);
+  double again[4] = {0, 0, 0, 0};
+  norm_divisor_sums(type, x, T, 1e-5f, again);
+  EXPECT_EQ(again[0], got[0]) << "not deterministic";
+}
+INSTANTIATE_TEST_SUITE_P(
+    Cases, NormFixed,
+    ::testing::Values(NormCase{NormType::RMSNorm, 64, false}, NormCase{NormType::RMSNorm, 45, false},
+                      NormCase{NormType::RMSNorm, 2048, true}, NormCase{NormType::LayerNorm, 64, false},
+                      NormCase{NormType::LayerNorm, 45, true}),
+    [](const auto& info) {
+      return std::string(info.param.type == NormType::LayerNorm ? "layernorm" : "rmsnorm") + "_" +
+             std::to_string(info.param.C) + (info.param.misalign ? "_misaligned" : "");
+    });
+
 TEST(Norm, BackwardIsBitwiseDeterministic) {
   REQUIRE_GPU();
   const int64_t N = 1000, C = 512;
@@ -620,6 +687,55 @@ INSTANTIATE_TEST_SUITE_P(Schemes, ModelStep,
                          ::testing::Values(NormScheme::Pre, NormScheme::LNS, NormScheme::Post, NormScheme::Sandwich,
                                            NormScheme::ScaleResPre, NormScheme::Hybrid, NormScheme::Mono),
                          [](const auto& info) { return std::string(norm_scheme_name(info.param)); });
+
+// LN-free (docs/ln_free.md) through the same stage code on both devices: the divisors
+// measured by each device's calibration agree, and with every pre-norm and the final
+// norm fixed (LNS: the constant composes with the depth scale) a step matches the CPU's.
+// Without the norms' renormalisation the bf16 errors grow: measured under emulation
+// (2026-11-25) q/k projection gradients 5.5e-2 to 6.6e-2 relative L2 (the same model
+// with live norms: 2.1e-2; with a worse position-0 constant, 1.2e-1), so the bound here
+// is kLnFreeStep = 1e-1; the ops themselves agree to 1e-2 (NormFixed.*).
+TEST(ModelStep, LnFreeCalibrationAndFixedStepMatchCpu) {
+  REQUIRE_GPU();
+  LlamaConfig c = test::small_model(NormScheme::LNS);
+  c.hidden_size = 64;
+  const int64_t B = 2, T = 8;
+  std::vector<int32_t> ids(B * T), tg(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = int32_t((i * 13 + 5) % c.vocab_size), tg[i] = int32_t((i * 3 + 2) % c.vocab_size);
+  LlamaStage host(c, StageSpec::whole(c), B, T), gpu(c, StageSpec::whole(c), B, T, 1, {}, Device::CUDA);
+  host.init_weights(11), gpu.init_weights(11);
+  host.forward(cpu(ids, {B, T})), gpu.forward(cpu(ids, {B, T}));
+  std::vector<std::array<double, 4>> hs, gs;
+  host.add_divisor_sums(hs), gpu.add_divisor_sums(gs);
+  ASSERT_EQ(hs.size(), gs.size());
+  ASSERT_EQ(hs.size(), size_t(2 * c.num_layers + 1));
+  for (size_t j = 0; j < hs.size(); ++j) {
+    EXPECT_EQ(gs[j][1], hs[j][1]);
+    EXPECT_EQ(gs[j][3], hs[j][3]);
+    for (int k : {0, 2}) EXPECT_NEAR(gs[j][k], hs[j][k], 2e-2 * hs[j][k]) << j;  // bf16 activations
+  }
+  for (int l = 0; l <= c.num_layers; ++l)
+    for (int w = 0; w < (l < c.num_layers ? 2 : 1); ++w) {
+      const auto& s = hs[l < c.num_layers ? 2 * l + w : hs.size() - 1];
+      const float pos0 = float(s[0] / s[1]), rest = float(s[2] / s[3]);
+      host.set_fixed_divisor(l, w, pos0, rest), gpu.set_fixed_divisor(l, w, pos0, rest);
+    }
+  host.forward(cpu(ids, {B, T})), gpu.forward(cpu(ids, {B, T}));
+  const double lc = host.loss(cpu(tg, {B * T})), lg = gpu.loss(cpu(tg, {B * T}));
+  EXPECT_NEAR(lg, lc, 2e-2 * std::abs(lc));
+  host.backward({}, 1.0f / (B * T)), gpu.backward({}, 1.0f / (B * T));
+  gpu.params().download(/*grads=*/true);
+  double worst = 0;
+  for (int i = 0; i < host.params().size(); ++i) {
+    const Tensor hg = host.params().grad(i), gg = gpu.params().host_grad(i);
+    const double e = rel_l2(std::vector<float>(gg.f32(), gg.f32() + gg.numel()),
+                            std::vector<float>(hg.f32(), hg.f32() + hg.numel()));
+    worst = std::max(worst, e);
+    EXPECT_LE(e, 1e-1) << host.params().info(i).name;  // kLnFreeStep, see above
+  }
+  std::printf("[ gpu step ] ln-free lns: loss cpu %.6f gpu %.6f, worst gradient relative L2 error %.2e\n", lc, lg,
+              worst);
+}
 
 TEST(ModelStep, TwoIdenticalGpuStepsAreBitwiseEqual) {
   REQUIRE_GPU();
