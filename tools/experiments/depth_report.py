@@ -360,11 +360,14 @@ def plots(report, out_dir):
         if not c.get("curves") or c["scheme"] not in colors or not (c["layers"] == 12 or c["steps"] != 400):
             continue
         ls = "--" if c["steps"] != 400 else styles[lrs12.index(c["lr"]) % len(styles)]
+        if abs(c["embed_std"] - 0.02) > 1e-12:
+            ls = (0, (1, 1))  # dotted: the paper-era embedding
         for i, (seed, curve) in enumerate(sorted(c["curves"].items())):
             if curve:
                 ax.plot([p[0] for p in curve], [p[1] for p in curve], color=colors[c["scheme"]], linestyle=ls,
-                        alpha=0.8, label=None if i else "%s %d blocks lr %g %d steps" % (
-                            c["scheme"], c["layers"], c["lr"], c["steps"]))
+                        alpha=0.8, label=None if i else "%s %d blocks lr %g %d steps%s" % (
+                            c["scheme"], c["layers"], c["lr"], c["steps"],
+                            "" if abs(c["embed_std"] - 0.02) < 1e-12 else " emb %.3g" % c["embed_std"]))
                 drawn += 1
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss")
