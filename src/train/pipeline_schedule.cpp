@@ -58,6 +58,8 @@ Tensor PipelineSchedule1F1B::forward_micro_as(int m, int tag, int slot,
   if (grid_.first_stage()) {
     in = inputs(m);
   } else {
+    // LN-free end-of-text rows: a later stage needs the micro-batch's token ids too
+    if (stage_.needs_token_ids()) stage_.set_token_ids(inputs(m), slot);
     world.recv(recv_act_, grid_.prev_stage_rank(), act_tag(tag));
     in = recv_act_;
   }
