@@ -8,6 +8,7 @@
 #include "lns/json_in.h"
 #include "lns/ln_free_schedule.h"
 #include "lns/stage.h"
+#include "lns/trainer.h"
 #include "test_util.h"
 
 namespace lns {
@@ -262,11 +263,10 @@ TEST(LnFreeStage, SeparateQkAndVDivisorsMatchFiniteDifferences) {
   }
 }
 
-// What each divisor reaches, by causality: changing v's position-0 constant with the
-// end-of-text case moves the logits of the rows at and after an end-of-text token (and
-// those after position 0), while a sequence's rows before its first end-of-text token
-// stay bit-identical except through position 0; an end-of-text id absent from the batch
-// is the same as none; q/k's and v's constants each change the output.
+// What each divisor reaches, by causality: the end-of-text case moves the logits of the
+// rows at and after the end-of-text token only; an end-of-text id absent from the batch
+// is the same as none; q/k's position-0 constant reaches every row that attends to more
+// than itself, v's every row.
 TEST(LnFreeStage, EachDivisorReachesWhatItShould) {
   const LlamaConfig cfg = tiny(NormScheme::Pre);
   const int64_t B = 1, T = 6;
@@ -290,8 +290,9 @@ TEST(LnFreeStage, EachDivisorReachesWhatItShould) {
   // the eot row (position 3) divides v by the pos0 constant: with eot off, rows 0-2 are
   // untouched (causal attention), rows 3-5 move
   EXPECT_EQ(rows_differ(base, run(2.0f, 3.0f, -1)), (std::vector<bool>{false, false, false, true, true, true}));
-  // q/k's and v's position-0 constants each move every row (all attend to position 0)
-  EXPECT_EQ(rows_differ(base, run(2.5f, 3.0f, 3)), std::vector<bool>(T, true));
+  // q/k's position-0 constant moves every row but row 0, whose only key is itself (its
+  // attention weight is 1 whatever q and k are); v's moves every row
+  EXPECT_EQ(rows_differ(base, run(2.5f, 3.0f, 3)), (std::vector<bool>{false, true, true, true, true, true}));
   EXPECT_EQ(rows_differ(base, run(2.0f, 3.5f, 3)), (std::vector<bool>{true, true, true, true, true, true}));
 }
 
@@ -341,6 +342,56 @@ TEST(LnFreeStage, EndOfTextOnALaterStageEqualsTheWholeModel) {
   std::vector<int32_t> other(N, 1);
   again.set_token_ids(view(other, {B, T}));
   EXPECT_NE(copy_of(again.forward(first.forward(view(ids, {B, T})))), logits_whole);
+}
+
+// Through the trainer, for every scheme with pre-norms (RMSNorm and LayerNorm): an 'all'
+// event calibrates every pre-norm and the final norm on the first calibration sequence
+// and fixes them; with one row per position group (one sequence of 2 tokens) the
+// constants are those rows' own divisors, so the model's logits on that sequence are
+// unchanged (f32 rounding) although every norm of the model now divides by a constant.
+TEST(LnFreeTrainer, CalibrationFixesEveryPreNormOfEveryScheme) {
+  const std::string path = ::testing::TempDir() + "/lns_lnfree_calib.tok";
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 400; ++i) toks.push_back((i * 11 + 5) % 29);
+  write_token_file(path, toks, {0, 400}, 2, 29);
+  struct Case {
+    NormScheme scheme;
+    NormType type;
+    const char* layer_schemes;
+  };
+  for (const Case c : {Case{NormScheme::Pre, NormType::RMSNorm, ""}, Case{NormScheme::LNS, NormType::LayerNorm, ""},
+                       Case{NormScheme::ScaledInit, NormType::RMSNorm, ""},
+                       Case{NormScheme::Sandwich, NormType::LayerNorm, ""}, Case{NormScheme::Mix, NormType::RMSNorm, ""},
+                       Case{NormScheme::ScaleResPre, NormType::RMSNorm, ""},
+                       Case{NormScheme::Hybrid, NormType::LayerNorm, "deeppost,scale_res_pre_norm,pre,*"}}) {
+    LlamaConfig cfg = tiny(c.scheme);
+    cfg.norm_type = c.type;
+    cfg.layer_schemes = c.layer_schemes;
+    TrainConfig t;
+    t.data = path;
+    t.seq_len = 2, t.micro_batch = 1, t.global_batch = 1, t.steps = 3;
+    t.ln_free = "all@0";
+    t.ln_free_calib_tokens = 2;
+    Trainer tr(cfg, t);
+    const auto corpus = TokenCorpus::open(path);
+    BatchSampler first(*corpus, SampleMode::Packed, 2, 0, false, cfg.vocab_size);
+    std::vector<int32_t> ids(2), tg(2);
+    first.fill(0, ids.data(), tg.data());
+    const auto live = copy_of(tr.model().forward(view(ids, {1, 2})));
+    tr.run_ln_free_events();
+    const std::string name = norm_scheme_name(c.scheme);
+    ASSERT_EQ(tr.ln_free().norms.size(), ln_free_slots(cfg).size()) << name;
+    EXPECT_GT(tr.ln_free().norms.size(), size_t(3)) << name;  // more than the final norm
+    const auto fixed = copy_of(tr.model().forward(view(ids, {1, 2})));
+    expect_close(fixed, std::vector<double>(live.begin(), live.end()), 1e-5, name);
+    const FixedNorm& fin = tr.ln_free().norms.back();
+    EXPECT_EQ(fin.slot, DivisorSlot::Final);
+    tr.model().set_fixed_divisor(cfg.num_layers, DivisorSlot::Final, fin.pos0 * 1.02f, fin.rest);
+    const auto moved = copy_of(tr.model().forward(view(ids, {1, 2})));
+    double diff = 0;
+    for (size_t i = 0; i < moved.size(); ++i) diff = std::max(diff, double(std::abs(moved[i] - live[i])));
+    EXPECT_GT(diff, 1e-4) << name << ": a 2% different constant must show";
+  }
 }
 
 }  // namespace

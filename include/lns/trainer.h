@@ -118,6 +118,9 @@ class Trainer {
   // sequences of the unshuffled data, the same at every calibration) under the current
   // weights and fixed divisors.
   DivisorSums calibrate_divisors();
+  // Collective: fires every --ln_free event due before the next step (calibrating and
+  // fixing norms) and queues its metrics record. train_step() calls it first.
+  void run_ln_free_events();
 
  private:
   bool is_root() const { return grid_->rank == 0; }
@@ -131,9 +134,6 @@ class Trainer {
   BatchResult run_global_batch(const std::function<void(int, Tensor)>& on_logits, bool overlap = false);
   void resume_from(const std::string& dir);
   void check_finite_state();  // collective; CollectiveError naming the cause
-  // Collective: fires every --ln_free event due before the next step (calibrating and
-  // fixing norms) and queues its metrics record.
-  void run_ln_free_events();
 
   LlamaConfig model_cfg_;
   TrainConfig cfg_;

@@ -16,6 +16,7 @@
 #include "lns/errors.h"
 #include "lns/gather.h"
 #include "lns/model_layout.h"
+#include "lns/ops.h"
 #include "lns/param_io.h"
 #include "lns/run_dir.h"
 #include "lns/safetensors.h"
@@ -198,6 +199,15 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
     } else {
       resume_from(dir);
     }
+  }
+  // The fixed-divisor norms must run on this device before any step: found out later, in
+  // the forward of the stages that hold such a norm, the error would reach only some ranks.
+  if (cfg_.device != Device::CPU && (ln_free_schedule_ || !ln_free_.norms.empty())) {
+    OwnedTensor x(DType::F32, {1, 2}, cfg_.device), g(DType::F32, {2}, cfg_.device), out(DType::F32, {1, 2}, cfg_.device),
+        mean(DType::F32, {1}, cfg_.device), rstd(DType::F32, {1}, cfg_.device);
+    const bool ln = model_cfg_.norm_type == NormType::LayerNorm;
+    norm_forward_fixed(model_cfg_.norm_type, out, ln ? mean.t : Tensor{}, rstd, x, g, ln ? g.t : Tensor{}, 1.0f,
+                       FixedDivisor{1.0f, 1.0f, 1});
   }
 }
 

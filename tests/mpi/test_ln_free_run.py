@@ -24,7 +24,7 @@ TRAIN = os.environ.get("LNS_TRAIN_BIN")
 EVAL = os.path.join(os.path.dirname(TRAIN or "."), "lns_eval")
 MPIRUN = os.environ.get("MPIRUN", "mpirun")
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
 import prepare_data  # noqa: E402
 
 MODEL = ["--vocab_size=64", "--hidden_size=32", "--intermediate_size=45", "--num_layers=4",

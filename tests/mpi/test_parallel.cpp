@@ -159,6 +159,9 @@ TEST_P(LnFreeLayout, ScheduleEqualsSingleRank) {
   t.ln_free_eot_token = 7;  // (d*31 + i*7) % 53: present in the corpus
   t.ln_free_calib_tokens = 40;  // 5 sequences: 3 micro-batches of 2, split over dp
   t.ln_free_loss_window = 2;
+  // A fresh model has no stable divisors to fix: a small step keeps the last steps' loss
+  // (after drop_pos0) far from the chaotic growth that would amplify rounding differences.
+  t.lr = 1e-3;
   Trainer par(cfg, t, g_grid);
   std::vector<StepStats> got;
   for (int i = 0; i < t.steps; ++i) got.push_back(par.train_step());
@@ -169,6 +172,7 @@ TEST_P(LnFreeLayout, ScheduleEqualsSingleRank) {
     const StepStats want = one.train_step();
     EXPECT_NEAR(got[i].loss, want.loss, kTol * want.loss) << "step " << i + 1;
     EXPECT_NEAR(got[i].grad_norm, want.grad_norm, kTol * want.grad_norm) << "step " << i + 1;
+    if (i == t.steps - 1) std::printf("[ ln_free ] step %d loss %.6f (single rank %.6f)\n", i + 1, got[i].loss, want.loss);
   }
   const LnFreeState& want = one.ln_free();
   EXPECT_EQ(want.progress.next_event, 6);
