@@ -344,6 +344,27 @@ TEST(LnFreeStage, EndOfTextOnALaterStageEqualsTheWholeModel) {
   EXPECT_NE(copy_of(again.forward(first.forward(view(ids, {B, T})))), logits_whole);
 }
 
+// lns_convert remove-layers: the kept layers' fixed norms under their new numbers, the
+// final norm at the new depth, a removed layer's norms gone, the schedule dropped.
+TEST(LnFreeState, KeptLayersAreRenumbered) {
+  LnFreeState st;
+  st.eot_token = 5;
+  st.norms = {{0, DivisorSlot::Mlp, 2, 1, false, 3}, {1, DivisorSlot::AttnV, 3, 1.5f, true, 4},
+              {2, DivisorSlot::AttnQK, 4, 2, false, 5}, {4, DivisorSlot::Final, 6, 3, false, 6}};
+  st.progress.schedule = "all@3";
+  st.progress.next_event = 1;
+  const LnFreeState out = ln_free_for_kept_layers(st, {0, 2, 3}, 4);
+  ASSERT_EQ(out.norms.size(), 3u);
+  EXPECT_EQ(out.norms[0], st.norms[0]);
+  EXPECT_EQ(out.norms[1].layer, 1);
+  EXPECT_EQ(out.norms[1].slot, DivisorSlot::AttnQK);
+  EXPECT_EQ(out.norms[1].pos0, 4.0f);
+  EXPECT_EQ(out.norms[2].layer, 3);
+  EXPECT_EQ(out.norms[2].slot, DivisorSlot::Final);
+  EXPECT_TRUE(out.progress.schedule.empty());
+  EXPECT_EQ(out.eot_token, 5);
+}
+
 // Through the trainer, for every scheme with pre-norms (RMSNorm and LayerNorm): an 'all'
 // event calibrates every pre-norm and the final norm on the first calibration sequence
 // and fixes them; with one row per position group (one sequence of 2 tokens) the

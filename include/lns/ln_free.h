@@ -71,6 +71,12 @@ struct LnFreeState {
   bool operator==(const LnFreeState&) const = default;
 };
 
+// The state of a model trimmed to the layers `kept` (new layer i is old layer kept[i],
+// lns_convert remove-layers): the kept layers' fixed norms renumbered, the final norm's
+// moved to the new num_layers, the schedule's progress dropped (it names the old layers;
+// the caller refuses a schedule with events left).
+LnFreeState ln_free_for_kept_layers(const LnFreeState& s, const std::vector<int>& kept, int old_num_layers);
+
 // Makes every norm of `s` that lies on `stage` divide by its constants.
 void apply_ln_free(const LnFreeState& s, LlamaStage& stage);
 

@@ -1,5 +1,6 @@
 #include "lns/ln_free.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -125,6 +126,24 @@ LnFreeState LnFreeState::from_json(const JsonIn& j, int num_layers) {
     s.progress.baseline_loss = p["baseline_loss"].number(-1e30, 1e30);
   }
   return s;
+}
+
+LnFreeState ln_free_for_kept_layers(const LnFreeState& s, const std::vector<int>& kept, int old_num_layers) {
+  LnFreeState out = s;
+  out.norms.clear();
+  out.progress = {};  // the schedule named the old layers; the caller checked it is finished
+  for (const FixedNorm& n : s.norms) {
+    FixedNorm m = n;
+    if (n.layer == old_num_layers) {
+      m.layer = static_cast<int>(kept.size());
+    } else {
+      const auto it = std::find(kept.begin(), kept.end(), n.layer);
+      if (it == kept.end()) continue;  // a removed layer's norms go with it
+      m.layer = static_cast<int>(it - kept.begin());
+    }
+    out.norms.push_back(m);
+  }
+  return out;
 }
 
 void apply_ln_free(const LnFreeState& s, LlamaStage& stage) {

@@ -8,6 +8,8 @@
 - the schedule under tp=2 x pp=2 gives the single-rank losses and constants (1e-5);
 - lns_eval of the final LN-free checkpoint equals the run's own last validation loss
   (an lns_eval that left the norms live would not);
+- lns_convert: export-hf refuses an LN-free checkpoint (HF LLaMA always normalises);
+  remove-layers renumbers the fixed norms (and refuses a schedule with events left);
 - bad flags and a resume under another schedule fail with one line naming the flag.
 """
 import json
@@ -22,6 +24,7 @@ import unittest
 
 TRAIN = os.environ.get("LNS_TRAIN_BIN")
 EVAL = os.path.join(os.path.dirname(TRAIN or "."), "lns_eval")
+CONVERT = os.path.join(os.path.dirname(TRAIN or "."), "lns_convert")
 MPIRUN = os.environ.get("MPIRUN", "mpirun")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
@@ -64,7 +67,7 @@ class LnFreeRun(unittest.TestCase):
         w.close()
         cls.flags = MODEL + ["--data=" + cls.data, "--val_data=" + cls.data, "--eval_tokens=256"] + LN_FREE
         cls.ref_dir = os.path.join(cls.dir, "ref")
-        r = subprocess.run([TRAIN, *cls.flags, "--steps=12", "--out_dir=" + cls.ref_dir],
+        r = subprocess.run([TRAIN, *cls.flags, "--steps=12", "--save_every=4", "--out_dir=" + cls.ref_dir],
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
         cls.ref_log = r.stderr
@@ -143,6 +146,32 @@ class LnFreeRun(unittest.TestCase):
         # (the run evaluated with its fixed divisors: an lns_eval that left the norms live
         # would compute another loss; the eval's own output says it applied them)
         self.assertIn("13 norms with constant divisors", r.stdout)
+
+    def test_convert_keeps_or_refuses_the_constants(self):
+        ck12 = os.path.join(self.ref_dir, "checkpoints", "step_0000012")
+        r = subprocess.run([CONVERT, "export-hf", "--in=" + ck12, "--out=" + os.path.join(self.dir, "hf")],
+                           capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("13 norms divide by constants", r.stderr)
+        self.assertIn("a Hugging Face LLaMA always normalises", r.stderr)
+        out = os.path.join(self.dir, "removed")
+        r = subprocess.run([CONVERT, "remove-layers", "--in=" + ck12, "--out=" + out, "--layers=1"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        old = manifest(ck12)["ln_free"]["norms"]
+        new = manifest(out)["ln_free"]
+        renum = {0: 0, 2: 1, 3: 2, 4: 3}  # layer 1 removed; the final norm is layer 3 now
+        want = [dict(n, layer=renum[n["layer"]]) for n in old if n["layer"] != 1]
+        self.assertEqual(new["norms"], want)
+        self.assertEqual(new["schedule"]["text"], "")
+        r = subprocess.run([EVAL, "--checkpoint=" + out, "--data=" + self.data, "--eval_tokens=256"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        self.assertIn("10 norms with constant divisors", r.stdout)
+        r = subprocess.run([CONVERT, "remove-layers", "--in=" + os.path.join(self.ref_dir, "checkpoints", "step_0000004"),
+                            "--out=" + os.path.join(self.dir, "removed4"), "--layers=1"], capture_output=True, text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("has events left (next: 2); finish it before removing layers", r.stderr)
 
     def test_bad_flags_and_schedule_change_fail_clearly(self):
         for extra, expect in ((["--ln_free=mlp@x"], "--ln_free: 'mlp@x': step 'x' is not an integer"),

@@ -32,14 +32,19 @@ def arm(root, name):
 
 def main(root):
     names = {"pre": "Pre-LN", "lns": "LNS"}
-    print("Validation loss (nats/token, %s tokens of fortunes.val):\n" % "8192")
-    print("| scheme | pre-trained | LN-free, end | control (norms kept), end | gap |\n|---|---|---|---|---|")
+    arms = {a: arm(root, a) for a in ("pre", "lns") if os.path.exists(os.path.join(root, "control_%s" % a))}
+    # the last step every run was evaluated at (the arms may have fine-tuned for different lengths)
+    common = min(max(set(v[3]) & set(v[4])) for v in arms.values())
+    print("Validation loss (nats/token, 8192 tokens of fortunes.val) of the pre-trained model, and after\n"
+          "fine-tuning with the LN-free schedule and without it (the control keeps its norms):\n")
+    print("| scheme | pre-trained | step | LN-free | control | gap | step | LN-free | control | gap |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     detail = []
-    for a in ("pre", "lns"):
-        pretrained, loss, events, val_lf, val_ctl = arm(root, a)
+    for a, (pretrained, loss, events, val_lf, val_ctl) in arms.items():
         last = max(set(val_lf) & set(val_ctl))
-        print("| %s | %.4f | %.4f | %.4f | %+.4f |" % (names[a], pretrained["loss"], val_lf[last], val_ctl[last],
-                                                       val_lf[last] - val_ctl[last]))
+        print("| %s | %.4f | %d | %.4f | %.4f | %+.4f | %d | %.4f | %.4f | %+.4f |" % (
+            names[a], pretrained["loss"], common, val_lf[common], val_ctl[common], val_lf[common] - val_ctl[common],
+            last, val_lf[last], val_ctl[last], val_lf[last] - val_ctl[last]))
         detail.append("\n%s: replacements (training loss; bump = mean of the 5 steps after minus the 10 before):\n"
                       % names[a])
         detail.append("| first step after | event | why it fired | norms fixed | bump |\n|---|---|---|---|---|")
