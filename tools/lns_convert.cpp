@@ -30,6 +30,7 @@
 #include "lns/errors.h"
 #include "lns/hf_llama.h"
 #include "lns/layer_removal.h"
+#include "lns/ln_free_schedule.h"
 #include "lns/retrofit.h"
 #include "lns/train_flags.h"
 
@@ -88,6 +89,9 @@ int run(const std::string& cmd) {
   }
   if (cmd == "export-hf") {
     const Checkpoint ck(FLAGS_in);
+    LNS_REQUIRE(ck.run_state().ln_free.norms.empty(), FLAGS_in, ": ", ck.run_state().ln_free.norms.size(),
+                " norms divide by constants (LN-free, docs/ln_free.md); a Hugging Face LLaMA always normalises, so "
+                "export-hf would change what the model computes");
     const auto lines = export_hf(ck, ck.config(), FLAGS_out, FLAGS_tokenizer, FLAGS_max_position_embeddings,
                                  FLAGS_overwrite);
     print(absl::StrFormat("exported %s (%s, %d layers%s) as a Hugging Face LlamaForCausalLM to %s",
@@ -140,8 +144,17 @@ int run(const std::string& cmd) {
         plan_layer_removal(old, parse_layer_list(FLAGS_layers, old.num_layers, "--layers"));
     const LlamaConfig& cfg = plan.config;
     const RemovedLayers src(ck, plan.kept);
+    RunState state = ck.run_state();
+    // LN-free norms keep their constants under their new layer numbers; a schedule still
+    // running names the old layers, so it must have finished.
+    const LnFreeProgress& lf = state.ln_free.progress;
+    LNS_REQUIRE(lf.schedule.empty() ||
+                    lf.next_event >= static_cast<int>(parse_ln_free_schedule(lf.schedule, old, state.ln_free.eot_token).size()),
+                FLAGS_in, ": the LN-free schedule '", lf.schedule, "' has events left (next: ", lf.next_event + 1,
+                "); finish it before removing layers");
+    state.ln_free = ln_free_for_kept_layers(state.ln_free, plan.kept, old.num_layers);
     const auto lines = write_checkpoint_from_source(src, cfg, target_layout(), FLAGS_pp_layers,
-                                                    ck.run_state(), adam_of(ck), optim_steps(ck), FLAGS_out,
+                                                    state, adam_of(ck), optim_steps(ck), FLAGS_out,
                                                     FLAGS_overwrite);
     print(absl::StrFormat("wrote %s: %d of %d layers (removed %s), each keeping its trained depth "
                           "(layer_depths %s)",

@@ -132,6 +132,8 @@ Result evaluate_all(ProcessGrid& grid) {
       fail(src.where(), ": weight '", stage.params().info(i).name, "' holds inf or NaN; this model cannot be ",
            "evaluated (was it saved by a run that diverged?)");
   }
+  // An LN-free checkpoint computes with constant divisors (docs/ln_free.md).
+  if (ck) apply_ln_free(ck->run_state().ln_free, stage);
   PipelineSchedule1F1B pipeline(grid, stage, 1);
   Evaluator ev(grid, stage, pipeline, *corpus, opt);
   if (ev.requested_tokens() > 0)
@@ -148,6 +150,11 @@ Result evaluate_all(ProcessGrid& grid) {
   if (!std::isfinite(intact.loss) || !std::isfinite(intact.ppl))
     fail("the perplexity on ", FLAGS_data, " is not finite (loss ", intact.loss, "): the model's outputs overflow on ",
          "this data; no perplexity to report");
+  if (ck && !ck->run_state().ln_free.norms.empty()) {
+    const size_t n = ck->run_state().ln_free.norms.size();
+    r.json["ln_free_fixed_norms"] = n;
+    r.lines.push_back(absl::StrFormat("LN-free: %d norms with constant divisors (docs/ln_free.md)", n));
+  }
   r.json["tokens"] = intact.tokens;
   r.json["data_mode"] = opt.mode == SampleMode::Packed ? "packed" : "document";
   r.json["loss"] = intact.loss;

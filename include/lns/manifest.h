@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lns/config.h"
+#include "lns/ln_free.h"
 #include "lns/optim.h"
 #include "parallel/layout.h"
 
@@ -50,6 +51,10 @@ struct RunState {
   uint64_t seed = 0;
   TrainingRecord training;
   std::vector<ConversionRecord> conversions;  // oldest first
+  // LN-free fine-tuning: the norms whose divisors are constants and the schedule's
+  // progress (manifest "ln_free", absent when empty). It changes what the model
+  // computes, so every reader that runs the model applies it (apply_ln_free).
+  LnFreeState ln_free;
 };
 
 struct ManifestFile {

@@ -45,11 +45,16 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
 // ---- fixed-divisor norm (LN-free fine-tuning, docs/ln_free.md) -------------------------
 // The norm's divisor (the RMS; the standard deviation for LayerNorm, which still subtracts
 // its measured mean) replaced by a constant. Row n is at sequence position n % T: position
-// 0 divides by pos0, positions > 0 by rest. CPU and CUDA (src/cuda/norm.cu: the live
-// kernels with the divisor given; the calibration sums a per-row f64 divisor kernel).
+// 0 divides by pos0, positions > 0 by rest, except that with eot >= 0 a row whose token
+// ids[n] == eot divides by pos0 too (the end-of-text case). CPU and CUDA (src/cuda/norm.cu:
+// the live kernels with the divisor given; calibration sums a per-row f64 divisor kernel);
+// the end-of-text case is CPU only so far (lns_train refuses --ln_free with --device=cuda).
 struct FixedDivisor {
   float pos0 = 1.0f, rest = 1.0f;
-  int64_t T = 1;  // sequence length; rows N must be a multiple
+  int64_t T = 1;     // sequence length; rows N must be a multiple
+  int32_t eot = -1;  // end-of-text id; -1: no end-of-text case (ids unused)
+  Tensor ids;        // [N] i32 token ids of the rows, on the device of x, when eot >= 0
+  bool uses_pos0(int64_t n) const;  // host rows (CPU): position 0 or an end-of-text token
 };
 // out[N,C] = scale * ((x - mean)/d * gain + bias); saves mean[N] (LayerNorm) and rstd[N]=1/d.
 void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,

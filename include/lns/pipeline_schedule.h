@@ -49,7 +49,8 @@ class PipelineSchedule1F1B {
  public:
   PipelineSchedule1F1B(ProcessGrid& grid, LlamaStage& stage, int num_micro);
 
-  // One training pass: inputs(m) gives micro-batch m's token ids [B,T] (first stage),
+  // One training pass: inputs(m) gives micro-batch m's token ids [B,T] (first stage; on
+  // the others too when the stage needs_token_ids() for LN-free end-of-text rows),
   // targets(m) its targets [B*T] (last stage). Parameter gradients accumulate in the
   // stage, scaled by grad_scale. on_logits(m, logits) sees the last stage's logits
   // before backward overwrites them; before_forward(m, slot, chunk) runs just before

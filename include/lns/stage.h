@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "lns/block_plan.h"
+#include "lns/ln_free.h"
 #include "lns/param_set.h"
 #include "lns/rope.h"
 #include "parallel/tensor_parallel.h"
@@ -112,7 +113,20 @@ class LlamaStage {
   // (global_layer = num_layers, last stage), divides by constants (pos0 at sequence
   // position 0, rest elsewhere) instead of its measured divisor. Only pre-norms and the
   // final norm; bad constants or a slot without a pre-norm are a UserError.
+  // which = 0 fixes the attention pre-norm for q/k and v alike.
   void set_fixed_divisor(int global_layer, int which, float pos0, float rest);
+  // The same for one LN-free slot (lns/ln_free.h): the attention pre-norm as seen by q/k
+  // (attn_qk) and by v (attn_v) may use different divisors; the first time they differ
+  // the block keeps a second normalised copy of the attention input for v. With
+  // eot_token >= 0, rows whose token is eot_token divide by pos0 as position 0 does
+  // (the stage then needs the token ids on every stage: set_token_ids()).
+  void set_fixed_divisor(int global_layer, DivisorSlot slot, float pos0, float rest, int32_t eot_token = -1);
+  // True when a fixed norm of this stage has the end-of-text case: a stage that does
+  // not hold the embedding then needs set_token_ids() before each forward().
+  bool needs_token_ids() const;
+  // The token ids [B,T] i32 of the micro-batch the next forward() of `slot` runs (the
+  // first stage takes them from forward()'s input).
+  void set_token_ids(Tensor ids, int slot = 0, int chunk = 0);
   // LN-free calibration: after forward() of `slot`, adds the measured divisors of every
   // pre-norm and of the final norm to `sums` (resized as needed): entry
   // 2*(global_layer - first_layer) + which, then the final norm last (last stage); each
@@ -189,7 +203,9 @@ class LlamaStage {
   Slot& slot_at(int i, int chunk) const;
   int local_of(int global_layer) const;  // index into layers_, -1 when not held
   void sublayer_backward(Layer& layer, int which, Slot& s, Tensor dy, Tensor dx);
-  void attention_fwd(Layer& layer, Slot& s, Tensor u, Tensor f);
+  void attention_fwd(Layer& layer, Slot& s, Tensor u, Tensor uv, Tensor f);
+  void split_value_norm(Layer& layer);
+  NormUse final_use() const;
   void attention_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
   void mlp_fwd(Layer& layer, Slot& s, Tensor u, Tensor f);
   void mlp_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
@@ -215,6 +231,8 @@ class LlamaStage {
   std::unique_ptr<Scratch> scratch_;
   int embed_ = -1, final_gain_ = -1, final_bias_ = -1, head_ = -1;
   float final_fixed_[2] = {0.0f, 0.0f};  // LN-free divisors of the final norm (0: live)
+  int32_t final_eot_ = -1;               // its end-of-text id (-1: none)
+  int final_stat_ = -1;                  // its index in each Slot's mean/rstd
   std::function<void(int64_t)> grad_ready_;
 };
 

@@ -4,12 +4,16 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "lns/config.h"
 #include "lns/data.h"
 #include "lns/device.h"
 #include "lns/evaluator.h"
 #include "lns/gradient_sync.h"
+#include "lns/ln_free_schedule.h"
 #include "lns/manifest.h"
 #include "lns/optim.h"
 #include "lns/pipeline_schedule.h"
@@ -49,6 +53,13 @@ struct TrainConfig {
   // stream's variance and norm, the input/output angular distance (on the first
   // validation micro-batch, or the first training one) and the block's gradient norm.
   int64_t diag_every = 0;
+  // LN-free fine-tuning (docs/ln_free.md): the schedule (lns/ln_free_schedule.h; empty:
+  // none), the training tokens each calibration reads, the end-of-text id of ':eot'
+  // events, and the steps a '~' trigger averages.
+  std::string ln_free;
+  int64_t ln_free_calib_tokens = 16384;
+  int ln_free_eot_token = -1;
+  int ln_free_loss_window = 20;
   void validate() const;  // UserError naming the flag
 };
 
@@ -101,6 +112,16 @@ class Trainer {
   // rank 0 as a step-state dump with logical (single-rank) names and shapes.
   void dump_step_state(const std::string& path);
   int64_t flops_per_token() const;  // 6 * parameters + attention (see docs/training.md)
+  // LN-free: the state (norms fixed so far, the schedule's progress), as a checkpoint
+  // stores it; empty without --ln_free and without a resumed LN-free checkpoint.
+  const LnFreeState& ln_free() const { return ln_free_; }
+  // Collective: the divisor sums of --ln_free_calib_tokens of training data (the first
+  // sequences of the unshuffled data, the same at every calibration) under the current
+  // weights and fixed divisors.
+  DivisorSums calibrate_divisors();
+  // Collective: fires every --ln_free event due before the next step (calibrating and
+  // fixing norms) and queues its metrics record. train_step() calls it first.
+  void run_ln_free_events();
 
  private:
   bool is_root() const { return grid_->rank == 0; }
@@ -135,6 +156,10 @@ class Trainer {
   OwnedTensor inputs_dev_, targets_dev_;
   int64_t resumed_step_ = -1;     // the checkpoint's step when resumed, else -1
   std::vector<ConversionRecord> conversions_;  // the resumed checkpoint's, written again
+  std::unique_ptr<LnFreeSchedule> ln_free_schedule_;  // null without --ln_free
+  LnFreeState ln_free_;
+  std::unique_ptr<Evaluator> calib_;                  // reads the calibration tokens
+  std::vector<nlohmann::json> ln_free_records_;       // events since the last metrics write
 };
 
 }  // namespace lns

@@ -119,6 +119,7 @@ nlohmann::json make_manifest(const std::vector<nlohmann::json>& shards, const Ll
       m["conversions"].push_back(
           {{"command", c.command}, {"from", c.from}, {"to", c.to}, {"source", c.source}, {"note", c.note}});
   }
+  if (!state.ln_free.empty()) m["ln_free"] = state.ln_free.to_json();
   if (optim)
     m["optimizer"] = {{"type", "adamw"}, {"steps_taken", optim->steps_taken},
                       {"beta1", optim->adam.beta1}, {"beta2", optim->adam.beta2},
@@ -161,6 +162,7 @@ Manifest parse_manifest(const nlohmann::json& m, const std::string& path) {
     }
   }
   out.model = LlamaConfig::from_json(in["model"].raw(), path + ": model");
+  if (in.has("ln_free")) out.state.ln_free = LnFreeState::from_json(in["ln_free"], out.model.num_layers);
   out.layout = Layout::from_json(in["layout"], out.model.num_layers);
   if (in.has("optimizer")) out.optimizer = parse_optimizer(in["optimizer"]);
 

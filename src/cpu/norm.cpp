@@ -160,6 +160,10 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
   norm_backward_cpu(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale, false);
 }
 
+bool FixedDivisor::uses_pos0(int64_t n) const {
+  return n % T == 0 || (eot >= 0 && ids.i32()[n] == eot);
+}
+
 void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
                         Tensor bias, float scale, FixedDivisor d) {
   // The constants come from calibration or a checkpoint: bad ones are the input's fault.
@@ -172,11 +176,15 @@ void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Ten
   LNS_CHECK(N % d.T == 0) << "rows " << N << " not a multiple of the sequence length " << d.T;
   const float* b = bias.empty() ? nullptr : bias.f32();
   float* mp = mean.empty() ? nullptr : mean.f32();
+  if (d.eot >= 0) {
+    cpu::require_cpu({&d.ids});
+    LNS_CHECK(d.ids.dtype == DType::I32 && d.ids.numel() == N) << "end-of-text case needs ids [N] i32";
+  }
   const float r0 = 1.0f / d.pos0, r = 1.0f / d.rest;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
     norm_row(type, out.f32() + n * C, mp ? mp + n : nullptr, rstd.f32() + n, x.f32() + n * C,
-             gain.f32(), b, scale, 0.0f, C, n % d.T == 0 ? r0 : r);
+             gain.f32(), b, scale, 0.0f, C, d.uses_pos0(n) ? r0 : r);
 }
 
 void norm_backward_fixed(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres,

@@ -28,12 +28,16 @@ struct LlamaStage::NormUse {
   float scale = 1.0f;        // LNS output scale
   int stat = -1;             // index of this norm's saved mean/rstd in each Slot
   float fixed0 = 0.0f, fixed = 0.0f;  // LN-free constant divisors (pos 0, pos > 0); 0: live
+  int32_t eot = -1;                   // LN-free: end-of-text rows divide by fixed0 too
   bool active() const { return gain >= 0; }
 };
 
 struct LlamaStage::Sublayer {
   SublayerPlan plan;
   NormUse pre, out, add;
+  // LN-free: the attention pre-norm as seen by v, once its divisor may differ from the
+  // one q and k see (pre). Inactive until then: v reads pre's output.
+  NormUse pre_v;
 };
 
 struct LlamaStage::Layer {
@@ -57,6 +61,7 @@ struct LlamaStage::Slot {
   struct SubActs {
     Tensor x;                   // sublayer input (a view of the previous output)
     OwnedTensor u, f, f2, r, y; // [N,C]; u/f2/y only where the norm exists
+    OwnedTensor uv;             // [N,C] v's normalised input, once pre_v is active
   };
   struct LayerActs {
     SubActs sub[2];
@@ -70,7 +75,7 @@ struct LlamaStage::Slot {
     OwnedTensor route_out;                            // [N,C] the block's output
     Tensor route_path[2];                             // each path's output (views)
   };
-  OwnedTensor ids;        // [B,T] i32, first stage
+  OwnedTensor ids;        // [B,T] i32: first stage, or set_token_ids()
   OwnedTensor h0;         // [N,C] stage input
   std::vector<LayerActs> layers;
   std::vector<OwnedTensor> mean, rstd;  // [N] per NormUse::stat
@@ -92,6 +97,7 @@ struct LlamaStage::Scratch {
   OwnedTensor dq, dctx, dk, dv;      // [N,Hq*D], [N,Hq*D], [N,Hkv*D] x2
   OwnedTensor dgate, dup, dact;      // [N,F]
   OwnedTensor dhf;                   // [N,C]
+  OwnedTensor du_v;                  // [N,C] gradient of v's input, once some pre_v is active
   OwnedTensor route_d[2];            // [N,C] routed blocks: each path's output gradient
 };
 
@@ -180,6 +186,7 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       for (auto& s : path ? path->sub : l.sub)
         for (NormUse* n : {&s.pre, &s.out, &s.add})
           if (n->active()) num_stats = std::max(num_stats, n->stat + 1);
+  final_stat_ = num_stats;  // the final norm's (allocated on every stage, used on the last)
   // A slot of chunk c holds the activations of chunk c's layers only.
   slots_.resize(chunk_slots.size());
   std::vector<int> slot_chunks;  // the chunk of every slot, in order
@@ -188,7 +195,7 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
     const bool embeds = spec_.has_embedding && c == 0, heads = spec_.has_head && c == num_chunks() - 1;
     auto slot = std::make_unique<Slot>();
     slot->first_local = chunk_begin_[c];
-    if (embeds) slot->ids = OwnedTensor(DType::I32, Shape{B_, T_}, device_);
+    slot->ids = OwnedTensor(DType::I32, Shape{B_, T_}, device_);  // every stage: LN-free end-of-text rows
     slot->h0 = act({N, C});
     const auto layer_acts = [&](const Layer& l) {
       Slot::LayerActs a;
@@ -221,7 +228,7 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       }
       slot->layers.push_back(std::move(a));
     }
-    for (int k = 0; k < num_stats + 1; ++k) {  // +1: the final norm uses the last index
+    for (int k = 0; k < num_stats + 1; ++k) {  // +1: the final norm's, final_stat_
       slot->mean.push_back(f32({N}));
       slot->rstd.push_back(f32({N}));
     }
@@ -515,23 +522,81 @@ void LlamaStage::init_weights(uint64_t seed) {
   params_.upload();
 }
 
+LlamaStage::NormUse LlamaStage::final_use() const {
+  NormUse n{final_gain_, final_bias_, 1.0f, final_stat_, final_fixed_[0], final_fixed_[1]};
+  n.eot = final_eot_;
+  return n;
+}
+
 void LlamaStage::set_fixed_divisor(int global_layer, int which, float pos0, float rest) {
+  if (global_layer == cfg_.num_layers) return set_fixed_divisor(global_layer, DivisorSlot::Final, pos0, rest);
+  LNS_REQUIRE(which == 0 || which == 1, "--ln_free: sublayer ", which, " is not 0 (attention) or 1 (MLP)");
+  if (which == 1) return set_fixed_divisor(global_layer, DivisorSlot::Mlp, pos0, rest);
+  set_fixed_divisor(global_layer, DivisorSlot::AttnQK, pos0, rest);
+  set_fixed_divisor(global_layer, DivisorSlot::AttnV, pos0, rest);
+}
+
+void LlamaStage::set_fixed_divisor(int global_layer, DivisorSlot slot, float pos0, float rest,
+                                   int32_t eot_token) {
   LNS_REQUIRE(pos0 > 0.0f && rest > 0.0f && std::isfinite(pos0) && std::isfinite(rest),
               "--ln_free: fixed divisors must be finite and > 0, got ", pos0, " and ", rest);
-  if (global_layer == cfg_.num_layers && spec_.has_head) {
+  if (slot == DivisorSlot::Final) {
+    LNS_REQUIRE(global_layer == cfg_.num_layers && spec_.has_head, "--ln_free: the final norm (layer ",
+                global_layer, ") is not on this stage");
     final_fixed_[0] = pos0, final_fixed_[1] = rest;
+    final_eot_ = eot_token;
     return;
   }
-  NormUse* n = nullptr;
-  {
-    const int j = local_of(global_layer);
-    LNS_REQUIRE(j >= 0 && (which == 0 || which == 1), "--ln_free: layer ", global_layer, " sublayer ", which,
-                " is not on this stage");
-    n = &layers_[j].sub[which].pre;
-    LNS_REQUIRE(n->active(), "--ln_free: layer ", global_layer, " sublayer ", which,
-                " has no pre-norm in scheme ", norm_scheme_name(cfg_.norm_scheme));
+  const int j = local_of(global_layer);  // chunks: a stage's layers need not be contiguous
+  LNS_REQUIRE(j >= 0, "--ln_free: layer ", global_layer, " ", divisor_slot_name(slot), " is not on this stage");
+  Layer& l = layers_[j];
+  Sublayer& sl = l.sub[slot == DivisorSlot::Mlp ? 1 : 0];
+  LNS_REQUIRE(sl.pre.active(), "--ln_free: layer ", global_layer, " ", divisor_slot_name(slot),
+              ": that sublayer has no pre-norm in scheme ", norm_scheme_name(l.plan.effective));
+  NormUse* n = &sl.pre;
+  if (slot == DivisorSlot::AttnV) {
+    if (!sl.pre_v.active()) split_value_norm(l);
+    n = &sl.pre_v;
+  } else if (slot == DivisorSlot::AttnQK && !sl.pre_v.active() &&
+             (sl.pre.fixed0 != pos0 || sl.pre.fixed != rest || sl.pre.eot != eot_token)) {
+    split_value_norm(l);  // v keeps what it had; only q/k change
   }
-  n->fixed0 = pos0, n->fixed = rest;
+  n->fixed0 = pos0, n->fixed = rest, n->eot = eot_token;
+}
+
+// From now on v reads its own normalised copy of the attention input (same gain, bias
+// and scale, its own divisor). Allocated here, once, never in the hot loop.
+void LlamaStage::split_value_norm(Layer& l) {
+  Sublayer& sl = l.sub[0];
+  sl.pre_v = sl.pre;
+  sl.pre_v.stat = -1;
+  const int64_t N = B_ * T_, C = cfg_.hidden_size;
+  for (auto& slot : slots_) {
+    // Statistics in every slot (all slots keep the same stat numbering); the copy only in
+    // the slots of l's chunk (--virtual_stages: a slot holds its own chunk's layers).
+    sl.pre_v.stat = static_cast<int>(slot->rstd.size());
+    slot->mean.emplace_back(DType::F32, Shape{N}, device_);
+    slot->rstd.emplace_back(DType::F32, Shape{N}, device_);
+    const int j = l.local - slot->first_local;
+    if (j >= 0 && j < static_cast<int>(slot->layers.size()))
+      acts(l, *slot).sub[0].uv = OwnedTensor(act_, Shape{N, C}, device_);
+  }
+  if (scratch_ && scratch_->du_v.t.empty()) scratch_->du_v = OwnedTensor(act_, Shape{N, C}, device_);
+}
+
+bool LlamaStage::needs_token_ids() const {
+  if (final_eot_ >= 0 && final_fixed_[1] > 0.0f) return true;
+  for (const Layer& l : layers_)
+    for (const Sublayer& sl : l.sub)
+      for (const NormUse* n : {&sl.pre, &sl.pre_v})
+        if (n->active() && n->fixed > 0.0f && n->eot >= 0) return true;
+  return false;
+}
+
+void LlamaStage::set_token_ids(Tensor ids, int slot, int chunk) {
+  LNS_CHECK(ids.dtype == DType::I32 && ids.numel() == B_ * T_) << "token ids [B,T] i32";
+  Slot& s = slot_at(slot, chunk);
+  copy(s.ids, ids.view(s.ids.t.shape));
 }
 
 void LlamaStage::add_divisor_sums(std::vector<std::array<double, 4>>& sums, int slot) const {
@@ -553,7 +618,7 @@ void LlamaStage::norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x) {
   if (n.fixed > 0.0f)
     return norm_forward_fixed(cfg_.norm_type, out, mean, s.rstd[n.stat], x,
                               params_.param(n.gain), bias, n.scale,
-                              FixedDivisor{n.fixed0, n.fixed, T_});
+                              FixedDivisor{n.fixed0, n.fixed, T_, n.eot, n.eot >= 0 ? s.ids.t.view({B_ * T_}) : Tensor{}});
   norm_forward(cfg_.norm_type, out, mean, s.rstd[n.stat], x, params_.param(n.gain), bias, n.scale,
                cfg_.norm_eps);
 }
@@ -597,14 +662,20 @@ LlamaStage::Stream LlamaStage::sublayer_forward(Layer& l, int w, Slot& s, Stream
   const Tensor x = in.x;
   a.x = x;
   Tensor u = x;
+  Tensor uv;  // v's input: u, or its own copy when the attention pre-norm is split
   if (sl.pre.active()) {
     stream_norm_fwd(sl.pre, s, a.u, in);
-    u = a.u;
+    u = uv = a.u;
+    if (sl.pre_v.active()) {
+      norm_fwd(sl.pre_v, s, a.uv, x);  // x is settled now
+      uv = a.uv;
+    }
   } else {
     settle(in);
+    uv = u;
   }
   if (w == 0)
-    attention_fwd(l, s, u, a.f);
+    attention_fwd(l, s, u, uv, a.f);
   else
     mlp_fwd(l, s, u, a.f);
   Tensor f2 = a.f;
@@ -655,19 +726,20 @@ void LlamaStage::sublayer_backward(Layer& l, int w, Slot& s, Tensor dy, Tensor d
     axpby(dr, alpha, dr, 0.0f);  // dr is consumed above; scale in place
   if (sl.pre.active()) {
     norm_bwd(sl.pre, s, dx, dr, sc.du, a.x);
+    if (sl.pre_v.active()) norm_bwd(sl.pre_v, s, dx, dx, sc.du_v, a.x);  // dx += v's path
   } else {
     copy(dx, dr);
     axpby(dx, 1.0f, sc.du, 1.0f);
   }
 }
 
-void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
+void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor uv, Tensor f) {
   Slot::LayerActs& a = acts(l, s);
   const int64_t D = cfg_.head_dim();
   const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};  // this rank's heads
   linear_forward(a.q, u, params_.compute(l.wq));  // [N, Hq*D]
   linear_forward(a.k, u, params_.compute(l.wk));  // [N, Hkv*D]
-  linear_forward(a.v, u, params_.compute(l.wv));  // [N, Hkv*D]
+  linear_forward(a.v, uv, params_.compute(l.wv));  // [N, Hkv*D] (uv: u unless LN-free split it)
   rope_forward(a.q.t.view(qs), rope_cos_, rope_sin_);
   rope_forward(a.k.t.view(ks), rope_cos_, rope_sin_);
   attention_forward(a.ctx.t.view(qs), a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks), attn_);
@@ -689,7 +761,12 @@ void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   rope_backward(sc.dk.t.view(ks), rope_cos_, rope_sin_);
   linear_backward(du, params_.grad(l.wq), sc.dq, u, params_.compute(l.wq), false);
   linear_backward(du, params_.grad(l.wk), sc.dk, u, params_.compute(l.wk), true);
-  linear_backward(du, params_.grad(l.wv), sc.dv, u, params_.compute(l.wv), true);
+  if (l.sub[0].pre_v.active()) {  // v read its own normalised copy: its gradient apart
+    linear_backward(sc.du_v, params_.grad(l.wv), sc.dv, sa.uv, params_.compute(l.wv), false);
+    tp_.all_reduce_sum(sc.du_v);
+  } else {
+    linear_backward(du, params_.grad(l.wv), sc.dv, u, params_.compute(l.wv), true);
+  }
   tp_.all_reduce_sum(du);  // column-parallel q/k/v: input gradient summed over tp
 }
 
@@ -744,8 +821,7 @@ Tensor LlamaStage::forward(Tensor input, int slot, int chunk) {
 
 Tensor LlamaStage::head_forward(Slot& s, Stream x) {
   const int64_t N = B_ * T_;
-  NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1,
-              final_fixed_[0], final_fixed_[1]};
+  const NormUse fin = final_use();
   stream_norm_fwd(fin, s, s.hf, x);
   linear_forward(s.logits.t.view({N, vshard_.stored}), s.hf, params_.compute(head_));
   s.out = x.x;  // the input of the final norm, kept for its backward
@@ -798,8 +874,7 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot, int chunk) 
                                  vshard_.valid, grad_scale);
     linear_backward(sc.dhf, params_.grad(head_), dlogits, s.hf, params_.compute(head_), false);
     tp_.all_reduce_sum(sc.dhf);  // column-parallel head: input gradient summed over tp
-    NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1,
-              final_fixed_[0], final_fixed_[1]};
+    const NormUse fin = final_use();
     norm_bwd(fin, s, dy, {}, sc.dhf, s.out);
     if (grad_ready_) grad_ready_(params_.info(final_gain_).offset);
   } else {

@@ -143,6 +143,34 @@ std::vector<LayerDiagnostics> Evaluator::diagnostics(int max_batches) {
   return out;
 }
 
+std::vector<std::array<double, 4>> Evaluator::divisor_sums() {
+  const int L = stage_.config().num_layers;
+  const StageSpec& sp = stage_.spec();
+  std::vector<std::array<double, 4>> local;
+  for (int64_t j = 0; j < my_batches(); ++j) {
+    pipeline_.forward_only(
+        1, [&](int) { fill(static_cast<int>(j)); return Tensor(in_); },
+        [&](int) { fill(static_cast<int>(j)); return tg_.t.view({opt_.micro_batch * opt_.seq_len}); },
+        static_cast<int>(j));
+    stage_.add_divisor_sums(local);  // in micro-batch order: deterministic
+  }
+  // This stage's entries into the model's; norms are replicated over tp, so one tp rank
+  // speaks for them. Each number is summed over the dp ranks and placed by its stage.
+  std::vector<double> all(static_cast<size_t>(2 * L + 1) * 4, 0.0);
+  if (grid_.coords.tp == 0) {
+    const int n = sp.last_layer - sp.first_layer;
+    for (size_t i = 0; i < local.size(); ++i) {
+      const size_t g = static_cast<int>(i) < 2 * n ? 2 * size_t(sp.first_layer) + i : 2 * size_t(L);
+      for (int k = 0; k < 4; ++k) all[g * 4 + k] = local[i][k];
+    }
+  }
+  grid_.world().all_reduce(all.data(), static_cast<int>(all.size()), ReduceOp::Sum);
+  std::vector<std::array<double, 4>> out(2 * L + 1);
+  for (size_t g = 0; g < out.size(); ++g)
+    for (int k = 0; k < 4; ++k) out[g][k] = all[g * 4 + k];
+  return out;
+}
+
 std::vector<double> block_grad_norms(ProcessGrid& grid, const ParamSet& params,
                                      const GradientSync& sync, int num_layers) {
   std::vector<double> sq(num_layers, 0.0);

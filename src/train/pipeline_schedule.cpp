@@ -96,6 +96,8 @@ Tensor PipelineSchedule1F1B::forward_micro(int m, int tag_m, int slot, int chunk
   if (model_first(chunk)) {
     in = inputs(m);
   } else {
+    // LN-free end-of-text rows: a later stage needs the micro-batch's token ids too
+    if (stage_.needs_token_ids()) stage_.set_token_ids(inputs(m), slot, chunk);
     grid_.world().recv(recv_act_, grid_.layout.prev_stage_rank(grid_.coords), tag(tag_m, model_chunk(chunk), true));
     in = recv_act_;
   }

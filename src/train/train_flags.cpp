@@ -60,6 +60,21 @@ DEFINE_bool(overlap_grad_reduce, true,
 DEFINE_int64(diag_every, 0,
              "Write per-block depth diagnostics (variance, norm, angular distance, gradient "
              "norm) to metrics.jsonl every N steps; 0 = off.");
+// ---- LN-free fine-tuning (docs/ln_free.md) ------------------------------------------------
+DEFINE_string(ln_free, "",
+              "LN-free schedule: comma-separated ACTION@TRIGGER events that replace norm divisors by "
+              "constants measured on training data, e.g. mlp@+100,attn_qk@~0.05/200,attn_v:eot@~0.05/200,"
+              "final@~0.05/200,drop_eot@~0.05/200,drop_pos0@~0.05/200. Groups mlp, attn_qk, attn_v, attn, "
+              "final, all (optionally [A-B] layers, ':eot'); drop_eot, drop_pos0. Triggers: N (total steps), "
+              "+N (steps after the previous event), ~TOL[/MAX] (loss back within TOL of the baseline, or "
+              "after MAX steps). Empty: off.");
+DEFINE_int64(ln_free_calib_tokens, 16384,
+             "Training tokens each --ln_free calibration measures the divisors on (the first sequences "
+             "of the unshuffled training data).");
+DEFINE_int32(ln_free_eot_token, -1,
+             "End-of-text token id for --ln_free ':eot' events (rows with this token divide by the "
+             "position-0 constant until drop_eot); -1: none.");
+DEFINE_int32(ln_free_loss_window, 20, "Steps whose mean loss a --ln_free '~TOL' trigger compares with the baseline.");
 // ---- checkpoints ------------------------------------------------------------------------
 DEFINE_int64(save_every, 0, "Save a checkpoint every N steps (also at the end and on SIGTERM/SIGUSR1); 0 = only those.");
 DEFINE_int32(keep_checkpoints, 0, "Keep only the newest K complete checkpoints; 0 = keep all.");
@@ -109,6 +124,10 @@ TrainConfig train_config_from_flags() {
   c.keep_checkpoints = FLAGS_keep_checkpoints;
   c.resume = FLAGS_resume;
   c.checkpoint_test_pause_ms = FLAGS_checkpoint_test_pause_ms;
+  c.ln_free = FLAGS_ln_free;
+  c.ln_free_calib_tokens = FLAGS_ln_free_calib_tokens;
+  c.ln_free_eot_token = FLAGS_ln_free_eot_token;
+  c.ln_free_loss_window = FLAGS_ln_free_loss_window;
   c.validate();
   return c;
 }

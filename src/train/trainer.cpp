@@ -16,6 +16,7 @@
 #include "lns/errors.h"
 #include "lns/gather.h"
 #include "lns/model_layout.h"
+#include "lns/ops.h"
 #include "lns/param_io.h"
 #include "lns/run_dir.h"
 #include "lns/safetensors.h"
@@ -88,6 +89,17 @@ void TrainConfig::validate() const {
   LNS_REQUIRE(save_every == 0 || !out_dir.empty(), "--save_every=", save_every,
               " needs --out_dir (where the checkpoints go)");
   LNS_REQUIRE(keep_checkpoints == 0 || !out_dir.empty(), "--keep_checkpoints needs --out_dir");
+  if (!ln_free.empty()) {
+    LNS_REQUIRE(ln_free_calib_tokens > 0, "--ln_free_calib_tokens must be positive, got ", ln_free_calib_tokens);
+    LNS_REQUIRE(seq_len >= 2, "--ln_free needs --seq_len >= 2 (position 0 and the positions after it are ",
+                "calibrated apart), got ", seq_len);
+    LNS_REQUIRE(virtual_stages == 1, "--ln_free does not combine with --virtual_stages=", virtual_stages,
+                " yet (calibration measures one chunk per stage); use --virtual_stages=1");
+  }
+  LNS_REQUIRE(ln_free_eot_token >= -1, "--ln_free_eot_token must be a token id or -1 (none), got ",
+              ln_free_eot_token);
+  LNS_REQUIRE(ln_free_loss_window >= 1 && ln_free_loss_window <= 100000,
+              "--ln_free_loss_window must be in [1, 100000], got ", ln_free_loss_window);
 }
 
 Trainer::~Trainer() = default;
@@ -162,6 +174,19 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   optim_ = sync_->zero() ? std::make_unique<AdamW>(model_->params(), cfg_.adam,
                                                    sync_->shard_begin(), sync_->shard_end())
                          : std::make_unique<AdamW>(model_->params(), cfg_.adam);
+  if (!cfg_.ln_free.empty()) {
+    LNS_REQUIRE(cfg_.ln_free_eot_token < model_cfg_.vocab_size, "--ln_free_eot_token=", cfg_.ln_free_eot_token,
+                " is not below --vocab_size=", model_cfg_.vocab_size);
+    ln_free_schedule_ = std::make_unique<LnFreeSchedule>(cfg_.ln_free, model_cfg_, cfg_.ln_free_eot_token,
+                                                         cfg_.ln_free_loss_window);
+    ln_free_ = ln_free_schedule_->initial_state();
+    EvalOptions calib = eval;
+    calib.eval_tokens = cfg_.ln_free_calib_tokens;
+    calib_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, *train_data_, calib);
+    if (is_root())
+      LOG(INFO) << "ln_free: " << ln_free_schedule_->events().size() << " events (" << cfg_.ln_free
+                << "); each calibration reads " << calib_->eval_tokens() << " training tokens";
+  }
   inputs_ = OwnedTensor(DType::I32, {num_micro_ * cfg_.micro_batch, cfg_.seq_len});
   targets_ = OwnedTensor(DType::I32, {num_micro_ * cfg_.micro_batch, cfg_.seq_len});
   if (cfg_.device != Device::CPU) {
@@ -180,6 +205,15 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
       resume_from(dir);
     }
   }
+  // The fixed-divisor norms must run on this device before any step: found out later, in
+  // the forward of the stages that hold such a norm, the error would reach only some ranks.
+  if (cfg_.device != Device::CPU && (ln_free_schedule_ || !ln_free_.norms.empty())) {
+    OwnedTensor x(DType::F32, {1, 2}, cfg_.device), g(DType::F32, {2}, cfg_.device), out(DType::F32, {1, 2}, cfg_.device),
+        mean(DType::F32, {1}, cfg_.device), rstd(DType::F32, {1}, cfg_.device);
+    const bool ln = model_cfg_.norm_type == NormType::LayerNorm;
+    norm_forward_fixed(model_cfg_.norm_type, out, ln ? mean.t : Tensor{}, rstd, x, g, ln ? g.t : Tensor{}, 1.0f,
+                       FixedDivisor{1.0f, 1.0f, 1});
+  }
 }
 
 void Trainer::resume_from(const std::string& dir) {
@@ -195,6 +229,26 @@ void Trainer::resume_from(const std::string& dir) {
   train_sampler_->set_consumed(st.consumed_samples);
   resumed_step_ = optim_->steps_taken();
   conversions_ = st.conversions;
+  // LN-free: the norms fixed so far and the schedule's progress, so that the run goes on
+  // exactly as the uninterrupted one would.
+  if (ln_free_schedule_) {
+    if (st.ln_free.empty()) {
+      ln_free_ = ln_free_schedule_->initial_state(optim_->steps_taken());  // starts on a plain checkpoint
+    } else {
+      ln_free_schedule_->check_resumed(st.ln_free, dir + "/manifest.json");
+      ln_free_ = st.ln_free;
+    }
+  } else if (!st.ln_free.progress.schedule.empty() &&
+             st.ln_free.progress.next_event <
+                 static_cast<int>(parse_ln_free_schedule(st.ln_free.progress.schedule, model_cfg_,
+                                                         st.ln_free.eot_token).size())) {
+    fail(dir, "/manifest.json: the checkpoint is in the middle of the LN-free schedule '",
+         st.ln_free.progress.schedule, "'; pass the same --ln_free (and --ln_free_eot_token) to continue it");
+  } else {  // finished or no schedule: the fixed norms stay fixed
+
+    ln_free_ = st.ln_free;
+  }
+  apply_ln_free(ln_free_, *model_);
   if (is_root())
     LOG(INFO) << "resumed from " << dir << " at step " << st.step << " (saved under layout "
               << ck.layout().brief() << ")";
@@ -210,6 +264,7 @@ std::string Trainer::save_checkpoint() {
   st.training = {cfg_.seq_len, cfg_.data_mode == SampleMode::Packed ? "packed" : "document", cfg_.micro_batch,
                  cfg_.global_batch};
   st.conversions = conversions_;
+  st.ln_free = ln_free_;
   const double t0 = now_seconds();
   model_->params().download();  // CUDA: checkpoints read the host mirrors
   optim_->download();
@@ -273,7 +328,51 @@ double Trainer::compute_gradients(int64_t* tokens_out) {
   return r.loss;
 }
 
+DivisorSums Trainer::calibrate_divisors() {
+  LNS_CHECK(calib_) << "calibration needs --ln_free";
+  return calib_->divisor_sums();
+}
+
+void Trainer::run_ln_free_events() {
+  if (!ln_free_schedule_) return;
+  const int64_t step = optim_->steps_taken();
+  std::string why;
+  while (const LnFreeEvent* e = ln_free_schedule_->due(ln_free_, step, &why)) {
+    const int index = ln_free_.progress.next_event;
+    const double t0 = now_seconds();
+    const DivisorSums sums = e->action == LnFreeEvent::Action::Replace ? calibrate_divisors() : DivisorSums{};
+    const std::vector<FixedNorm> fixed = apply_event(ln_free_, *e, step, sums);
+    apply_ln_free(ln_free_, *model_);
+    if (!is_root()) continue;
+    nlohmann::json norms = nlohmann::json::array();
+    std::string brief;
+    for (const FixedNorm& n : fixed) {
+      norms.push_back({{"layer", n.layer}, {"slot", divisor_slot_name(n.slot)}, {"pos0", n.pos0},
+                       {"rest", n.rest}, {"eot", n.eot}});
+      if (brief.size() < 400)
+        absl::StrAppend(&brief, brief.empty() ? "" : ", ", n.slot == DivisorSlot::Final ? "final" :
+                        absl::StrCat("L", n.layer, " ", divisor_slot_name(n.slot)), " ",
+                        absl::StrFormat("%.4g/%.4g", n.pos0, n.rest));
+    }
+    const size_t total = ln_free_schedule_->events().size();
+    LOG(INFO) << absl::StrFormat("ln_free: event %d/%d '%s' before step %d (%s): ", index + 1, total, e->text,
+                                 step + 1, why)
+              << (fixed.empty() ? std::string(e->action == LnFreeEvent::Action::DropEot
+                                                  ? "end-of-text rows now divide by the positions > 0 constant"
+                                                  : "position 0 now divides by the positions > 0 constant")
+                                : absl::StrFormat("%d norms fixed, divisors pos0/rest: %s", fixed.size(), brief))
+              << absl::StrFormat(" (%.1f s)", now_seconds() - t0);
+    ln_free_records_.push_back(
+        {{"step", step + 1},
+         {"ln_free_event", {{"index", index}, {"of", total}, {"entry", e->text}, {"reason", why},
+                            {"norms", norms}, {"fixed_total", ln_free_.norms.size()},
+                            {"pos0_special", ln_free_.pos0_special},
+                            {"baseline_loss", ln_free_.progress.baseline_loss}}}});
+  }
+}
+
 StepStats Trainer::train_step() {
+  run_ln_free_events();  // the schedule is decided from state the checkpoint holds
   const double t0 = now_seconds();
   StepStats s;
   s.lr = schedule_.at(optim_->steps_taken());
@@ -289,6 +388,7 @@ StepStats Trainer::train_step() {
     throw CollectiveError(absl::StrCat("training diverged at step ", optim_->steps_taken() + 1, ": loss ", s.loss,
                                        ", gradient norm ", s.grad_norm, "; nothing was saved. Likely cause: --lr=",
                                        cfg_.lr, " too large (lower it or set --grad_clip), or the data"));
+  if (ln_free_schedule_) ln_free_schedule_->record_loss(ln_free_, s.loss);
   sync_->scale(clip_factor(s.grad_norm, cfg_.grad_clip));
   optim_->step(static_cast<float>(s.lr));
   sync_->gather_params();
@@ -424,12 +524,16 @@ bool Trainer::run() {
     const StepStats s = train_step();
     window_time += s.seconds;
     window_tokens += tokens_per_step;
+    for (const nlohmann::json& r : ln_free_records_) metrics.write(r);
+    ln_free_records_.clear();
     if (is_root()) {
       const double tps = tokens_per_step / s.seconds;
       nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"lr", s.lr},
                           {"grad_norm", s.grad_norm}, {"tokens_per_s", tps},
                           {"step_time_s", s.seconds}, {"elapsed_s", now_seconds() - start},
                           {"tokens", s.step * tokens_per_step}};
+      if (ln_free_schedule_)
+        j["ln_free_fixed"] = ln_free_.norms.size(), j["ln_free_next_event"] = ln_free_.progress.next_event;
       if (cfg_.peak_tflops > 0)
         j["mfu"] = flops_per_step / s.seconds / (cfg_.peak_tflops * 1e12 * grid_->world_size());
       metrics.write(j);
@@ -440,6 +544,9 @@ bool Trainer::run() {
       if (cfg_.peak_tflops > 0)
         mfu = absl::StrFormat(" | MFU %.1f%%", 100.0 * avg_tps * flops_per_token() /
                                                    (cfg_.peak_tflops * 1e12 * grid_->world_size()));
+      if (ln_free_schedule_)
+        absl::StrAppend(&mfu, absl::StrFormat(" | ln_free %d/%d events, %d norms fixed", ln_free_.progress.next_event,
+                                              ln_free_schedule_->events().size(), ln_free_.norms.size()));
       if (is_root())
         LOG(INFO) << absl::StrFormat(
             "step %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s%s | %.1f s", s.step,
