@@ -192,7 +192,7 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   std::vector<int> slot_chunks;  // the chunk of every slot, in order
   for (int c = 0; c < num_chunks(); ++c) slot_chunks.insert(slot_chunks.end(), chunk_slots[c], c);
   for (const int c : slot_chunks) {
-    const bool embeds = spec_.has_embedding && c == 0, heads = spec_.has_head && c == num_chunks() - 1;
+    const bool heads = spec_.has_head && c == num_chunks() - 1;
     auto slot = std::make_unique<Slot>();
     slot->first_local = chunk_begin_[c];
     slot->ids = OwnedTensor(DType::I32, Shape{B_, T_}, device_);  // every stage: LN-free end-of-text rows
@@ -571,16 +571,17 @@ void LlamaStage::split_value_norm(Layer& l) {
   sl.pre_v = sl.pre;
   sl.pre_v.stat = -1;
   const int64_t N = B_ * T_, C = cfg_.hidden_size;
-  for (auto& slot : slots_) {
-    // Statistics in every slot (all slots keep the same stat numbering); the copy only in
-    // the slots of l's chunk (--virtual_stages: a slot holds its own chunk's layers).
-    sl.pre_v.stat = static_cast<int>(slot->rstd.size());
-    slot->mean.emplace_back(DType::F32, Shape{N}, device_);
-    slot->rstd.emplace_back(DType::F32, Shape{N}, device_);
-    const int j = l.local - slot->first_local;
-    if (j >= 0 && j < static_cast<int>(slot->layers.size()))
-      acts(l, *slot).sub[0].uv = OwnedTensor(act_, Shape{N, C}, device_);
-  }
+  for (auto& chunk_slots : slots_)
+    for (auto& slot : chunk_slots) {
+      // Statistics in every slot (all slots keep the same stat numbering); the copy only
+      // in the slots of l's chunk (--virtual_stages: a slot holds its chunk's layers).
+      sl.pre_v.stat = static_cast<int>(slot->rstd.size());
+      slot->mean.emplace_back(DType::F32, Shape{N}, device_);
+      slot->rstd.emplace_back(DType::F32, Shape{N}, device_);
+      const int j = l.local - slot->first_local;
+      if (j >= 0 && j < static_cast<int>(slot->layers.size()))
+        acts(l, *slot).sub[0].uv = OwnedTensor(act_, Shape{N, C}, device_);
+    }
   if (scratch_ && scratch_->du_v.t.empty()) scratch_->du_v = OwnedTensor(act_, Shape{N, C}, device_);
 }
 
