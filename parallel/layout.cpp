@@ -23,11 +23,25 @@ std::pair<int, int> Layout::stage_range(int pp_rank) const {
   return stage_layers[pp_rank];
 }
 
-std::string Layout::brief() const { return absl::StrCat("tp=", tp, " pp=", pp, " dp=", dp, zero ? " zero" : ""); }
+ShardRange Layout::sequence_shard(int64_t tokens, int tp_rank) const {
+  if (!sequence_parallel_on()) return {0, tokens, tokens};
+  return shard_range(tokens, tp, tp_rank);
+}
+
+void Layout::check_sequence_length(int64_t seq_len) const {
+  LNS_REQUIRE(!sequence_parallel_on() || seq_len % tp == 0, "--sequence_parallel needs --seq_len divisible by --tp, got --seq_len=",
+              seq_len, " and --tp=", tp, " (pick a --seq_len that is a multiple of ", tp,
+              ", or drop --sequence_parallel)");
+}
+
+std::string Layout::brief() const {
+  return absl::StrCat("tp=", tp, " pp=", pp, " dp=", dp, zero ? " zero" : "", sequence_parallel ? " sp" : "");
+}
 
 std::string Layout::describe() const {
   std::string s = absl::StrCat("world ", world_size(), " = tp ", tp, " x dp ", dp, " x pp ", pp,
-                               " (rank = tp + dp*", tp, " + pp*", tp * dp, ")");
+                               " (rank = tp + dp*", tp, " + pp*", tp * dp, ")",
+                               sequence_parallel_on() ? ", sequence parallel over tp" : "");
   const int stages = static_cast<int>(stage_layers.size());
   for (int p = 0; p < stages; ++p)
     absl::StrAppend(&s, "\n  stage ", p, ": layers ", stage_layers[p].first, "..", stage_layers[p].second - 1,
@@ -38,7 +52,9 @@ std::string Layout::describe() const {
 }
 
 nlohmann::json Layout::to_json() const {
-  return {{"tp", tp}, {"pp", pp}, {"dp", dp}, {"zero", zero}, {"stage_layers", stage_layers}};
+  nlohmann::json j = {{"tp", tp}, {"pp", pp}, {"dp", dp}, {"zero", zero}, {"stage_layers", stage_layers}};
+  if (sequence_parallel) j["sequence_parallel"] = true;
+  return j;
 }
 
 Layout Layout::from_json(const JsonIn& j, int num_layers) {
@@ -47,6 +63,7 @@ Layout Layout::from_json(const JsonIn& j, int num_layers) {
   l.pp = static_cast<int>(j["pp"].integer(1, kMaxRanks));
   l.dp = static_cast<int>(j["dp"].integer(1, kMaxRanks));
   l.zero = j["zero"].boolean();
+  l.sequence_parallel = j.has("sequence_parallel") && j["sequence_parallel"].boolean();
   const JsonIn stages = j["stage_layers"];
   if (stages.size() != static_cast<size_t>(l.pp))
     stages.error("has ", std::to_string(stages.size()), " stages, layout.pp is ", std::to_string(l.pp));

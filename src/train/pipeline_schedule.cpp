@@ -31,8 +31,9 @@ int PipelineSchedule1F1B::slots_for(int M, int s, int P) { return std::max(1, st
 
 PipelineSchedule1F1B::PipelineSchedule1F1B(ProcessGrid& grid, LlamaStage& stage, int num_micro)
     : grid_(grid), stage_(stage), num_micro_(num_micro) {
-  // [B*T, C] hidden states and their gradients, where and as the stage keeps them.
-  const Shape act{stage.tokens(), stage.config().hidden_size};
+  // [B*T, C] hidden states and their gradients (this rank's B*T/tp tokens under
+  // sequence parallelism), where and as the stage keeps them.
+  const Shape act{stage.hidden_tokens(), stage.config().hidden_size};
   const DType dt = stage.activation_dtype();
   const Device dev = stage.device();
   if (!grid.first_stage()) recv_act_ = OwnedTensor(dt, act, dev);

@@ -47,6 +47,10 @@ DEFINE_int32(tp, 1, "Tensor-parallel size: splits heads, FFN width and vocabular
 DEFINE_int32(pp, 1, "Pipeline-parallel stages (1F1B schedule). Data parallel = world / (tp * pp).");
 DEFINE_string(pp_layers, "", "Layers per pipeline stage, e.g. 3,2,2 (default: even split).");
 DEFINE_bool(zero, false, "ZeRO-1: shard AdamW state and master weights across data-parallel ranks.");
+DEFINE_bool(sequence_parallel, false,
+            "With --tp > 1: split the tokens between the tensor-parallel linears (norms, residual "
+            "adds, stage boundaries) over the tp ranks, Megatron's sequence parallelism; needs --seq_len "
+            "divisible by --tp (docs/parallelism.md).");
 DEFINE_double(dp_bucket_mb, 25, "Data-parallel gradient all-reduce bucket size in MiB.");
 DEFINE_bool(overlap_grad_reduce, true,
             "Start each data-parallel all-reduce bucket as soon as the last micro-batch's backward "
@@ -95,6 +99,7 @@ TrainConfig train_config_from_flags() {
   c.init_from = FLAGS_init_from;
   c.pp_layers = FLAGS_pp_layers;
   c.zero = FLAGS_zero;
+  c.sequence_parallel = FLAGS_sequence_parallel;
   c.dp_bucket_mb = FLAGS_dp_bucket_mb;
   c.overlap_grad_reduce = FLAGS_overlap_grad_reduce;
   c.save_every = FLAGS_save_every;
