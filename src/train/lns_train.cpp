@@ -92,6 +92,7 @@ int run() {
     cfg = train_config_from_flags();
     grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
     grid->layout = layout_for_model(model_cfg, grid->layout, cfg.pp_layers);
+    grid->layout.sequence_parallel = cfg.sequence_parallel;  // printed below; the Trainer checks --seq_len
     if (cfg.device == Device::CUDA) {
       const int gpu = bind_local_gpu(local_rank_from_env());
       (void)comm_flag();  // a bad --comm fails here, on every rank

@@ -291,7 +291,7 @@ TEST(Padding, StaysExactlyZero) {
 }
 
 // The byte counter against the communication of the model counted by hand, for this
-// rank's stage: per micro-batch of N tokens (C = 32, f32, tp group of p, f = (p-1)/p)
+// rank's stage: per micro-batch of N tokens (C = 32, tp group of p, f = (p-1)/p)
 //  - plain tp: all-reduces of [N,C] after the embedding, after o_proj and down_proj
 //    (2 per layer) and of the input gradients of q/k/v, gate/up (2 per layer) and of
 //    the head; 3 all-reduces of [N] in the loss. Each all-reduce sends 2f of its bytes.
@@ -317,7 +317,10 @@ TEST(CommCounter, StepBytesMatchTheModelCountedByHand) {
   };
   const ::lns::Layout& lay = g_grid->layout;
   const int p = lay.tp;
-  const double f = double(p - 1) / p, N = double(t.micro_batch * t.seq_len), C = 32, act = N * C * 4;
+  // Activations in the stage's dtype (f32 on the CPU, bf16 on CUDA); loss statistics
+  // and gradients f32.
+  const double f = double(p - 1) / p, N = double(t.micro_batch * t.seq_len), C = 32,
+               act = N * C * double(dtype_size(tr.model().activation_dtype()));
   const double M = tr.micro_batches();
   const auto [first, last] = g_grid->stage_range();
   const double L = last - first;
