@@ -24,7 +24,7 @@ std::pair<int, int> Layout::stage_range(int pp_rank) const {
 }
 
 ShardRange Layout::sequence_shard(int64_t tokens, int tp_rank) const {
-  if (!sequence_parallel_on()) return {0, tokens, tokens};
+  if (!sequence_parallel_on()) return {0, tokens, tokens, tokens};
   return shard_range(tokens, tp, tp_rank);
 }
 

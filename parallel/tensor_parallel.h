@@ -33,7 +33,7 @@ struct TensorParallel {
   // them without sequence parallelism), and the first of them.
   // The rule is Layout::sequence_shard's (the split of parallel/shard.h).
   ShardRange token_shard(int64_t tokens) const {
-    return sequence_parallel ? shard_range(tokens, size, rank) : ShardRange{0, tokens, tokens};
+    return sequence_parallel ? shard_range(tokens, size, rank) : ShardRange{0, tokens, tokens, tokens};
   }
 };
 

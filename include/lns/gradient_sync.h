@@ -51,6 +51,7 @@ class GradientSync {
   ProcessGrid& grid_;
   ParamSet& params_;
   bool tied_, zero_;
+  bool in_place_ = false;  // ZeRO collectives on the flat buffers themselves (ParamSet::kSlack)
   int64_t bucket_floats_;
   int64_t begin_ = 0, end_ = 0, shard_size_ = 0;
   bool armed_ = false;
@@ -63,7 +64,7 @@ class GradientSync {
   std::vector<std::pair<int64_t, int64_t>> tp_sum_ranges_;  // step 0: replicated tensors' flat ranges
   OwnedTensor tp_sum_;              // step 0 staging: the ranges packed
   void sum_replicated_over_tp();
-  OwnedTensor padded_, shard_;      // ZeRO staging: [dp * shard], [shard]
+  OwnedTensor padded_, shard_;      // ZeRO staging when not in place: [dp * shard], [shard]
 };
 
 }  // namespace lns

@@ -45,9 +45,12 @@ LlamaConfig model(NormScheme scheme, bool tied, NormType norm = NormType::RMSNor
   c.vocab_size = 53, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 7;
   c.num_heads = 4, c.num_kv_heads = g_grid->layout.tp > 2 ? 4 : 2, c.norm_scheme = scheme, c.post_layers = 3;
   c.tie_embeddings = tied, c.init_std = 0.1f, c.embed_init_std = 0.5f;
-  // pre, scale_res_pre_norm, deeppost, sandwich, pre, scale_res_pre_norm, deeppost:
-  // each form of the reference repository's variants on both sides of a split
-  if (scheme == NormScheme::Hybrid) c.layer_schemes = "pre,scale_res_pre_norm,deeppost,sandwich,*";
+  // pre, scale_res_pre_norm, deeppost, routed, sandwich, pre, scale_res_pre_norm: each
+  // form of the reference repository's variants, a split on either side; the routed
+  // block's training noise keyed by sample, the same under every layout
+  if (scheme == NormScheme::Hybrid) c.layer_schemes = "pre,scale_res_pre_norm,deeppost,routed,sandwich,*";
+  // Sequence parallelism refuses routed blocks (their gate reads whole sequences).
+  if (scheme == NormScheme::Hybrid && FLAGS_sequence_parallel) c.layer_schemes = "pre,scale_res_pre_norm,deeppost,sandwich,*";
   return c;
 }
 
@@ -287,6 +290,20 @@ TEST(Padding, StaysExactlyZero) {
   // FFN (45 = 23 + 22) in each of gate, up (rows) and down (columns).
   if (g_grid->layout.tp == 2 && g_grid->coords.tp == 1) {
     EXPECT_GT(padded, 0);
+  }
+}
+
+// A routed block's gate reads whole sequences: refused with sequence parallelism, on
+// every rank, naming both.
+TEST(SequenceParallel, RefusesRoutedBlocks) {
+  if (!FLAGS_sequence_parallel || g_grid->layout.tp == 1) GTEST_SKIP() << "needs --sequence_parallel and --tp > 1";
+  try {
+    Trainer(model(NormScheme::Mono, false), train(SampleMode::Packed), g_grid);
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--sequence_parallel does not run routed blocks (--norm_scheme=routed"),
+              std::string::npos)
+        << e.what();
   }
 }
 
