@@ -38,6 +38,7 @@ struct TrainConfig {
   std::string pp_layers;     // layers per stage, e.g. "3,2,2"; empty = even split
   int virtual_stages = 1;    // model chunks per pipeline rank (interleaved 1F1B when > 1)
   bool zero = false;         // ZeRO-1: optimizer state sharded across data-parallel ranks
+  bool sequence_parallel = false;  // Megatron's sequence parallelism over tp (Layout)
   double dp_bucket_mb = 25;  // data-parallel all-reduce bucket size
   bool overlap_grad_reduce = true;  // all-reduce buckets during the last backward (GradientSync)
   // Checkpoints (docs/checkpoints.md), under out_dir/checkpoints.
@@ -101,6 +102,13 @@ class Trainer {
   // rank 0 as a step-state dump with logical (single-rank) names and shapes.
   void dump_step_state(const std::string& path);
   int64_t flops_per_token() const;  // 6 * parameters + attention (see docs/training.md)
+  // What this rank sent during the last train_step, by group and collective kind
+  // (ProcessGrid::comm_counts; the ring-model bytes of CommCounts). Logged by rank 0
+  // after step 1, and in every step's metrics.jsonl record as "comm_bytes".
+  const std::vector<std::pair<std::string, CommCounts>>& last_step_comm() const { return last_step_comm_; }
+  // "tp.all_reduce" -> bytes, for the kinds that moved anything.
+  static std::vector<std::pair<std::string, double>> comm_bytes_by_kind(
+      const std::vector<std::pair<std::string, CommCounts>>& counts);
 
  private:
   bool is_root() const { return grid_->rank == 0; }
@@ -135,6 +143,7 @@ class Trainer {
   OwnedTensor inputs_dev_, targets_dev_;
   int64_t resumed_step_ = -1;     // the checkpoint's step when resumed, else -1
   std::vector<ConversionRecord> conversions_;  // the resumed checkpoint's, written again
+  std::vector<std::pair<std::string, CommCounts>> last_step_comm_;
 };
 
 }  // namespace lns
