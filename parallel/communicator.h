@@ -13,6 +13,24 @@ namespace lns {
 
 enum class ReduceOp { Sum, Max };
 
+// What a communicator has moved, by collective kind (parallel/comm_counter.cpp).
+// `bytes` are the bytes this rank sends under the ring algorithms NCCL uses (the
+// "bus bytes" of nccl-tests), computed from each call's buffer of S bytes over p
+// ranks: all-reduce 2(p-1)/p*S, all-gather and reduce-scatter (p-1)/p*S with S the
+// full (gathered / unreduced) buffer, broadcast (p-1)/p*S, send S. A model of the
+// wire, the same for every transport: our MPI all-reduce (reduce + broadcast, for
+// identical bits on every rank) moves other amounts on other ranks.
+enum class Collective { AllReduce, AllGather, ReduceScatter, Broadcast, Send, kCount };
+const char* collective_name(Collective k);  // "all_reduce", "all_gather", ...
+struct CommCounts {
+  static constexpr int kKinds = static_cast<int>(Collective::kCount);
+  int64_t calls[kKinds] = {};
+  double bytes[kKinds] = {};
+  double total_bytes() const;
+  CommCounts& operator+=(const CommCounts& o);
+  CommCounts operator-(const CommCounts& o) const;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -44,6 +62,8 @@ class Communicator {
   virtual void barrier() = 0;
   // Rank 0 receives every rank's bytes in rank order; other ranks get nothing back.
   virtual std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine) = 0;
+  // Totals since construction; zero unless wrapped by make_counting_communicator.
+  virtual CommCounts counts() const { return {}; }
 
   double all_reduce_sum(double v) {
     all_reduce(&v, 1, ReduceOp::Sum);
@@ -54,6 +74,10 @@ class Communicator {
 // The one-rank communicator: every collective is the identity. Lets single-process
 // code (tests, tools) run the same paths without MPI.
 std::unique_ptr<Communicator> make_local_communicator();
+
+// Wraps any communicator (MPI, NCCL, host staging) and counts what goes through it
+// (CommCounts); every call is passed on unchanged. ProcessGrid wraps each group's.
+std::unique_ptr<Communicator> make_counting_communicator(std::unique_ptr<Communicator> inner);
 
 }  // namespace lns
 

@@ -30,14 +30,27 @@ std::vector<std::pair<int, int>> Layout::stage_chunks(int pp_rank) const {
   return chunks;
 }
 
+ShardRange Layout::sequence_shard(int64_t tokens, int tp_rank) const {
+  if (!sequence_parallel_on()) return {0, tokens, tokens, tokens};
+  return shard_range(tokens, tp, tp_rank);
+}
+
+void Layout::check_sequence_length(int64_t seq_len) const {
+  LNS_REQUIRE(!sequence_parallel_on() || seq_len % tp == 0, "--sequence_parallel needs --seq_len divisible by --tp, got --seq_len=",
+              seq_len, " and --tp=", tp, " (pick a --seq_len that is a multiple of ", tp,
+              ", or drop --sequence_parallel)");
+}
+
 std::string Layout::brief() const {
   return absl::StrCat("tp=", tp, " pp=", pp, " dp=", dp,
-                      virtual_stages > 1 ? absl::StrCat(" vp=", virtual_stages) : "", zero ? " zero" : "");
+                      virtual_stages > 1 ? absl::StrCat(" vp=", virtual_stages) : "", zero ? " zero" : "",
+                      sequence_parallel ? " sp" : "");
 }
 
 std::string Layout::describe() const {
   std::string s = absl::StrCat("world ", world_size(), " = tp ", tp, " x dp ", dp, " x pp ", pp,
-                               " (rank = tp + dp*", tp, " + pp*", tp * dp, ")");
+                               " (rank = tp + dp*", tp, " + pp*", tp * dp, ")",
+                               sequence_parallel_on() ? ", sequence parallel over tp" : "");
   if (virtual_stages > 1) absl::StrAppend(&s, ", ", virtual_stages, " model chunks per stage (interleaved)");
   if (static_cast<int>(stage_layers.size()) != pp * virtual_stages) return s;  // not split yet
   for (int p = 0; p < pp; ++p) {
@@ -57,6 +70,7 @@ std::string Layout::describe() const {
 nlohmann::json Layout::to_json() const {
   nlohmann::json j = {{"tp", tp}, {"pp", pp}, {"dp", dp}, {"zero", zero}, {"stage_layers", stage_layers}};
   if (virtual_stages > 1) j["virtual_stages"] = virtual_stages;  // absent in older manifests: 1
+  if (sequence_parallel) j["sequence_parallel"] = true;
   return j;
 }
 
@@ -67,6 +81,7 @@ Layout Layout::from_json(const JsonIn& j, int num_layers) {
   l.dp = static_cast<int>(j["dp"].integer(1, kMaxRanks));
   l.zero = j["zero"].boolean();
   if (j.has("virtual_stages")) l.virtual_stages = static_cast<int>(j["virtual_stages"].integer(1, kMaxRanks));
+  l.sequence_parallel = j.has("sequence_parallel") && j["sequence_parallel"].boolean();
   const JsonIn stages = j["stage_layers"];
   if (stages.size() != static_cast<size_t>(int64_t{l.pp} * l.virtual_stages))
     stages.error("has ", std::to_string(stages.size()), " stages, layout.pp is ", std::to_string(l.pp),

@@ -12,6 +12,12 @@
 //  - dp group (same tp, pp): disjoint shares of every global batch; gradients summed
 //    after backward (all-reduce, or reduce-scatter + all-gather with --zero, each dp
 //    rank owning zero_shard() of the flat buffer).
+//  - sequence parallelism (tp > 1, --sequence_parallel): between the tensor-parallel
+//    linears (norms, residual adds) tp rank r holds only sequence_shard(tokens, r) of
+//    each micro-batch's tokens; the tp all-reduces of activations become a
+//    reduce-scatter after o_proj / down_proj (and the embedding) and an all-gather
+//    before q/k/v, gate/up (and the head); replicated parameters' gradients (norms)
+//    are partial over tokens and summed over tp once per step.
 //  - pipeline: stage s holds global layers stage_layers[s] = [first, last); it sends
 //    activations to the same (tp, dp) rank of stage s+1 and receives gradients back.
 //    With V = virtual_stages > 1 (interleaved 1F1B) the layers are cut into P*V model
@@ -47,11 +53,23 @@ struct Layout {
   int tp = 1, pp = 1, dp = 1;
   bool zero = false;  // ZeRO-1: AdamW moments sharded over the dp ranks
   int virtual_stages = 1;  // V: model chunks per pipeline rank (interleaved 1F1B)
+  bool sequence_parallel = false;  // as asked (--sequence_parallel); see sequence_parallel_on
   // Global layers [first, last) of each model chunk (of each stage when V = 1), in
   // layer order; empty until the model side splits.
   std::vector<std::pair<int, int>> stage_layers;
 
   int world_size() const { return tp * pp * dp; }
+  // Sequence parallelism happens only with tp > 1 (with one tp rank there is nothing
+  // to split; the flag is then accepted and has no effect).
+  bool sequence_parallel_on() const { return sequence_parallel && tp > 1; }
+  // The tokens of a micro-batch of `tokens` ([B,T] row-major) that tp rank `tp_rank`
+  // holds between the tensor-parallel linears: a contiguous 1/tp of them (all of them
+  // without sequence parallelism). check_sequence_length makes it exact.
+  ShardRange sequence_shard(int64_t tokens, int tp_rank) const;
+  // UserError naming --seq_len and --tp when sequence parallelism is on and the
+  // sequence length is not a multiple of tp (no padding: every rank holds seq_len/tp
+  // tokens of each sequence's worth).
+  void check_sequence_length(int64_t seq_len) const;
   // The rank formula, both ways; the only place it is written.
   int rank_of(RankCoords c) const;
   RankCoords coords_of(int rank) const;
@@ -71,13 +89,14 @@ struct Layout {
   // ZeRO (and sums in the gradient norm either way): the split of parallel/shard.h.
   ShardRange zero_shard(int64_t numel, int dp_rank) const { return shard_range(numel, dp, dp_rank); }
 
-  // "tp=2 pp=2 dp=2" (+ " zero"): one line for logs, dumps and tool output.
+  // "tp=2 pp=2 dp=2" (+ " zero", + " sp"): one line for logs, dumps and tool output.
   std::string brief() const;
   // "world 8 = tp 2 x dp 2 x pp 2 (rank = ...)" and one line per stage with its
   // global layers and ranks, printed at start-up.
   std::string describe() const;
   // The manifest's "layout" object: {"tp", "pp", "dp", "zero", "stage_layers"}, and
-  // "virtual_stages" when it is above 1 (absent reads as 1).
+  // "virtual_stages" when it is above 1 (absent reads as 1), and "sequence_parallel":
+  // true only when asked (older manifests stay byte-identical).
   nlohmann::json to_json() const;
   // Reads and validates that object (pp * virtual_stages ranges that cover
   // 0..num_layers in order, each at least one layer); UserError naming the file and field.

@@ -9,10 +9,10 @@ namespace lns {
 
 std::unique_ptr<ProcessGrid> ProcessGrid::single() {
   auto g = std::make_unique<ProcessGrid>();
-  g->world_ = make_local_communicator();
-  g->tp_ = make_local_communicator();
-  g->dp_ = make_local_communicator();
-  g->embed_ = make_local_communicator();
+  g->world_ = make_counting_communicator(make_local_communicator());
+  g->tp_ = make_counting_communicator(make_local_communicator());
+  g->dp_ = make_counting_communicator(make_local_communicator());
+  g->embed_ = make_counting_communicator(make_local_communicator());
   return g;
 }
 
@@ -37,10 +37,12 @@ std::unique_ptr<ProcessGrid> ProcessGrid::create_mpi(int tp, int pp) {
 void ProcessGrid::use_device_communicators(CommKind comm) { build_communicators(true, comm); }
 
 void ProcessGrid::build_communicators(bool device, CommKind comm) {
+  // Every group's communicator counts its bytes (comm_counts); a new set of
+  // communicators (use_device_communicators) starts from zero.
   auto wrap = [&](MPI_Comm c) -> std::unique_ptr<Communicator> {
-    if (!device) return make_mpi_communicator(c);
-    if (comm == CommKind::Nccl) return make_nccl_communicator(c);
-    return make_host_staging_communicator(make_mpi_communicator(c));
+    if (!device) return make_counting_communicator(make_mpi_communicator(c));
+    if (comm == CommKind::Nccl) return make_counting_communicator(make_nccl_communicator(c));
+    return make_counting_communicator(make_host_staging_communicator(make_mpi_communicator(c)));
   };
   auto split = [&](int color, int key) {
     MPI_Comm c;
@@ -51,10 +53,21 @@ void ProcessGrid::build_communicators(bool device, CommKind comm) {
   MPI_Comm_dup(MPI_COMM_WORLD, &world);
   // The world carries host values only (losses, norms, flags): MPI, never a third
   // NCCL communicator beside tp and dp (device tensors would be staged through host).
-  world_ = device ? make_host_staging_communicator(make_mpi_communicator(world)) : make_mpi_communicator(world);
+  world_ = make_counting_communicator(device ? make_host_staging_communicator(make_mpi_communicator(world))
+                                            : make_mpi_communicator(world));
   tp_ = split(tp_color_, coords.tp);
   dp_ = split(dp_color_, coords.dp);
   embed_ = split(embed_color_, coords.pp);
+}
+
+std::vector<std::pair<std::string, CommCounts>> ProcessGrid::comm_counts() const {
+  // The world's sends are the pipeline's; its collectives are the step's scalars.
+  const CommCounts w = world_->counts();
+  CommCounts pp, world = w;
+  const int send = static_cast<int>(Collective::Send);
+  pp.calls[send] = w.calls[send], pp.bytes[send] = w.bytes[send];
+  world.calls[send] = 0, world.bytes[send] = 0;
+  return {{"tp", tp_->counts()}, {"dp", dp_->counts()}, {"pp", pp}, {"embed", embed_->counts()}, {"world", world}};
 }
 
 bool all_ranks_started(const std::string& app, const std::string& error) {

@@ -4,6 +4,8 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "parallel/communicator.h"
 #include "parallel/layout.h"
@@ -43,7 +45,15 @@ class ProcessGrid {
   Communicator& tp_comm() { return *tp_; }
   Communicator& dp_comm() { return *dp_; }
   Communicator& embed_comm() { return *embed_; }  // 2 ranks when pp > 1, else 1
-  TensorParallel tensor_parallel() { return {coords.tp, layout.tp, layout.tp > 1 ? tp_.get() : nullptr}; }
+  TensorParallel tensor_parallel() {
+    return {coords.tp, layout.tp, layout.tp > 1 ? tp_.get() : nullptr, layout.sequence_parallel_on()};
+  }
+
+  // What this rank has sent since start-up, by group and collective kind (the ring
+  // model of CommCounts): "tp", "dp", "embed", "world" (losses, norms, flags) and
+  // "pp" (the pipeline's activations and gradients, sent over the world). Groups of
+  // one rank count nothing. Subtract two readings for one step.
+  std::vector<std::pair<std::string, CommCounts>> comm_counts() const;
 
  private:
   void build_communicators(bool device, CommKind comm);

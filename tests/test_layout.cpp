@@ -11,6 +11,7 @@
 #include "lns/json_in.h"
 #include "lns/model_layout.h"
 #include "lns/param_set.h"
+#include "parallel/communicator.h"
 #include "parallel/layout.h"
 
 namespace lns {
@@ -246,6 +247,98 @@ TEST(Layout, CountedOnce) {
     EXPECT_EQ(replicated.counted_on(r), r == 0);
     EXPECT_FALSE(tied.counted_on(r));
   }
+}
+
+// Sequence parallelism is part of the layout value: its token split, its refusal of a
+// sequence length that tp does not divide, its manifest field and its printers.
+TEST(Layout, SequenceParallel) {
+  Layout l = sizes(4, 1, 1);
+  EXPECT_FALSE(l.sequence_parallel_on());
+  EXPECT_EQ(l.sequence_shard(24, 2).begin, 0);  // off: every rank holds every token
+  EXPECT_EQ(l.sequence_shard(24, 2).valid, 24);
+  l.sequence_parallel = true;
+  ASSERT_TRUE(l.sequence_parallel_on());
+  int64_t next = 0;  // contiguous quarters that tile the 24 tokens
+  for (int r = 0; r < 4; ++r) {
+    const ShardRange s = l.sequence_shard(24, r);
+    EXPECT_EQ(s.begin, next);
+    EXPECT_EQ(s.size, 6);
+    EXPECT_EQ(s.valid, 6);
+    next = s.end();
+  }
+  EXPECT_EQ(next, 24);
+  l.check_sequence_length(12);
+  expect_user_error([&] { l.check_sequence_length(10); },
+                    "--sequence_parallel needs --seq_len divisible by --tp, got --seq_len=10 and --tp=4");
+  // With one tp rank there is nothing to split: accepted, and no effect.
+  Layout one = sizes(1, 2, 2);
+  one.sequence_parallel = true;
+  EXPECT_FALSE(one.sequence_parallel_on());
+  one.check_sequence_length(7);
+  // The manifest records it only when asked; old manifests (without it) read as off.
+  l.stage_layers = {{0, 5}};
+  EXPECT_EQ(l.to_json().dump(),
+            R"({"dp":1,"pp":1,"sequence_parallel":true,"stage_layers":[[0,5]],"tp":4,"zero":false})");
+  const nlohmann::json j = l.to_json();
+  EXPECT_EQ(Layout::from_json(JsonIn(j, "m.json", "layout"), 5), l);
+  nlohmann::json bad = j;
+  bad["sequence_parallel"] = 1;
+  expect_user_error([&] { Layout::from_json(JsonIn(bad, "m.json", "layout"), 5); }, "m.json: layout.sequence_parallel");
+  EXPECT_EQ(l.brief(), "tp=4 pp=1 dp=1 sp");
+  EXPECT_NE(l.describe().find("sequence parallel over tp"), std::string::npos) << l.describe();
+}
+
+// A communicator of p ranks that moves nothing, to see what the counter makes of
+// each call.
+class NullComm : public Communicator {
+ public:
+  explicit NullComm(int p) : p_(p) {}
+  int rank() const override { return 0; }
+  int size() const override { return p_; }
+  void all_reduce(Tensor, ReduceOp) override {}
+  void all_reduce(double*, int, ReduceOp) override {}
+  void all_gather(Tensor, Tensor) override {}
+  void reduce_scatter(Tensor, Tensor) override {}
+  void broadcast(Tensor, int) override {}
+  void send(Tensor, int, int) override {}
+  void recv(Tensor, int, int) override {}
+  void wait_sends() override {}
+  void barrier() override {}
+  std::vector<std::vector<char>> gather_bytes(const std::vector<char>&) override { return {}; }
+
+ private:
+  int p_;
+};
+
+// The byte counter against the ring formulas written out by hand for p = 4 ranks:
+// all-reduce 2*(p-1)/p*S, all-gather and reduce-scatter (p-1)/p*S of the full
+// buffer, send S; one rank counts nothing.
+TEST(CommCounter, RingBytesPerKind) {
+  auto c = make_counting_communicator(std::make_unique<NullComm>(4));
+  std::vector<float> full(400), part(100);
+  const Tensor F{full.data(), DType::F32, Device::CPU, Shape{400}}, P{part.data(), DType::F32, Device::CPU, Shape{100}};
+  c->all_reduce(F, ReduceOp::Sum);   // 1600 bytes: 2 * 3/4 * 1600 = 2400
+  c->all_reduce_start(P);            // 400 bytes: 600
+  c->all_gather(F, P);               // 3/4 * 1600 = 1200
+  c->reduce_scatter(P, F);           // 1200
+  c->send(P, 1, 0);                  // 400
+  double v[3] = {};
+  c->all_reduce(v, 3, ReduceOp::Max);  // 24 bytes: 36
+  const CommCounts n = c->counts();
+  auto at = [&](Collective k) { return static_cast<int>(k); };
+  EXPECT_EQ(n.calls[at(Collective::AllReduce)], 3);
+  EXPECT_DOUBLE_EQ(n.bytes[at(Collective::AllReduce)], 2400 + 600 + 36);
+  EXPECT_EQ(n.calls[at(Collective::AllGather)], 1);
+  EXPECT_DOUBLE_EQ(n.bytes[at(Collective::AllGather)], 1200);
+  EXPECT_DOUBLE_EQ(n.bytes[at(Collective::ReduceScatter)], 1200);
+  EXPECT_DOUBLE_EQ(n.bytes[at(Collective::Send)], 400);
+  EXPECT_DOUBLE_EQ(n.bytes[at(Collective::Broadcast)], 0);
+  EXPECT_DOUBLE_EQ(n.total_bytes(), 3036 + 2400 + 400);
+  EXPECT_DOUBLE_EQ((n - n).total_bytes(), 0);
+  EXPECT_STREQ(collective_name(Collective::ReduceScatter), "reduce_scatter");
+  auto one = make_counting_communicator(make_local_communicator());
+  one->all_reduce(F, ReduceOp::Sum);
+  EXPECT_DOUBLE_EQ(one->counts().total_bytes(), 0);
 }
 
 }  // namespace

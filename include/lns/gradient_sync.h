@@ -1,5 +1,9 @@
 // GradientSync: everything that happens to gradients between backward and the
 // optimizer, across ranks.
+//  0. Sequence parallelism: each tp rank's gradients of replicated parameters (norm
+//     gains and biases, learned residual scales) cover only its share of the tokens;
+//     they are summed over the tp group, packed into one all-reduce per step. (Sums
+//     commute, so buckets that overlap already summed over dp stay right.)
 //  1. Tied embeddings with pp > 1: the first stage's embedding gradient and the last
 //     stage's head copy are summed over the embed group, so both copies take the
 //     same update and stay equal.
@@ -57,6 +61,9 @@ class GradientSync {
   int64_t hold_lo_ = 0, hold_hi_ = 0;
   std::vector<int64_t> deferred_;
   std::vector<std::pair<int64_t, int64_t>> norm_ranges_;  // flat ranges counted in the norm
+  std::vector<std::pair<int64_t, int64_t>> tp_sum_ranges_;  // step 0: replicated tensors' flat ranges
+  OwnedTensor tp_sum_;              // step 0 staging: the ranges packed
+  void sum_replicated_over_tp();
   OwnedTensor padded_, shard_;      // ZeRO staging when not in place: [dp * shard], [shard]
 };
 

@@ -17,6 +17,13 @@
 // the rule of parallel/shard.h), and replicated norms. It all-reduces
 // after o_proj and down_proj, after the input gradients of q/k/v and gate/up, in the
 // embedding and in the loss; the logits it returns are its vocabulary columns.
+//
+// With sequence parallelism (tp.sequence_parallel) the norms, residual adds and the
+// hidden states between stages hold only this rank's N/tp tokens (hidden_tokens());
+// the all-reduces after o_proj, down_proj and the embedding become reduce-scatters,
+// and the inputs of q/k/v, gate/up and the head are all-gathered (again in backward,
+// instead of being kept). Gradients of replicated parameters (norms) then cover this
+// rank's tokens only: GradientSync sums them over tp.
 #pragma once
 #include <array>
 #include <functional>
@@ -73,6 +80,9 @@ class LlamaStage {
   ParamSet& params() { return params_; }
   const ParamSet& params() const { return params_; }
   int64_t tokens() const { return B_ * T_; }
+  // Tokens of the hidden states this rank takes and returns (and of the residual
+  // stream): tokens() / tp under sequence parallelism, tokens() otherwise.
+  int64_t hidden_tokens() const { return NL_; }
   Device device() const { return device_; }
   // The attention implementation this model runs (config().attention resolved for
   // the device and head dim; logged at construction on CUDA).
@@ -150,8 +160,9 @@ class LlamaStage {
   void init_weights(uint64_t seed);
 
   // input: token ids [B,T] i32 on the first stage (host or device memory), hidden states
-  // [B,T,C] of activation_dtype() on device() otherwise. Returns the hidden states
-  // leaving the stage [B,T,C], or logits [B,T,V_local] on the last (this rank's
+  // [B,T,C] of activation_dtype() on device() otherwise ([hidden_tokens(), C], this
+  // rank's tokens, under sequence parallelism). Returns the hidden states leaving the
+  // stage (the same shape), or logits [B,T,V_local] on the last (this rank's
   // vocabulary columns, padding columns included), on device(). With several chunks,
   // `chunk` picks one: ids go into chunk 0 of the first stage, logits leave the last
   // chunk of the last stage, hidden states everywhere else.
@@ -191,6 +202,9 @@ class LlamaStage {
   void norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x);
   void norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x);
   void settle(Stream& x);
+  Tensor gather_tokens(Tensor local);
+  Tensor partial_out(Tensor local);
+  void reduce_tokens(Tensor local);
   void stream_norm_fwd(const NormUse& n, Slot& s, Tensor out, Stream& x);
   Stream sublayer_forward(Layer& layer, int which, Slot& s, Stream x);
   Stream block_forward(Layer& layer, Slot& s, Stream x);
@@ -213,6 +227,7 @@ class LlamaStage {
   LlamaConfig cfg_;
   StageSpec spec_;
   int64_t B_, T_;
+  int64_t NL_ = 0;  // hidden_tokens()
   TensorParallel tp_;
   // Local sizes: query/kv heads, their widths, FFN and vocabulary shards.
   int64_t Hq_, Hkv_, QD_, KD_;

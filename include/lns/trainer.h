@@ -42,6 +42,7 @@ struct TrainConfig {
   std::string pp_layers;     // layers per stage, e.g. "3,2,2"; empty = even split
   int virtual_stages = 1;    // model chunks per pipeline rank (interleaved 1F1B when > 1)
   bool zero = false;         // ZeRO-1: optimizer state sharded across data-parallel ranks
+  bool sequence_parallel = false;  // Megatron's sequence parallelism over tp (Layout)
   double dp_bucket_mb = 25;  // data-parallel all-reduce bucket size
   bool overlap_grad_reduce = true;  // all-reduce buckets during the last backward (GradientSync)
   // Checkpoints (docs/checkpoints.md), under out_dir/checkpoints.
@@ -122,6 +123,13 @@ class Trainer {
   // Collective: fires every --ln_free event due before the next step (calibrating and
   // fixing norms) and queues its metrics record. train_step() calls it first.
   void run_ln_free_events();
+  // What this rank sent during the last train_step, by group and collective kind
+  // (ProcessGrid::comm_counts; the ring-model bytes of CommCounts). Logged by rank 0
+  // after step 1, and in every step's metrics.jsonl record as "comm_bytes".
+  const std::vector<std::pair<std::string, CommCounts>>& last_step_comm() const { return last_step_comm_; }
+  // "tp.all_reduce" -> bytes, for the kinds that moved anything.
+  static std::vector<std::pair<std::string, double>> comm_bytes_by_kind(
+      const std::vector<std::pair<std::string, CommCounts>>& counts);
 
  private:
   bool is_root() const { return grid_->rank == 0; }
@@ -160,6 +168,7 @@ class Trainer {
   LnFreeState ln_free_;
   std::unique_ptr<Evaluator> calib_;                  // reads the calibration tokens
   std::vector<nlohmann::json> ln_free_records_;       // events since the last metrics write
+  std::vector<std::pair<std::string, CommCounts>> last_step_comm_;
 };
 
 }  // namespace lns

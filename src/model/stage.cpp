@@ -99,6 +99,10 @@ struct LlamaStage::Scratch {
   OwnedTensor dhf;                   // [N,C]
   OwnedTensor du_v;                  // [N,C] gradient of v's input, once some pre_v is active
   OwnedTensor route_d[2];            // [N,C] routed blocks: each path's output gradient
+  // Sequence parallelism only: the full-token [N,C] buffers of the tensor-parallel
+  // region (a gathered input, or a row-parallel partial result before its
+  // reduce-scatter); the split-region buffers above are then [N/tp,C].
+  OwnedTensor full_a, full_b;
 };
 
 // The residual stream between sublayers. In the pre-norm schemes a sublayer ends with
@@ -177,6 +181,20 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
 
   const int64_t N = B_ * T_, C = cfg_.hidden_size, F = fshard_.stored, QD = QD_, KD = KD_,
                 V = vshard_.stored;
+  // NL: tokens of the split regions (norms, residual stream): N / tp under sequence
+  // parallelism, N otherwise. The tensor-parallel region (q/k/v, attention, FFN) and
+  // the logits always hold all N tokens.
+  LNS_CHECK(!tp_.sequence_parallel || N % tp_.size == 0) << "Layout::check_sequence_length must refuse this";
+  // A routed block's gate reads whole sequences ([B,T,C]), which a rank's share of
+  // the tokens is not.
+  // Asked of the whole model, not this stage, so that every rank refuses alike.
+  bool routed = false;
+  for (int g = 0; g < cfg_.num_layers; ++g) routed = routed || block_plan(cfg_, g).route.has_value();
+  LNS_REQUIRE(!tp_.sequence_parallel || !routed,
+              "--sequence_parallel does not run routed blocks (--norm_scheme=routed, mono, mono_reverse or routed in "
+              "--layer_schemes); drop one of them");
+  NL_ = tp_.token_shard(N).size;
+  const int64_t NL = NL_;
   // Activations in the device's activation dtype; statistics always f32.
   const auto act = [&](Shape s) { return OwnedTensor(act_, s, device_); };
   const auto f32 = [&](Shape s) { return OwnedTensor(DType::F32, s, device_); };
@@ -196,16 +214,16 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
     auto slot = std::make_unique<Slot>();
     slot->first_local = chunk_begin_[c];
     slot->ids = OwnedTensor(DType::I32, Shape{B_, T_}, device_);  // every stage: LN-free end-of-text rows
-    slot->h0 = act({N, C});
+    slot->h0 = act({NL, C});
     const auto layer_acts = [&](const Layer& l) {
       Slot::LayerActs a;
       for (int w = 0; w < 2; ++w) {
         const Sublayer& s = l.sub[w];
-        if (s.pre.active()) a.sub[w].u = act({N, C});
-        a.sub[w].f = act({N, C});
-        if (s.out.active()) a.sub[w].f2 = act({N, C});
-        a.sub[w].r = act({N, C});
-        if (s.add.active()) a.sub[w].y = act({N, C});
+        if (s.pre.active()) a.sub[w].u = act({NL, C});
+        a.sub[w].f = act({NL, C});
+        if (s.out.active()) a.sub[w].f2 = act({NL, C});
+        a.sub[w].r = act({NL, C});
+        if (s.add.active()) a.sub[w].y = act({NL, C});
       }
       a.q = act({N, QD});
       a.k = act({N, KD});
@@ -229,11 +247,11 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       slot->layers.push_back(std::move(a));
     }
     for (int k = 0; k < num_stats + 1; ++k) {  // +1: the final norm's, final_stat_
-      slot->mean.push_back(f32({N}));
-      slot->rstd.push_back(f32({N}));
+      slot->mean.push_back(f32({NL}));
+      slot->rstd.push_back(f32({NL}));
     }
     if (heads) {
-      slot->hf = act({N, C});
+      slot->hf = act({NL, C});
       slot->logits = act({B_, T_, V});
       slot->targets = OwnedTensor(DType::I32, Shape{N}, device_);
       slot->losses = f32({N});
@@ -246,8 +264,9 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   }
   scratch_ = std::make_unique<Scratch>();
   Scratch& sc = *scratch_;
-  sc.d_a = act({N, C}), sc.d_b = act({N, C}), sc.dr = act({N, C}), sc.df = act({N, C}),
-  sc.du = act({N, C}), sc.dhf = act({N, C});
+  sc.d_a = act({NL, C}), sc.d_b = act({NL, C}), sc.dr = act({NL, C}), sc.df = act({NL, C}),
+  sc.du = act({NL, C}), sc.dhf = act({NL, C});
+  if (tp_.sequence_parallel) sc.full_a = act({N, C}), sc.full_b = act({N, C});
   sc.dq = act({N, QD}), sc.dctx = act({N, QD}), sc.dk = act({N, KD}), sc.dv = act({N, KD});  // local heads
   sc.dgate = act({N, F}), sc.dup = act({N, F}), sc.dact = act({N, F});
   for (const Layer& l : layers_)
@@ -460,7 +479,9 @@ Tensor LlamaStage::forward_skipping(int global_layer, int slot) {
 }
 
 std::vector<LlamaStage::LayerStats> LlamaStage::layer_stats(int slot) const {
-  const int64_t N = B_ * T_, C = cfg_.hidden_size;
+  // This rank's tokens (all of them, or its share under sequence parallelism);
+  // n0 + n is the token's index in the micro-batch.
+  const int64_t N = NL_, n0 = tp_.token_shard(B_ * T_).begin, C = cfg_.hidden_size;
   std::vector<LayerStats> out;
   int chunk = 0;
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -483,7 +504,7 @@ std::vector<LlamaStage::LayerStats> LlamaStage::layer_stats(int slot) const {
       const double cosv = nin > 0 && nout > 0 ? std::clamp(dot / std::sqrt(nin * nout), -1.0, 1.0) : 1.0;
       const double ang = std::acos(cosv) / M_PI;
       st.angle += ang;
-      if (n % T_ == T_ - 1) st.angle_last += ang, st.sequences += 1;
+      if ((n0 + n) % T_ == T_ - 1) st.angle_last += ang, st.sequences += 1;
     }
     st.tokens = N;
     st.elements = double(N) * C;
@@ -538,6 +559,9 @@ void LlamaStage::set_fixed_divisor(int global_layer, int which, float pos0, floa
 
 void LlamaStage::set_fixed_divisor(int global_layer, DivisorSlot slot, float pos0, float rest,
                                    int32_t eot_token) {
+  // The constants depend on the position in the sequence, which a rank's share of
+  // the tokens does not start at.
+  LNS_REQUIRE(!tp_.sequence_parallel, "--ln_free does not run with --sequence_parallel; drop one of them");
   LNS_REQUIRE(pos0 > 0.0f && rest > 0.0f && std::isfinite(pos0) && std::isfinite(rest),
               "--ln_free: fixed divisors must be finite and > 0, got ", pos0, " and ", rest);
   if (slot == DivisorSlot::Final) {
@@ -602,6 +626,7 @@ void LlamaStage::set_token_ids(Tensor ids, int slot, int chunk) {
 
 void LlamaStage::add_divisor_sums(std::vector<std::array<double, 4>>& sums, int slot) const {
   LNS_CHECK(num_chunks() == 1) << "LN-free calibration runs on one stage";
+  LNS_REQUIRE(!tp_.sequence_parallel, "--ln_free calibration does not run with --sequence_parallel; drop one of them");
   const Slot& s = slot_at(slot, 0);
   const size_t n = 2 * layers_.size() + (spec_.has_head ? 1 : 0);
   if (sums.size() < n) sums.resize(n, {0.0, 0.0, 0.0, 0.0});
@@ -611,6 +636,29 @@ void LlamaStage::add_divisor_sums(std::vector<std::array<double, 4>>& sums, int 
         norm_divisor_sums(cfg_.norm_type, s.layers[j].sub[w].x, T_, cfg_.norm_eps,
                           sums[2 * j + w].data());
   if (spec_.has_head) norm_divisor_sums(cfg_.norm_type, s.out, T_, cfg_.norm_eps, sums[n - 1].data());
+}
+
+// The boundaries of the tensor-parallel region. Without sequence parallelism every
+// rank holds all N tokens: gathering is the identity and a partial result is summed
+// in place. With it, the split regions hold N/tp tokens: the region's input is
+// gathered into a full buffer and its partial output reduce-scattered out of one.
+Tensor LlamaStage::gather_tokens(Tensor local) {
+  if (!tp_.sequence_parallel) return local;
+  // The one gathered input alive at a time (full_a); full_b holds partial outputs.
+  Tensor full = scratch_->full_a.t.view({B_ * T_, cfg_.hidden_size});
+  tp_.all_gather(full, local);
+  return full;
+}
+
+Tensor LlamaStage::partial_out(Tensor local) {
+  return tp_.sequence_parallel ? scratch_->full_b.t.view({B_ * T_, cfg_.hidden_size}) : local;
+}
+
+void LlamaStage::reduce_tokens(Tensor local) {
+  if (tp_.sequence_parallel)
+    tp_.reduce_scatter(local, scratch_->full_b.t.view({B_ * T_, cfg_.hidden_size}));
+  else
+    tp_.all_reduce_sum(local);
 }
 
 void LlamaStage::norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x) {
@@ -738,14 +786,17 @@ void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor uv, Tensor f)
   Slot::LayerActs& a = acts(l, s);
   const int64_t D = cfg_.head_dim();
   const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};  // this rank's heads
+  const bool own_v = uv.data != u.data;           // LN-free split v's norm (never with --sequence_parallel)
+  u = gather_tokens(u);                           // [N, C]
+  if (!own_v) uv = u;
   linear_forward(a.q, u, params_.compute(l.wq));  // [N, Hq*D]
   linear_forward(a.k, u, params_.compute(l.wk));  // [N, Hkv*D]
   linear_forward(a.v, uv, params_.compute(l.wv));  // [N, Hkv*D] (uv: u unless LN-free split it)
   rope_forward(a.q.t.view(qs), rope_cos_, rope_sin_);
   rope_forward(a.k.t.view(ks), rope_cos_, rope_sin_);
   attention_forward(a.ctx.t.view(qs), a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks), attn_);
-  linear_forward(f, a.ctx, params_.compute(l.wo));  // [N, C], partial over tp (row-parallel)
-  tp_.all_reduce_sum(f);
+  linear_forward(partial_out(f), a.ctx, params_.compute(l.wo));  // [N, C], partial over tp (row-parallel)
+  reduce_tokens(f);
 }
 
 void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
@@ -755,29 +806,32 @@ void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   Scratch& sc = *scratch_;
   const int64_t D = cfg_.head_dim();
   const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};
+  df = gather_tokens(df);  // [N, C]
   linear_backward(sc.dctx, params_.grad(l.wo), df, a.ctx, params_.compute(l.wo), false);
   attention_backward(sc.dq.t.view(qs), sc.dk.t.view(ks), sc.dv.t.view(ks), sc.dctx.t.view(qs),
                      a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks), a.ctx.t.view(qs), attn_);
   rope_backward(sc.dq.t.view(qs), rope_cos_, rope_sin_);
   rope_backward(sc.dk.t.view(ks), rope_cos_, rope_sin_);
-  linear_backward(du, params_.grad(l.wq), sc.dq, u, params_.compute(l.wq), false);
-  linear_backward(du, params_.grad(l.wk), sc.dk, u, params_.compute(l.wk), true);
-  if (l.sub[0].pre_v.active()) {  // v read its own normalised copy: its gradient apart
+  const Tensor ug = gather_tokens(u), dug = partial_out(du);  // gathered again: not kept since forward
+  linear_backward(dug, params_.grad(l.wq), sc.dq, ug, params_.compute(l.wq), false);
+  linear_backward(dug, params_.grad(l.wk), sc.dk, ug, params_.compute(l.wk), true);
+  if (l.sub[0].pre_v.active()) {  // v read its own normalised copy (LN-free; never with --sequence_parallel)
     linear_backward(sc.du_v, params_.grad(l.wv), sc.dv, sa.uv, params_.compute(l.wv), false);
     tp_.all_reduce_sum(sc.du_v);
   } else {
-    linear_backward(du, params_.grad(l.wv), sc.dv, u, params_.compute(l.wv), true);
+    linear_backward(dug, params_.grad(l.wv), sc.dv, ug, params_.compute(l.wv), true);
   }
-  tp_.all_reduce_sum(du);  // column-parallel q/k/v: input gradient summed over tp
+  reduce_tokens(du);  // column-parallel q/k/v: input gradient summed over tp
 }
 
 void LlamaStage::mlp_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
   Slot::LayerActs& a = acts(l, s);
+  u = gather_tokens(u);                              // [N, C]
   linear_forward(a.gate, u, params_.compute(l.wg));  // [N, F]
   linear_forward(a.up, u, params_.compute(l.wu));    // [N, F]
   swiglu_forward(a.act, a.gate, a.up);             // [N, F]
-  linear_forward(f, a.act, params_.compute(l.wd));   // [N, C], partial over tp (row-parallel)
-  tp_.all_reduce_sum(f);
+  linear_forward(partial_out(f), a.act, params_.compute(l.wd));  // [N, C], partial over tp (row-parallel)
+  reduce_tokens(f);
 }
 
 void LlamaStage::mlp_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
@@ -785,11 +839,13 @@ void LlamaStage::mlp_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   const Slot::SubActs& sa = a.sub[1];
   const Tensor u = l.sub[1].pre.active() ? sa.u.t : sa.x;
   Scratch& sc = *scratch_;
+  df = gather_tokens(df);  // [N, C]
   linear_backward(sc.dact, params_.grad(l.wd), df, a.act, params_.compute(l.wd), false);
   swiglu_backward(sc.dgate, sc.dup, sc.dact, a.gate, a.up);
-  linear_backward(du, params_.grad(l.wg), sc.dgate, u, params_.compute(l.wg), false);
-  linear_backward(du, params_.grad(l.wu), sc.dup, u, params_.compute(l.wu), true);
-  tp_.all_reduce_sum(du);  // column-parallel gate/up: input gradient summed over tp
+  const Tensor ug = gather_tokens(u), dug = partial_out(du);  // gathered again: not kept since forward
+  linear_backward(dug, params_.grad(l.wg), sc.dgate, ug, params_.compute(l.wg), false);
+  linear_backward(dug, params_.grad(l.wu), sc.dup, ug, params_.compute(l.wu), true);
+  reduce_tokens(du);  // column-parallel gate/up: input gradient summed over tp
 }
 
 Tensor LlamaStage::forward(Tensor input, int slot, int chunk) {
@@ -800,10 +856,11 @@ Tensor LlamaStage::forward(Tensor input, int slot, int chunk) {
     LNS_CHECK(input.dtype == DType::I32 && input.numel() == N) << "first stage takes ids [B,T]";
     copy(s.ids, input);
     // The real rows only: ids past them belong to the next rank (the stored padding).
-    embedding_forward(s.h0, s.ids, params_.compute(embed_).rows(0, vshard_.valid), vshard_.begin);
-    tp_.all_reduce_sum(s.h0);  // vocab-parallel: each row comes from one rank
+    embedding_forward(partial_out(s.h0), s.ids, params_.compute(embed_).rows(0, vshard_.valid),
+                      vshard_.begin);  // [N, C]
+    reduce_tokens(s.h0);  // vocab-parallel: each row comes from one rank
   } else {
-    LNS_CHECK(input.dtype == act_ && input.numel() == N * C) << "stage takes hidden [B,T,C]";
+    LNS_CHECK(input.dtype == act_ && input.numel() == NL_ * C) << "stage takes hidden [B,T,C] (its tokens)";
     copy(s.h0, input);
   }
   Stream x{s.h0};
@@ -814,7 +871,7 @@ Tensor LlamaStage::forward(Tensor input, int slot, int chunk) {
   s.gate_noise = false;  // noise is for one forward: evaluation runs without
   if (!heads) {
     settle(x);
-    s.out = x.x.view({B_, T_, C});
+    s.out = tp_.sequence_parallel ? x.x.view({NL_, C}) : x.x.view({B_, T_, C});
     return s.out;
   }
   return head_forward(s, x);
@@ -824,7 +881,7 @@ Tensor LlamaStage::head_forward(Slot& s, Stream x) {
   const int64_t N = B_ * T_;
   const NormUse fin = final_use();
   stream_norm_fwd(fin, s, s.hf, x);
-  linear_forward(s.logits.t.view({N, vshard_.stored}), s.hf, params_.compute(head_));
+  linear_forward(s.logits.t.view({N, vshard_.stored}), gather_tokens(s.hf), params_.compute(head_));
   s.out = x.x;  // the input of the final norm, kept for its backward
   return s.logits;
 }
@@ -867,19 +924,20 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot, int chunk) 
   Scratch& sc = *scratch_;
   const int64_t N = B_ * T_, C = cfg_.hidden_size;
   const bool embeds = spec_.has_embedding && chunk == 0, heads = spec_.has_head && chunk == num_chunks() - 1;
-  Tensor dy = sc.d_a.t.view({N, C}), dx = sc.d_b.t.view({N, C});
+  Tensor dy = sc.d_a.t.view({NL_, C}), dx = sc.d_b.t.view({NL_, C});
   if (heads) {
     LNS_CHECK(s.loss_pending) << "loss() must run before backward() on the last stage";
     const Tensor dlogits = s.logits.t.view({N, vshard_.stored});
     vocab_cross_entropy_backward(dlogits, dlogits, s.rowmax, s.sumexp, s.targets, vshard_.begin,
                                  vshard_.valid, grad_scale);
-    linear_backward(sc.dhf, params_.grad(head_), dlogits, s.hf, params_.compute(head_), false);
-    tp_.all_reduce_sum(sc.dhf);  // column-parallel head: input gradient summed over tp
+    linear_backward(partial_out(sc.dhf), params_.grad(head_), dlogits, gather_tokens(s.hf), params_.compute(head_),
+                    false);
+    reduce_tokens(sc.dhf);  // column-parallel head: input gradient summed over tp
     const NormUse fin = final_use();
     norm_bwd(fin, s, dy, {}, sc.dhf, s.out);
     if (grad_ready_) grad_ready_(params_.info(final_gain_).offset);
   } else {
-    LNS_CHECK(dout.numel() == N * C);
+    LNS_CHECK(dout.numel() == NL_ * C);
     copy(dy, dout);
   }
   for (int j = chunk_begin_[chunk + 1] - 1; j >= chunk_begin_[chunk]; --j) {
@@ -888,11 +946,11 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot, int chunk) 
     if (grad_ready_) grad_ready_(params_.info(layers_[j].first_param).offset);
   }
   if (embeds) {
-    embedding_backward(params_.grad(embed_).rows(0, vshard_.valid), s.ids, dy, vshard_.begin);
+    embedding_backward(params_.grad(embed_).rows(0, vshard_.valid), s.ids, gather_tokens(dy), vshard_.begin);
     if (grad_ready_) grad_ready_(0);
     return {};
   }
-  return dy.view({B_, T_, C});
+  return tp_.sequence_parallel ? dy : dy.view({B_, T_, C});
 }
 
 }  // namespace lns

@@ -121,7 +121,8 @@ std::vector<LayerDiagnostics> Evaluator::diagnostics(int max_batches) {
         1, [&](int) { fill(static_cast<int>(j)); return Tensor(in_); },
         [&](int) { fill(static_cast<int>(j)); return tg_.t.view({opt_.micro_batch * opt_.seq_len}); },
         static_cast<int>(j));
-    if (grid_.coords.tp != 0) continue;  // the residual stream is replicated over tp
+    // The residual stream is replicated over tp, or split over it (sequence parallel).
+    if (grid_.coords.tp != 0 && !grid_.layout.sequence_parallel_on()) continue;
     for (const auto& st : stage_.layer_stats()) {
       double* a = &acc[static_cast<size_t>(st.layer) * kFields];
       a[0] += st.tokens, a[1] += st.sum, a[2] += st.sum_sq, a[3] += st.elements;

@@ -46,6 +46,19 @@ GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool 
     const int i = params.find("model.embed_tokens.weight");
     if (i >= 0) hold_lo_ = params.info(i).offset, hold_hi_ = hold_lo_ + params.info(i).shape.numel();
   }
+  if (grid.layout.sequence_parallel_on()) {
+    int64_t total = 0;
+    for (const ParamInfo& p : params.infos()) {
+      if (!p.replicated()) continue;
+      const int64_t lo = p.offset, hi = lo + p.shape.numel();
+      if (!tp_sum_ranges_.empty() && tp_sum_ranges_.back().second == lo)
+        tp_sum_ranges_.back().second = hi;
+      else
+        tp_sum_ranges_.push_back({lo, hi});
+      total += hi - lo;
+    }
+    if (total > 0) tp_sum_ = OwnedTensor(DType::F32, Shape{total}, params.device());
+  }
   // ZeRO in place when the flat buffers' slack holds dp * shard elements (ParamSet::kSlack);
   // otherwise through staging copies of the whole buffer.
   in_place_ = shard_size_ * grid.layout.dp <= params.numel() + ParamSet::kSlack;
@@ -55,7 +68,19 @@ GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool 
   }
 }
 
+void GradientSync::sum_replicated_over_tp() {
+  if (tp_sum_ranges_.empty()) return;
+  const Tensor g = params_.flat_grads();
+  int64_t at = 0;
+  for (const auto& [lo, hi] : tp_sum_ranges_) copy_tensor(tp_sum_.t.rows(at, at + hi - lo), g.rows(lo, hi)), at += hi - lo;
+  grid_.tp_comm().all_reduce(tp_sum_, ReduceOp::Sum);
+  at = 0;
+  for (const auto& [lo, hi] : tp_sum_ranges_) copy_tensor(g.rows(lo, hi), tp_sum_.t.rows(at, at + hi - lo)), at += hi - lo;
+}
+
 void GradientSync::reduce(bool full) {
+  // 0. Sequence parallelism: replicated parameters' token-partial gradients.
+  sum_replicated_over_tp();
   // 1. Tied embedding copies on the first and last stage.
   if (tied_ && grid_.layout.pp > 1 && (grid_.first_stage() || grid_.last_stage())) {
     // Overlapped dp sums may still run: the embed group's sum goes behind them, so one

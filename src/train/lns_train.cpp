@@ -93,6 +93,7 @@ int run() {
     grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
     grid->layout.virtual_stages = cfg.virtual_stages;
     grid->layout = layout_for_model(model_cfg, grid->layout, cfg.pp_layers);
+    grid->layout.sequence_parallel = cfg.sequence_parallel;  // printed below; the Trainer checks --seq_len
     if (cfg.device == Device::CUDA) {
       const int gpu = bind_local_gpu(local_rank_from_env());
       (void)comm_flag();  // a bad --comm fails here, on every rank

@@ -68,8 +68,10 @@ PipelineSchedule1F1B::PipelineSchedule1F1B(ProcessGrid& grid, LlamaStage& stage,
     : grid_(grid), stage_(stage), num_micro_(num_micro), chunks_(grid.layout.virtual_stages) {
   LNS_CHECK(stage.num_chunks() == chunks_) << "the stage holds " << stage.num_chunks() << " chunks, the layout "
                                            << chunks_;
-  // [B*T, C] hidden states and their gradients, where and as the stage keeps them.
-  const Shape act{stage.tokens(), stage.config().hidden_size};
+  // [B*T, C] hidden states and their gradients (this rank's B*T/tp tokens under
+  // sequence parallelism), where and as the stage keeps them; one pair serves every
+  // chunk (each receive is consumed before the next is posted).
+  const Shape act{stage.hidden_tokens(), stage.config().hidden_size};
   const DType dt = stage.activation_dtype();
   const Device dev = stage.device();
   if (!model_first(0) || chunks_ > 1) recv_act_ = OwnedTensor(dt, act, dev);

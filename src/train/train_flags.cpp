@@ -53,6 +53,10 @@ DEFINE_int32(virtual_stages, 1,
              "round-robin in pp x virtual_stages chunks; bubble (pp-1)/(virtual_stages x micro-batches)); "
              "needs --pp > 1 and micro-batches per step a multiple of --pp.");
 DEFINE_bool(zero, false, "ZeRO-1: shard AdamW state and master weights across data-parallel ranks.");
+DEFINE_bool(sequence_parallel, false,
+            "With --tp > 1: split the tokens between the tensor-parallel linears (norms, residual "
+            "adds, stage boundaries) over the tp ranks, Megatron's sequence parallelism; needs --seq_len "
+            "divisible by --tp (docs/parallelism.md).");
 DEFINE_double(dp_bucket_mb, 25, "Data-parallel gradient all-reduce bucket size in MiB.");
 DEFINE_bool(overlap_grad_reduce, true,
             "Start each data-parallel all-reduce bucket as soon as the last micro-batch's backward "
@@ -117,6 +121,7 @@ TrainConfig train_config_from_flags() {
   c.pp_layers = FLAGS_pp_layers;
   c.virtual_stages = FLAGS_virtual_stages;
   c.zero = FLAGS_zero;
+  c.sequence_parallel = FLAGS_sequence_parallel;
   c.dp_bucket_mb = FLAGS_dp_bucket_mb;
   c.overlap_grad_reduce = FLAGS_overlap_grad_reduce;
   c.save_every = FLAGS_save_every;

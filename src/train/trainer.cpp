@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
 #include <atomic>
@@ -95,6 +96,7 @@ void TrainConfig::validate() const {
                 "calibrated apart), got ", seq_len);
     LNS_REQUIRE(virtual_stages == 1, "--ln_free does not combine with --virtual_stages=", virtual_stages,
                 " yet (calibration measures one chunk per stage); use --virtual_stages=1");
+    LNS_REQUIRE(!sequence_parallel, "--ln_free does not run with --sequence_parallel; drop one of them");
   }
   LNS_REQUIRE(ln_free_eot_token >= -1, "--ln_free_eot_token must be a token id or -1 (none), got ",
               ln_free_eot_token);
@@ -119,6 +121,8 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   grid_->layout.virtual_stages = cfg_.virtual_stages;
   grid_->layout = layout_for_model(model_cfg_, grid_->layout, cfg_.pp_layers);
   grid_->layout.zero = cfg_.zero && grid_->layout.dp > 1;
+  grid_->layout.sequence_parallel = cfg_.sequence_parallel;
+  grid_->layout.check_sequence_length(cfg_.seq_len);
   const Layout& layout = grid_->layout;
   const int dp = layout.dp;
   LNS_REQUIRE(cfg_.global_batch % (cfg_.micro_batch * dp) == 0, "--global_batch_size=",
@@ -371,9 +375,19 @@ void Trainer::run_ln_free_events() {
   }
 }
 
+std::vector<std::pair<std::string, double>> Trainer::comm_bytes_by_kind(
+    const std::vector<std::pair<std::string, CommCounts>>& counts) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& [group, c] : counts)
+    for (int k = 0; k < CommCounts::kKinds; ++k)
+      if (c.bytes[k] > 0) out.push_back({group + "." + collective_name(static_cast<Collective>(k)), c.bytes[k]});
+  return out;
+}
+
 StepStats Trainer::train_step() {
   run_ln_free_events();  // the schedule is decided from state the checkpoint holds
   const double t0 = now_seconds();
+  const auto comm_before = grid_->comm_counts();
   StepStats s;
   s.lr = schedule_.at(optim_->steps_taken());
   // With overlap the data-parallel sums start inside the last backward; reduce()
@@ -395,6 +409,13 @@ StepStats Trainer::train_step() {
   device_synchronize(cfg_.device);  // the step's time includes its queued GPU work
   s.step = optim_->steps_taken();
   s.seconds = now_seconds() - t0;
+  last_step_comm_ = grid_->comm_counts();
+  for (size_t g = 0; g < last_step_comm_.size(); ++g) last_step_comm_[g].second = last_step_comm_[g].second - comm_before[g].second;
+  if (VLOG_IS_ON(1)) {
+    std::string line;
+    for (const auto& [kind, bytes] : comm_bytes_by_kind(last_step_comm_)) absl::StrAppend(&line, " ", kind, "=", bytes);
+    VLOG(1) << "rank " << grid_->rank << " step " << s.step << " sent bytes:" << line;
+  }
   return s;
 }
 
@@ -536,6 +557,19 @@ bool Trainer::run() {
         j["ln_free_fixed"] = ln_free_.norms.size(), j["ln_free_next_event"] = ln_free_.progress.next_event;
       if (cfg_.peak_tflops > 0)
         j["mfu"] = flops_per_step / s.seconds / (cfg_.peak_tflops * 1e12 * grid_->world_size());
+      const auto comm = comm_bytes_by_kind(last_step_comm_);
+      if (!comm.empty()) {
+        nlohmann::json c = nlohmann::json::object();
+        for (const auto& [kind, bytes] : comm) c[kind] = bytes;
+        j["comm_bytes"] = c;
+      }
+      if (s.step == 1 && !comm.empty()) {
+        std::string line;
+        double total = 0;
+        for (const auto& [kind, bytes] : comm) absl::StrAppend(&line, " | ", kind, " ", absl::StrFormat("%.0f", bytes)), total += bytes;
+        LOG(INFO) << absl::StrFormat("bytes sent by rank 0 in step 1: %.0f", total) << line
+                  << " (ring model, docs/parallelism.md)";
+      }
       metrics.write(j);
     }
     if (s.step % cfg_.log_every == 0 || s.step == cfg_.steps || s.step == 1) {
