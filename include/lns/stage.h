@@ -136,12 +136,14 @@ class LlamaStage {
   struct NormUse;
   struct Slot;
   struct Scratch;
+  struct Workspace;
   struct Stream;
 
   struct ParamsOnly {};
   LlamaStage(const LlamaConfig& cfg, StageSpec spec, TensorParallel tp, ParamsOnly);
   void init_dims();
   void register_params();
+  void bind_layer_acts(int local, Slot& slot);
   void norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x);
   void norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x);
   void settle(Stream& x);
@@ -173,6 +175,7 @@ class LlamaStage {
   std::vector<bool> skipped_;  // per local layer
   std::vector<std::unique_ptr<Slot>> slots_;
   std::unique_ptr<Scratch> scratch_;
+  std::unique_ptr<Workspace> ws_;  // recompute buffers (lns/recompute.h)
   int embed_ = -1, final_gain_ = -1, final_bias_ = -1, head_ = -1;
   float final_fixed_[2] = {0.0f, 0.0f};  // LN-free divisors of the final norm (0: live)
   std::function<void(int64_t)> grad_ready_;

@@ -45,22 +45,26 @@ struct LlamaStage::Layer {
   Sublayer sub[2];  // 0: attention, 1: MLP
 };
 
-// The activations of one micro-batch in flight.
+// The activations of one micro-batch in flight: views into the slot's own buffers
+// (`kept`) or, for what the layer's recompute mode drops, into the stage's shared
+// Workspace, rewritten by each layer's forward and again by its backward's recompute.
 struct LlamaStage::Slot {
   struct SubActs {
     Tensor x;                   // sublayer input (a view of the previous output)
-    OwnedTensor u, f, f2, r, y; // [N,C]; u/f2/y only where the norm exists
+    Tensor u, f, f2, r, y;      // [N,C]; u/f2/y only where the norm exists
   };
   struct LayerActs {
+    RecomputeMode mode = RecomputeMode::None;
     SubActs sub[2];
-    OwnedTensor q, k, v, ctx;         // [N,Hq*D], [N,Hkv*D] x2, [N,Hq*D]
-    OwnedTensor attn_saved;           // f32 attention_saved_shape(): [B,Hq,T,T] or [B,Hq,T]
-    OwnedTensor gate, up, act;        // [N,F]
+    Tensor q, k, v, ctx;        // [N,Hq*D], [N,Hkv*D] x2, [N,Hq*D]
+    Tensor attn_saved;          // f32 attention_saved_shape(): [B,Hq,T,T] or [B,Hq,T]
+    Tensor gate, up, act;       // [N,F]
   };
+  std::vector<OwnedTensor> kept;  // the buffers of this micro-batch's layer activations
   OwnedTensor ids;        // [B,T] i32, first stage
   OwnedTensor h0;         // [N,C] stage input
   std::vector<LayerActs> layers;
-  std::vector<OwnedTensor> mean, rstd;  // [N] per NormUse::stat
+  std::vector<Tensor> mean, rstd;  // [N] f32 per NormUse::stat (mean: LayerNorm only)
   OwnedTensor hf;         // [N,C] final-norm output, last stage
   OwnedTensor logits;     // [N,V], overwritten by dlogits in backward
   OwnedTensor losses;     // [N]
@@ -69,6 +73,15 @@ struct LlamaStage::Slot {
   OwnedTensor targets;    // [N] i32, copied from the caller's
   bool loss_pending = false;  // loss() ran, so backward() may
   Tensor out;             // what forward returned
+};
+
+// What recomputing layers write instead of a slot: one layer's worth of the buffers
+// their modes drop (allocated where some layer needs them), shared by every slot and
+// layer, since a layer's backward recomputes them just before it reads them.
+struct LlamaStage::Workspace {
+  std::vector<OwnedTensor> buffers;
+  Slot::LayerActs acts;
+  std::vector<Tensor> mean, rstd;  // [N] per norm position in a layer (3 * sublayer + k)
 };
 
 // Gradient buffers for backward, reused by every layer and slot.
@@ -150,40 +163,28 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   // Activations in the device's activation dtype; statistics always f32.
   const auto act = [&](Shape s) { return OwnedTensor(act_, s, device_); };
   const auto f32 = [&](Shape s) { return OwnedTensor(DType::F32, s, device_); };
+  const bool ln = cfg_.norm_type == NormType::LayerNorm;
   int num_stats = 0;
   for (auto& l : layers_)
     for (auto& s : l.sub)
       for (NormUse* n : {&s.pre, &s.out, &s.add})
         if (n->active()) num_stats = std::max(num_stats, n->stat + 1);
+  ws_ = std::make_unique<Workspace>();
+  ws_->mean.resize(6), ws_->rstd.resize(6);
   for (int i = 0; i < num_slots; ++i) {
     auto slot = std::make_unique<Slot>();
     if (spec_.has_embedding) slot->ids = OwnedTensor(DType::I32, Shape{B_, T_}, device_);
     slot->h0 = act({N, C});
-    for (auto& l : layers_) {
-      Slot::LayerActs a;
-      for (int w = 0; w < 2; ++w) {
-        const Sublayer& s = l.sub[w];
-        if (s.pre.active()) a.sub[w].u = act({N, C});
-        a.sub[w].f = act({N, C});
-        if (s.out.active()) a.sub[w].f2 = act({N, C});
-        a.sub[w].r = act({N, C});
-        if (s.add.active()) a.sub[w].y = act({N, C});
-      }
-      a.q = act({N, QD});
-      a.k = act({N, KD});
-      a.v = act({N, KD});
-      a.attn_saved = f32(lns::attention_saved_shape(device_, B_, T_, Hq_));
-      a.ctx = act({N, QD});
-      a.gate = act({N, F});
-      a.up = act({N, F});
-      a.act = act({N, F});
-      slot->layers.push_back(std::move(a));
-    }
-    for (int k = 0; k < num_stats + 1; ++k) {  // +1: the final norm uses the last index
-      slot->mean.push_back(f32({N}));
-      slot->rstd.push_back(f32({N}));
-    }
+    slot->mean.resize(num_stats + 1), slot->rstd.resize(num_stats + 1);  // +1: the final norm
+    slot->layers.resize(layers_.size());
+    for (size_t j = 0; j < layers_.size(); ++j) bind_layer_acts(static_cast<int>(j), *slot);
     if (spec_.has_head) {
+      slot->kept.emplace_back(f32({N}));
+      slot->rstd[num_stats] = slot->kept.back();
+      if (ln) {
+        slot->kept.emplace_back(f32({N}));
+        slot->mean[num_stats] = slot->kept.back();
+      }
       slot->hf = act({N, C});
       slot->logits = act({B_, T_, V});
       slot->targets = OwnedTensor(DType::I32, Shape{N}, device_);
@@ -201,6 +202,57 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   sc.du = act({N, C}), sc.dhf = act({N, C});
   sc.dq = act({N, QD}), sc.dctx = act({N, QD}), sc.dk = act({N, KD}), sc.dv = act({N, KD});  // local heads
   sc.dgate = act({N, F}), sc.dup = act({N, F}), sc.dact = act({N, F});
+}
+
+// Binds layer `local`'s activations in `slot` to buffers of the slot, or, for those
+// its recompute mode drops, to the workspace's (lns/recompute.h). A full layer keeps
+// only its output, the next layer's input (r, or y after an N_add); its input is the
+// previous layer's kept output or h0.
+void LlamaStage::bind_layer_acts(int local, Slot& slot) {
+  const Layer& l = layers_[local];
+  Slot::LayerActs& a = slot.layers[local];
+  Slot::LayerActs& w = ws_->acts;
+  a.mode = layer_recompute(cfg_.recompute, cfg_.recompute_layers, local);
+  const bool full = a.mode == RecomputeMode::Full, none = a.mode == RecomputeMode::None;
+  const int64_t N = B_ * T_, C = cfg_.hidden_size, F = fshard_.size;
+  auto bind = [&](Tensor& dst, Tensor& shared, DType dtype, Shape shape, bool keep) {
+    if (keep) {
+      slot.kept.emplace_back(dtype, shape, device_);
+      dst = slot.kept.back();
+      return;
+    }
+    if (shared.empty()) {  // first layer that needs this workspace buffer
+      ws_->buffers.emplace_back(dtype, shape, device_);
+      shared = ws_->buffers.back();
+    }
+    dst = shared;
+  };
+  for (int s = 0; s < 2; ++s) {
+    const Sublayer& sl = l.sub[s];
+    Slot::SubActs &x = a.sub[s], &wx = w.sub[s];
+    if (sl.pre.active()) bind(x.u, wx.u, act_, {N, C}, !full);
+    bind(x.f, wx.f, act_, {N, C}, !full);
+    if (sl.out.active()) bind(x.f2, wx.f2, act_, {N, C}, !full);
+    bind(x.r, wx.r, act_, {N, C}, !full || (s == 1 && !sl.add.active()));
+    if (sl.add.active()) bind(x.y, wx.y, act_, {N, C}, !full || s == 1);
+    const NormUse* uses[3] = {&sl.pre, &sl.out, &sl.add};
+    for (int k = 0; k < 3; ++k) {
+      if (!uses[k]->active()) continue;
+      const int stat = uses[k]->stat;
+      bind(slot.rstd[stat], ws_->rstd[3 * s + k], DType::F32, {N}, !full);
+      if (cfg_.norm_type == NormType::LayerNorm)
+        bind(slot.mean[stat], ws_->mean[3 * s + k], DType::F32, {N}, !full);
+    }
+  }
+  bind(a.q, w.q, act_, {N, QD_}, !full);
+  bind(a.k, w.k, act_, {N, KD_}, !full);
+  bind(a.v, w.v, act_, {N, KD_}, !full);
+  // The attention core and the SwiGLU product: what selective recomputes.
+  bind(a.ctx, w.ctx, act_, {N, QD_}, none);
+  bind(a.attn_saved, w.attn_saved, DType::F32, lns::attention_saved_shape(device_, B_, T_, Hq_), none);
+  bind(a.gate, w.gate, act_, {N, F}, !full);
+  bind(a.up, w.up, act_, {N, F}, !full);
+  bind(a.act, w.act, act_, {N, F}, none);
 }
 
 void LlamaStage::register_params() {
@@ -284,7 +336,7 @@ void LlamaStage::register_params() {
 Tensor LlamaStage::layer_output(int local, const Slot& s) const {
   const Layer& l = layers_[local];
   const Slot::SubActs& a = s.layers[local].sub[1];
-  return l.sub[1].add.active() ? a.y.t : a.r.t;
+  return l.sub[1].add.active() ? a.y : a.r;
 }
 
 Tensor LlamaStage::forward_skipping(int global_layer, int slot) {
@@ -382,6 +434,9 @@ void LlamaStage::set_fixed_divisor(int global_layer, int which, float pos0, floa
 
 void LlamaStage::add_divisor_sums(std::vector<std::array<double, 4>>& sums, int slot) const {
   const Slot& s = *slots_.at(slot);
+  // A full layer's second sublayer input lives in the recompute workspace, overwritten.
+  LNS_REQUIRE(cfg_.recompute != RecomputeMode::Full,
+              "--ln_free calibration needs --recompute=none or selective, not full");
   const size_t n = 2 * layers_.size() + (spec_.has_head ? 1 : 0);
   if (sums.size() < n) sums.resize(n, {0.0, 0.0, 0.0, 0.0});
   for (size_t j = 0; j < layers_.size(); ++j)
@@ -394,7 +449,7 @@ void LlamaStage::add_divisor_sums(std::vector<std::array<double, 4>>& sums, int 
 
 void LlamaStage::norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x) {
   const Tensor bias = n.bias >= 0 ? params_.param(n.bias) : Tensor{};
-  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat] : Tensor{};
   if (n.fixed > 0.0f)
     return norm_forward_fixed(cfg_.norm_type, out, mean, s.rstd[n.stat], x,
                               params_.param(n.gain), bias, n.scale,
@@ -405,7 +460,7 @@ void LlamaStage::norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x) {
 
 void LlamaStage::norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x) {
   const Tensor dbias = n.bias >= 0 ? params_.grad(n.bias) : Tensor{};
-  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat] : Tensor{};
   if (n.fixed > 0.0f)
     return norm_backward_fixed(cfg_.norm_type, dx, params_.grad(n.gain), dbias, dres, dout, x,
                                mean, s.rstd[n.stat], params_.param(n.gain), n.scale);
@@ -428,7 +483,7 @@ void LlamaStage::stream_norm_fwd(const NormUse& n, Slot& s, Tensor out, Stream& 
     return;
   }
   const Tensor bias = n.bias >= 0 ? params_.param(n.bias) : Tensor{};
-  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat] : Tensor{};
   residual_norm_forward(cfg_.norm_type, st.x, out, mean, s.rstd[n.stat], st.base, st.delta, st.alpha,
                         params_.param(n.gain), bias, n.scale, cfg_.norm_eps);
   st.base = st.delta = Tensor{};
@@ -461,7 +516,7 @@ LlamaStage::Stream LlamaStage::sublayer_forward(Layer& l, int w, Slot& s, Stream
   if (sl.add.active()) {
     const NormUse& n = sl.add;
     const Tensor bias = n.bias >= 0 ? params_.param(n.bias) : Tensor{};
-    const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+    const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat] : Tensor{};
     residual_norm_forward(cfg_.norm_type, a.r, a.y, mean, s.rstd[n.stat], x, f2, alpha,
                           params_.param(n.gain), bias, n.scale, cfg_.norm_eps);
     return Stream{a.y};
@@ -513,9 +568,9 @@ void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
   linear_forward(a.q, u, params_.compute(l.wq));  // [N, Hq*D]
   linear_forward(a.k, u, params_.compute(l.wk));  // [N, Hkv*D]
   linear_forward(a.v, u, params_.compute(l.wv));  // [N, Hkv*D]
-  rope_forward(a.q.t.view(qs), rope_cos_, rope_sin_);
-  rope_forward(a.k.t.view(ks), rope_cos_, rope_sin_);
-  attention_forward(a.ctx.t.view(qs), a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks), attn_);
+  rope_forward(a.q.view(qs), rope_cos_, rope_sin_);
+  rope_forward(a.k.view(ks), rope_cos_, rope_sin_);
+  attention_forward(a.ctx.view(qs), a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), attn_);
   linear_forward(f, a.ctx, params_.compute(l.wo));  // [N, C], partial over tp (row-parallel)
   tp_.all_reduce_sum(f);
 }
@@ -523,13 +578,15 @@ void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
 void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   Slot::LayerActs& a = s.layers[&l - layers_.data()];
   const Slot::SubActs& sa = a.sub[0];
-  const Tensor u = l.sub[0].pre.active() ? sa.u.t : sa.x;
+  const Tensor u = l.sub[0].pre.active() ? sa.u : sa.x;
   Scratch& sc = *scratch_;
   const int64_t D = cfg_.head_dim();
   const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};
+  if (a.mode == RecomputeMode::Selective)  // the attention core again, from the kept q, k, v
+    attention_forward(a.ctx.view(qs), a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), attn_);
   linear_backward(sc.dctx, params_.grad(l.wo), df, a.ctx, params_.compute(l.wo), false);
   attention_backward(sc.dq.t.view(qs), sc.dk.t.view(ks), sc.dv.t.view(ks), sc.dctx.t.view(qs),
-                     a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks), a.ctx.t.view(qs), attn_);
+                     a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), a.ctx.view(qs), attn_);
   rope_backward(sc.dq.t.view(qs), rope_cos_, rope_sin_);
   rope_backward(sc.dk.t.view(ks), rope_cos_, rope_sin_);
   linear_backward(du, params_.grad(l.wq), sc.dq, u, params_.compute(l.wq), false);
@@ -550,8 +607,9 @@ void LlamaStage::mlp_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
 void LlamaStage::mlp_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   Slot::LayerActs& a = s.layers[&l - layers_.data()];
   const Slot::SubActs& sa = a.sub[1];
-  const Tensor u = l.sub[1].pre.active() ? sa.u.t : sa.x;
+  const Tensor u = l.sub[1].pre.active() ? sa.u : sa.x;
   Scratch& sc = *scratch_;
+  if (a.mode == RecomputeMode::Selective) swiglu_forward(a.act, a.gate, a.up);  // [N, F] again
   linear_backward(sc.dact, params_.grad(l.wd), df, a.act, params_.compute(l.wd), false);
   swiglu_backward(sc.dgate, sc.dup, sc.dact, a.gate, a.up);
   linear_backward(du, params_.grad(l.wg), sc.dgate, u, params_.compute(l.wg), false);
@@ -649,7 +707,16 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
     copy(dy, dout);
   }
   for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
-    if (!skipped_.empty() && skipped_[&*it - layers_.data()]) continue;
+    const size_t j = &*it - layers_.data();
+    if (!skipped_.empty() && skipped_[j]) continue;
+    if (s.layers[j].mode == RecomputeMode::Full) {
+      // The layer's forward again from its kept input, into the workspace. Its output
+      // is not needed (a pre-norm layer's stays pending; an N_add rewrites the kept y
+      // with the same values), only what its backward reads.
+      Stream x{s.layers[j].sub[0].x};
+      x = sublayer_forward(*it, 0, s, x);
+      sublayer_forward(*it, 1, s, x);
+    }
     sublayer_backward(*it, 1, s, dy, dx);
     std::swap(dy, dx);
     sublayer_backward(*it, 0, s, dy, dx);

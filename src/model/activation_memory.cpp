@@ -1,0 +1,104 @@
+#include "lns/activation_memory.h"
+
+#include <absl/strings/str_format.h>
+
+#include "lns/block_plan.h"
+#include "lns/device.h"
+#include "parallel/shard.h"
+
+namespace lns {
+namespace {
+
+std::string mib(int64_t bytes) { return absl::StrFormat("%.2f MiB", bytes / 1048576.0); }
+
+}  // namespace
+
+int64_t ActivationAccount::per_micro_batch() const {
+  int64_t b = stage_bytes;
+  for (const Layer& l : layers) b += l.kept_bytes;
+  return b;
+}
+
+int64_t ActivationAccount::total() const {
+  return num_slots * per_micro_batch() + workspace_bytes + gradient_bytes;
+}
+
+std::string ActivationAccount::str() const {
+  std::string s = "activation memory per micro-batch:";
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1].mode == layers[i].mode &&
+           layers[j + 1].kept_bytes == layers[i].kept_bytes)
+      ++j;
+    s += absl::StrFormat(" layers %d-%d %s %s each;", layers[i].global, layers[j].global,
+                         recompute_mode_name(layers[i].mode), mib(layers[i].kept_bytes));
+    i = j + 1;
+  }
+  s += absl::StrFormat(" embedding/head %s; total %s x %d in flight + recompute workspace %s + "
+                       "gradient buffers %s = %s",
+                       mib(stage_bytes), mib(per_micro_batch()), num_slots, mib(workspace_bytes),
+                       mib(gradient_bytes), mib(total()));
+  return s;
+}
+
+ActivationAccount activation_account(const LlamaConfig& cfg, StageSpec spec, int64_t B, int64_t T,
+                                     int num_slots, TensorParallel tp, Device device) {
+  cfg.validate();
+  const int64_t a = static_cast<int64_t>(dtype_size(activation_dtype(device)));
+  const int64_t N = B * T, C = cfg.hidden_size, D = cfg.head_dim();
+  const int64_t Hq = cfg.num_heads / tp.size, QD = Hq * D, KD = cfg.num_kv_heads / tp.size * D;
+  const int64_t F = shard_range(cfg.intermediate_size, tp.size, tp.rank).size;
+  const int64_t V = shard_range(cfg.vocab_size, tp.size, tp.rank).size;
+  const int64_t NC = N * C * a;
+  const int64_t stat = N * 4 * (cfg.norm_type == NormType::LayerNorm ? 2 : 1);  // rstd (+ mean)
+  const int64_t core = N * QD * a + attention_saved_shape(device, B, T, Hq).numel() * 4 + N * F * a;
+  const int64_t qkv_gate_up = N * (QD + 2 * KD) * a + 2 * N * F * a;
+
+  ActivationAccount acc;
+  acc.num_slots = num_slots;
+  bool any_selective = false, any_full = false;
+  // The workspace of full layers: each buffer once, where any full layer has it.
+  bool u[2] = {}, f2[2] = {}, add[2] = {};
+  bool stats[6] = {};
+  for (int g = spec.first_layer; g < spec.last_layer; ++g) {
+    const BlockPlan p = block_plan(cfg, g);
+    const SublayerPlan* sub[2] = {&p.attn, &p.mlp};
+    ActivationAccount::Layer l{g, layer_recompute(cfg.recompute, cfg.recompute_layers, g - spec.first_layer), 0};
+    if (l.mode == RecomputeMode::Full) {
+      l.kept_bytes = NC;  // the layer's output
+      any_full = true;
+      for (int s = 0; s < 2; ++s) {
+        const bool has[3] = {bool(sub[s]->pre_norm), bool(sub[s]->out_norm), bool(sub[s]->add_norm)};
+        u[s] |= has[0], f2[s] |= has[1], add[s] |= has[2];
+        for (int k = 0; k < 3; ++k) stats[3 * s + k] |= has[k];
+      }
+    } else {
+      for (int s = 0; s < 2; ++s) {
+        const int norms = bool(sub[s]->pre_norm) + bool(sub[s]->out_norm) + bool(sub[s]->add_norm);
+        l.kept_bytes += (2 + norms) * NC + norms * stat;  // f, r, and u / f2 / y
+      }
+      l.kept_bytes += qkv_gate_up;
+      if (l.mode == RecomputeMode::None) l.kept_bytes += core;
+      any_selective |= l.mode == RecomputeMode::Selective;
+    }
+    acc.layers.push_back(l);
+  }
+  if (any_selective || any_full) acc.workspace_bytes += core;
+  if (any_full) {
+    acc.workspace_bytes += qkv_gate_up;
+    for (int s = 0; s < 2; ++s) {
+      acc.workspace_bytes += NC * (1 + u[s] + f2[s]);  // f, u, f2
+      // r of the attention sublayer; the MLP's r only before an N_add (else the output);
+      // y of the attention sublayer where it has an N_add (the MLP's is the output)
+      acc.workspace_bytes += NC * ((s == 0 || add[s]) + (s == 0 && add[s]));
+    }
+    for (bool st : stats) acc.workspace_bytes += st ? stat : 0;
+  }
+  if (spec.has_embedding) acc.stage_bytes += N * 4;  // ids
+  acc.stage_bytes += NC;                              // h0
+  if (spec.has_head) acc.stage_bytes += stat + NC + N * V * a + N * 4 * 5;  // final norm, hf, logits, loss
+  acc.gradient_bytes = 6 * NC + 2 * N * (QD + KD) * a + 3 * N * F * a;
+  return acc;
+}
+
+}  // namespace lns
