@@ -9,7 +9,8 @@
 namespace lns {
 namespace {
 
-std::string mib(int64_t bytes) { return absl::StrFormat("%.2f MiB", bytes / 1048576.0); }
+// "12.34 MiB (12939444 B)": readable, and exact for tools that compare it.
+std::string mib(int64_t bytes) { return absl::StrFormat("%.2f MiB (%d B)", bytes / 1048576.0, bytes); }
 
 }  // namespace
 
