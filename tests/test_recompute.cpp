@@ -1,6 +1,7 @@
 // Activation recomputation (lns/recompute.h) computes exactly what --recompute=none
 // computes, for every scheme, and holds the memory its account (lns/activation_memory.h)
 // predicts, measured by the host allocator's counter.
+#include <array>
 #include <cstring>
 
 #include "lns/activation_memory.h"
@@ -229,6 +230,31 @@ TEST(ActivationAccount, AStepAllocatesNothing) {
   st.loss(view(targets, {16}));
   st.backward({}, 1.0f);
   EXPECT_EQ(host_peak_allocated_bytes(), held);
+}
+
+// LN-free calibration reads every sublayer's input after a forward; a full layer's
+// second one lives in the shared workspace, so calibration refuses full (and works
+// with selective, which keeps it).
+TEST(Recompute, LnFreeCalibrationRefusesFull) {
+  LlamaConfig cfg = tiny(NormScheme::LNS, NormType::RMSNorm);
+  std::vector<int32_t> ids(10, 4);
+  std::vector<std::array<double, 4>> sums;
+  cfg.recompute = RecomputeMode::Selective;
+  LlamaStage sel(cfg, StageSpec::whole(cfg), 2, 5);
+  sel.init_weights(1);
+  sel.forward(view(ids, {2, 5}));
+  sel.add_divisor_sums(sums);
+  EXPECT_GT(sums.at(1)[1], 0.0);  // the MLP pre-norm of layer 0 counted its tokens
+  cfg.recompute = RecomputeMode::Full;
+  LlamaStage full(cfg, StageSpec::whole(cfg), 2, 5);
+  full.init_weights(1);
+  full.forward(view(ids, {2, 5}));
+  try {
+    full.add_divisor_sums(sums);
+    ADD_FAILURE() << "calibration under --recompute=full was not refused";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--recompute=none or selective"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Recompute, BadFlagsAreRefused) {

@@ -25,6 +25,7 @@ size_t host_alloc_size(size_t nbytes) { return (nbytes + 63) / 64 * 64; }
 }  // namespace
 
 size_t cuda_peak_allocated_bytes() { return g_cuda_peak; }
+size_t cuda_allocated_bytes() { return g_cuda_bytes; }
 size_t host_allocated_bytes() { return g_host_bytes.load(); }
 size_t host_peak_allocated_bytes() { return g_host_peak.load(); }
 void reset_host_peak_allocated_bytes() { g_host_peak.store(g_host_bytes.load()); }
