@@ -58,13 +58,17 @@ class MpiCommunicator : public Communicator {
   }
   void all_gather(Tensor out, Tensor in) override {
     LNS_CHECK(out.numel() == in.numel() * size_ && out.dtype == in.dtype);
-    check(MPI_Allgather(in.data, static_cast<int>(in.numel()), mpi_type(in.dtype), out.data,
-                        static_cast<int>(in.numel()), mpi_type(in.dtype), comm_),
+    // In place (this rank's part already where the result puts it): MPI_IN_PLACE, as
+    // MPI forbids a send buffer inside the receive buffer.
+    const bool in_place = in.data == static_cast<char*>(out.data) + rank_ * in.nbytes();
+    check(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data, static_cast<int>(in.numel()), mpi_type(in.dtype),
+                        out.data, static_cast<int>(in.numel()), mpi_type(in.dtype), comm_),
           "all-gather");
   }
   void reduce_scatter(Tensor out, Tensor in) override {
     LNS_CHECK(in.numel() == out.numel() * size_ && out.dtype == DType::F32);
     // Reduce to rank 0 then scatter, for the same cross-rank determinism as all_reduce.
+    // `out` may lie inside `in` (in place): the reduce has read `in` before the scatter writes.
     if (rank_ == 0) full_.resize(in.numel());  // grown once, reused every step
     std::vector<float>& full = full_;
     check(MPI_Reduce(in.data, rank_ == 0 ? full.data() : nullptr, static_cast<int>(in.numel()),

@@ -160,6 +160,92 @@ class DepthReportTest(unittest.TestCase):
             self.assertEqual(p.returncode, 0, p.stderr)
 
 
+PRIOR = {"runs": [dict(layers=4, scheme="pre", lr=8e-3, steps=400, embed_std=0.02, seed=1),
+                  dict(layers=4, scheme="lns", lr=8e-3, steps=400, embed_std=0.02, seed=1),
+                  dict(layers=4, scheme="pre", lr=2e-3, steps=400, embed_std=0.02, seed=1)],
+         "cells": [dict(layers=4, scheme="pre", lr=8e-3, steps=400, embed_std=0.02, n=1, seeds=[1], mean=4.5, std=None),
+                   dict(layers=4, scheme="lns", lr=8e-3, steps=400, embed_std=0.02, n=1, seeds=[1], mean=4.4, std=None),
+                   # covered by this study's runs: the runs win
+                   dict(layers=4, scheme="pre", lr=2e-3, steps=400, embed_std=0.02, n=1, seeds=[1], mean=9.0,
+                        std=None)],
+         "comparisons": [dict(layers=4, lr=8e-3, steps=400, embed_std=0.02, diff=-0.1001)],
+         "timing": dict(runs=3, block_steps=4800, seconds=480.0, jobs=2)}
+
+
+class RecordTest(unittest.TestCase):
+    """Runs kept as records (depth_study.py --record) and earlier sessions' summaries."""
+
+    def test_record_round_trip_and_prior(self):
+        with tempfile.TemporaryDirectory() as t:
+            study, rec = os.path.join(t, "study"), os.path.join(t, "records")
+            synthetic(study)
+            for name in sorted(os.listdir(study)):
+                c = depth_report.load_json(os.path.join(study, name, "cell.json"))
+                if depth_report.load_json(os.path.join(study, name, "result.json"))["status"] == "ok":
+                    # what depth_study.finish writes when a run ends: its result.json and its record
+                    self.assertEqual(depth_study.finish(c, os.path.join(study, name), 0, 10.0, rec, 1)["status"], "ok")
+            self.assertEqual(len(os.listdir(rec)), 9)  # the 9 runs that finished
+            with open(os.path.join(rec, "prior_x.json"), "w") as f:
+                json.dump(PRIOR, f)
+            # from the records alone (the study directory gone), the same statistics
+            report = depth_report.build_report(depth_report.find_records(rec), depth_report.load_prior(rec))
+            cells = {(c["scheme"], c["lr"]): c for c in report["cells"]}
+            self.assertAlmostEqual(cells[("pre", 2e-3)]["mean"], 5.1, places=12)  # runs, not the prior 9.0
+            self.assertNotIn("prior", cells[("pre", 2e-3)])
+            self.assertEqual(cells[("pre", 2e-3)]["curves"]["1"], [(100, 6.0), (200, 5.0)])
+            self.assertAlmostEqual(cells[("lns", 2e-3)]["variance_growth"], 2.0, places=12)
+            self.assertEqual(cells[("pre", 8e-3)]["prior"], "prior_x.json")
+            by = {c["b"]: c for c in report["comparisons"]}
+            self.assertAlmostEqual(by[cells[("lns", 8e-3)]["name"]]["diff"], -0.1001)  # as the prior computed it
+            self.assertAlmostEqual(by[cells[("lns", 2e-3)]["name"]]["diff"], -0.3, places=12)
+            best = {b["scheme"]: b for b in report["best_lr"]}
+            self.assertEqual(best["pre"]["lr"], 8e-3)  # 4.5 (prior) < 5.1
+            self.assertEqual(report["prior_runs"], 3)
+            self.assertEqual(report["timing"]["runs"], 9)
+            # the study directory and the records together: each run once
+            both = depth_report.build_report(depth_report.find_runs(study) + depth_report.find_records(rec))
+            self.assertEqual((both["runs"], both["timing"]["runs"]), (10, 10))
+            self.assertEqual(both["cells"], depth_report.build_report(depth_report.find_runs(study))["cells"])
+            md = depth_doc.tables(report)
+            self.assertIn("| 0.008 | 4.5000 (1) * | 4.4000 (1) * | -0.1001 | one seed | - | - | - | - |", md)
+            self.assertIn("| 0.002 | 5.1000 +- 0.1000 (3) | 4.8000 +- 0.1000 (3) | -0.3000 | yes | x5.00 | x2.00 | "
+                          "20.00 | 10.00 |", md)
+            self.assertIn("Measured (prior_x.json): 3 runs, 4800 block-steps", md)
+            # the one rule for a finished cell: a record, a prior summary, or a result in the study
+            prior = depth_study.prior_names(rec)
+            pre8 = depth_study.cell("lr", 4, "pre", 1, lr=8e-3)
+            self.assertTrue(depth_study.finished(pre8, os.path.join(t, "none"), rec, prior))
+            self.assertFalse(depth_study.finished(pre8, os.path.join(t, "none"), rec, set()))  # --rerun_prior
+            lns2 = depth_study.cell("depth", 4, "lns", 3)
+            self.assertTrue(depth_study.finished(lns2, os.path.join(t, "none"), rec, set()))
+            self.assertFalse(depth_study.finished(dict(lns2, seed=4), study, rec, prior))
+
+    def test_bad_records_are_refused(self):
+        cli = [sys.executable, os.path.join(EXP, "depth_report.py")]
+        with tempfile.TemporaryDirectory() as t:
+            for name, edit, want in (
+                    ("short", lambda r: r.update(variance=[1.0] * 3), "'variance' must have one number per block (4)"),
+                    ("inf", lambda r: r.update(loss=float("inf")), "loss: expected a finite number"),
+                    ("cell", lambda r: r["cell"].pop("lr"), "'cell' must hold"),
+                    ("prior", None, "a cell must hold")):
+                rec = os.path.join(t, name)
+                os.makedirs(rec)
+                if edit is None:
+                    with open(os.path.join(rec, "prior_bad.json"), "w") as f:
+                        json.dump({"cells": [{"layers": 4}]}, f)
+                else:
+                    r = dict(cell=depth_study.cell("depth", 4, "pre", 1), status="ok", loss=5.0,
+                             drop_pct=[1.0] * 4, angular=[0.1] * 4, variance=[1.0] * 4, curve=[])
+                    edit(r)
+                    with open(os.path.join(rec, "L04_pre.json"), "w") as f:
+                        json.dump(r, f)
+                p = subprocess.run(cli + [os.path.join(t, "nostudy"), "--records", rec, "--json",
+                                          os.path.join(t, name + ".json")], capture_output=True, text=True)
+                self.assertEqual(p.returncode, 1, name)
+                self.assertIn(want, p.stderr)
+                self.assertTrue(p.stderr.startswith("depth_report: ") and p.stderr.count("\n") == 1, p.stderr)
+
+
 class GridTest(unittest.TestCase):
     def test_grids(self):
         for name in ("smoke", "session", "full"):
@@ -173,8 +259,9 @@ class GridTest(unittest.TestCase):
                          {(L, s, seed) for L in (6, 12) for s in ("pre", "lns") for seed in (1, 2, 3)})
         self.assertTrue(all(c["lr"] == depth_study.SHARED_LR for c in first))
         lrs = {c["lr"] for c in session if c["group"] == "lr"} | {depth_study.SHARED_LR}
-        self.assertEqual(len(lrs), 4)
-        self.assertAlmostEqual(max(lrs) / min(lrs), 8.0)
+        self.assertEqual(sorted(lrs), [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2])  # past the best rate of 8e-3
+        self.assertEqual(depth_study.lr_name(1.6e-2), "1.6e-02")
+        self.assertEqual(depth_study.lr_name(2e-3), "2e-03")  # the first session's names unchanged
         self.assertGreater(len(depth_study.grid("full")), len(session))
         with self.assertRaises(SystemExit):
             depth_study.grid("huge")

@@ -126,6 +126,94 @@ TEST(ScalePostPre, MixLnForwardWithScaledInitsInit) {
   EXPECT_EQ(scaled, 2 * 5);
 }
 
+// mono / mono_reverse: every 4th layer routed; the routed plan is a Pre-LN path 0 and a
+// Post-LN path 1 sharing post_attention_layernorm.
+TEST(Mono, EveryFourthLayerRoutedBetweenPreAndPost) {
+  LlamaConfig c = small_model(NormScheme::Mono);
+  c.num_layers = 8;
+  for (int i = 0; i < 8; ++i) {
+    const BlockPlan p = block_plan(c, i);
+    EXPECT_EQ(p.effective, i % 4 == 3 ? NormScheme::Routed : P) << i;
+    EXPECT_EQ(p.route.has_value(), i % 4 == 3) << i;
+  }
+  const BlockPlan r = block_plan(c, 3);
+  EXPECT_EQ(r.attn.pre_norm, NormSlot::InputLayernorm);
+  EXPECT_EQ(r.mlp.pre_norm, NormSlot::PostAttentionLayernorm);
+  EXPECT_EQ(r.route->attn.add_norm, NormSlot::PostAttentionLayernorm);
+  EXPECT_EQ(r.route->mlp.add_norm, NormSlot::PostFeedforwardLayernorm);
+  EXPECT_FALSE(r.route->attn.pre_norm.has_value());
+  EXPECT_EQ(r.norms(), (std::vector<NormSlot>{NormSlot::InputLayernorm, NormSlot::PostAttentionLayernorm,
+                                              NormSlot::PostFeedforwardLayernorm}));
+  c.norm_scheme = NormScheme::MonoReverse;
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(block_plan(c, i).effective, i % 4 == 3 ? NormScheme::Routed : O) << i;
+  // mono is the pattern pre:3,routed,*: the same parameters and logits, bit for bit.
+  LlamaConfig mono = small_model(NormScheme::Mono), hyb = small_model(NormScheme::Hybrid);
+  hyb.layer_schemes = "pre:3,routed,*";
+  std::vector<std::string> n1, n2;
+  EXPECT_EQ(logits_of(mono, 5, &n1), logits_of(hyb, 5, &n2));
+  EXPECT_EQ(n1, n2);
+  EXPECT_NE(std::find(n1.begin(), n1.end(), "model.layers.3.router.weight"), n1.end());
+}
+
+// A hard gate picks one path exactly: with noise that makes every sequence take path 0,
+// mono's logits are Pre-LN's bit for bit (the shared weights are drawn by name, the
+// same), and with path 1 everywhere mono_reverse's are Post-LN's.
+TEST(Mono, AHardGateRunsExactlyOnePath) {
+  for (bool reverse : {false, true}) {
+    const LlamaConfig routed = small_model(reverse ? NormScheme::MonoReverse : NormScheme::Mono);
+    const LlamaConfig plain = small_model(reverse ? O : P);
+    const int64_t B = 2, T = 5;
+    std::vector<int32_t> ids(B * T);
+    for (int64_t i = 0; i < B * T; ++i) ids[i] = (11 * i + 2) % routed.vocab_size;
+    LlamaStage m(routed, StageSpec::whole(routed), B, T), ref(plain, StageSpec::whole(plain), B, T);
+    m.init_weights(5), ref.init_weights(5);
+    const float big = 1e4f;  // overwhelms any router logit
+    m.set_gate_noise(3, reverse ? std::vector<float>{-big, big, -big, big} : std::vector<float>{big, -big, big, -big});
+    const Tensor a = m.forward(view(ids, {B, T}));
+    const std::vector<float> got(a.f32(), a.f32() + a.numel());
+    const Tensor b = ref.forward(view(ids, {B, T}));
+    EXPECT_EQ(got, std::vector<float>(b.f32(), b.f32() + b.numel())) << "reverse=" << reverse;
+  }
+}
+
+// Noise lasts one forward: the next one (evaluation) is the router's argmax, and it
+// repeats; the training noise of a sequence depends on its index only.
+TEST(Mono, NoiseLastsOneForwardAndIsKeyedBySample) {
+  const LlamaConfig c = small_model(NormScheme::Mono);
+  const int64_t B = 2, T = 5;
+  std::vector<int32_t> ids(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = (7 * i + 1) % c.vocab_size;
+  LlamaStage m(c, StageSpec::whole(c), B, T);
+  m.init_weights(5);
+  auto run = [&] {
+    const Tensor l = m.forward(view(ids, {B, T}));
+    return std::vector<float>(l.f32(), l.f32() + l.numel());
+  };
+  const std::vector<float> eval = run();
+  m.set_gate_noise(3, std::vector<float>{0, 0, 0, 0});
+  EXPECT_EQ(run(), eval) << "zero noise is evaluation";
+  m.set_gate_noise(3, std::vector<float>{-1e4f, 1e4f, 1e4f, -1e4f});
+  const std::vector<float> forced = run();
+  m.set_gate_noise(3, std::vector<float>{1e4f, -1e4f, -1e4f, 1e4f});
+  EXPECT_NE(run(), forced) << "the other paths give other logits";
+  EXPECT_EQ(run(), eval) << "noise lasts one forward";
+  EXPECT_EQ(gate_noise(1, 3, 10, 1), gate_noise(1, 3, 10, 1));
+  EXPECT_NE(gate_noise(1, 3, 10, 1), gate_noise(1, 3, 11, 1));
+  EXPECT_NE(gate_noise(1, 3, 10, 1), gate_noise(1, 7, 10, 1));
+  EXPECT_NE(gate_noise(1, 3, 10, 1), gate_noise(2, 3, 10, 1));
+  // Standard Gumbel: mean = Euler's gamma 0.5772, variance pi^2/6 = 1.6449.
+  double s = 0, s2 = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const double g = gate_noise(9, 3, i / 2, i % 2);
+    ASSERT_TRUE(std::isfinite(g));
+    s += g, s2 += g * g;
+  }
+  const double mean = s / n, var = s2 / n - mean * mean;
+  EXPECT_NEAR(mean, 0.5772, 0.01);
+  EXPECT_NEAR(var, 1.6449, 0.03);
+}
+
 TEST(ScaleResPreNorm, StartsAsPreLnWithTwoScalarsPerLayer) {
   // At init (every residual scale 1) the block is Pre-LN: 1*x + f rounds as x + f.
   std::vector<std::string> names, pre_names;

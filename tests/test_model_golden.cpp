@@ -37,6 +37,16 @@ TEST_P(GoldenModel, LogitsLossAndEveryGradient) {
   for (int32_t t : targets) valid += t != kIgnoreIndex;
   ASSERT_LT(valid, B * T) << "golden data should mask some targets";
 
+  // Routed layers (mono, mono_reverse): the reference's Gumbel noise, gate_noise.<layer> [B,2]
+  // (chosen so that the two sequences take different paths; zero noise fails: 0.58 logits).
+  int routed = 0;
+  for (const auto& [name, e] : f.entries())
+    if (name.rfind("gate_noise.", 0) == 0) {
+      model.set_gate_noise(std::stoi(name.substr(11)), f.read_f32(name));
+      ++routed;
+    }
+  EXPECT_EQ(routed > 0, model.has_routed_layers());
+
   const Tensor logits = model.forward(view(inputs, {B, T}));
   const std::vector<float> got_logits(logits.f32(), logits.f32() + logits.numel());
   expect_close(got_logits, f.read_f32("logits"), kLogitTol, "logits");
@@ -69,7 +79,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // the reference repository's other variants (docs/model.md)
                       "rmsnorm_deeppost", "rmsnorm_scale_post_pre", "rmsnorm_hybrid",
                       "rmsnorm_scale_res_pre_norm", "layernorm_deeppost", "layernorm_scale_post_pre",
-                      "layernorm_hybrid", "layernorm_scale_res_pre_norm"),
+                      "layernorm_hybrid", "layernorm_scale_res_pre_norm",
+                      // the Gumbel-routed blocks, with the reference's noise
+                      "rmsnorm_mono", "rmsnorm_mono_reverse", "layernorm_mono", "layernorm_mono_reverse"),
     [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -401,6 +401,70 @@ TEST(Ops, ScaledResidualForwardBackward) {
   EXPECT_NEAR(dalpha[0], 0.25 + da, kBwdTol * std::abs(da)) << "dalpha accumulates";
 }
 
+// ---- Gumbel-routed block (routed, mono, mono_reverse) -------------------------------------
+// The gate's straight-through gradient is the derivative of L = sum_bk dgate[b,k] *
+// soft[b,k](x, w): central differences of that f64 function check dx and dw.
+TEST(Ops, RouteGateForwardAndStraightThroughBackward) {
+  const int64_t B = 3, T = 4, C = 7;
+  auto x = randn(B * T * C, 41), w = randn(2 * C, 42), dg = randn(2 * B, 43);
+  std::vector<float> noise = {0.3f, -0.2f, -1.5f, 1.0f, 0.0f, 0.0f};
+  auto soft_ref = [&](const Vec& xx, const Vec& ww) {
+    Vec s(2 * B);
+    for (int64_t b = 0; b < B; ++b) {
+      double z[2];
+      for (int k = 0; k < 2; ++k) {
+        double d = 0;
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t c = 0; c < C; ++c) d += xx[(b * T + t) * C + c] * ww[k * C + c];
+        z[k] = d / T + noise[b * 2 + k];
+      }
+      const double e0 = std::exp(z[0]), e1 = std::exp(z[1]);
+      s[b * 2] = e0 / (e0 + e1), s[b * 2 + 1] = e1 / (e0 + e1);
+    }
+    return s;
+  };
+  std::vector<float> gate(2 * B), soft(2 * B);
+  route_gate_forward(view(gate, {B, 2}), view(soft, {B, 2}), view(x, {B, T, C}), view(w, {2, C}),
+                     view(noise, {B, 2}));
+  const Vec want = soft_ref(to_f64(x), to_f64(w));
+  expect_close(soft, want, kFwdTol, "soft");
+  for (int64_t b = 0; b < B; ++b) {
+    const int pick = want[b * 2 + 1] > want[b * 2] ? 1 : 0;
+    EXPECT_EQ(gate[b * 2 + pick], 1.0f) << b;
+    EXPECT_EQ(gate[b * 2 + 1 - pick], 0.0f) << b;
+  }
+  std::vector<float> dx(B * T * C, 0.5f), dw(2 * C, 0.25f);  // both accumulate
+  route_gate_backward(view(dx, {B, T, C}), view(dw, {2, C}), view(dg, {B, 2}), view(soft, {B, 2}),
+                      view(x, {B, T, C}), view(w, {2, C}));
+  const Vec dgd = to_f64(dg);
+  Vec wx = fd_grad([&](const Vec& v) { return dot(soft_ref(v, to_f64(w)), dgd); }, to_f64(x));
+  Vec ww = fd_grad([&](const Vec& v) { return dot(soft_ref(to_f64(x), v), dgd); }, to_f64(w));
+  for (double& v : wx) v += 0.5;
+  for (double& v : ww) v += 0.25;
+  expect_close(dx, wx, kBwdTol, "dx");
+  expect_close(dw, ww, kBwdTol, "dw");
+}
+
+TEST(Ops, RouteMixForwardBackward) {
+  const int64_t B = 2, T = 3, C = 5, n = B * T * C;
+  auto p0 = randn(n, 44), p1 = randn(n, 45), dy = randn(n, 46);
+  std::vector<float> gate = {0.0f, 1.0f, 0.7f, 0.3f};  // any weights: the op is bilinear
+  auto ref = [&](const Vec& a, const Vec& c, const Vec& g) {
+    Vec y(n);
+    for (int64_t i = 0; i < n; ++i) y[i] = g[i / (T * C) * 2] * a[i] + g[i / (T * C) * 2 + 1] * c[i];
+    return y;
+  };
+  std::vector<float> y(n), d0(n), d1(n), dgate(2 * B);
+  route_mix_forward(view(y, {B, T, C}), view(p0, {B, T, C}), view(p1, {B, T, C}), view(gate, {B, 2}));
+  const Vec a = to_f64(p0), c = to_f64(p1), g = to_f64(gate), dyd = to_f64(dy);
+  expect_close(y, ref(a, c, g), kFwdTol, "y");
+  route_mix_backward(view(d0, {B, T, C}), view(d1, {B, T, C}), view(dgate, {B, 2}), view(dy, {B, T, C}),
+                     view(p0, {B, T, C}), view(p1, {B, T, C}), view(gate, {B, 2}));
+  expect_close(d0, fd_grad([&](const Vec& v) { return dot(ref(v, c, g), dyd); }, a), kBwdTol, "dp0");
+  expect_close(d1, fd_grad([&](const Vec& v) { return dot(ref(a, v, g), dyd); }, c), kBwdTol, "dp1");
+  expect_close(dgate, fd_grad([&](const Vec& v) { return dot(ref(a, c, v), dyd); }, g), kBwdTol, "dgate");
+}
+
 TEST(Ops, Axpby) {
   std::vector<float> y = {1, 2, 3}, x = {4, 5, 6};
   axpby(view(y, {3}), 2.0f, view(x, {3}), -1.0f);

@@ -18,6 +18,7 @@
 
 #include "lns/config.h"
 #include "lns/errors.h"
+#include "lns/param_set.h"
 #include "lns/rng.h"
 #include "lns/tensor.h"
 
@@ -95,6 +96,19 @@ inline std::string error_of(const std::function<void()>& f) {
 }
 
 // A small GQA model with odd FFN and vocabulary sizes and 5 layers (Mix-LN: 2 post).
+// The real (not padding) elements of a parameter stored as `info` says, in order: what
+// compares a tensor-parallel shard or a GPU's padded storage (gemm_dim_align) with
+// the CPU's unpadded one.
+inline std::vector<float> real_elements(const ParamInfo& info, const float* data) {
+  std::vector<float> out;
+  const int64_t cols = info.shape.ndim > 1 ? info.shape[1] : 1;
+  for (int64_t k = 0; k < info.shape.numel(); ++k) {
+    int64_t li, lj;
+    if (info.to_logical(k / cols, k % cols, &li, &lj)) out.push_back(data[k]);
+  }
+  return out;
+}
+
 inline LlamaConfig small_model(NormScheme s) {
   LlamaConfig c;
   c.vocab_size = 53, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 5;

@@ -37,11 +37,32 @@ struct SublayerPlan {
   std::optional<NormSlot> add_norm;  // N_add (post-LN family)
 };
 
+// A routed block (mono, mono_reverse; docs/model.md) runs its input x through two
+// paths with the same attention and MLP weights, path 0 = (attn, mlp) and path 1 =
+// route->(attn, mlp), and mixes them per sequence b with a hard Gumbel-softmax gate of
+// a router (model.layers.{i}.router.weight [2, C], ParamKind::Router):
+//   gate[b] = onehot(argmax(mean_t(x[b] @ router^T) + g[b]))     g Gumbel noise (0 at eval)
+//   y[b]    = gate[b,0] * path0(x)[b] + gate[b,1] * path1(x)[b]  (straight-through gradient)
+// A norm slot named in both paths is one parameter used twice.
+struct RoutePlan {
+  SublayerPlan attn, mlp;  // path 1
+};
+
 struct BlockPlan {
   NormScheme effective;  // the scheme this layer runs (Mix-LN resolves to Pre or Post)
   SublayerPlan attn, mlp;
+  std::optional<RoutePlan> route;  // routed blocks only
   std::vector<NormSlot> norms() const;  // the norms this block owns, without repeats
 };
+
+// mono / mono_reverse route the layers of 0-based depth d with (d + 1) % kRouteEvery == 0.
+constexpr int kRouteEvery = 4;
+
+// The training Gumbel noise of gate entry k (0, 1) of sequence `sample` (its index in
+// the training stream, counted from the start of the run: the same under any parallel
+// layout and after a resume) at routed global layer `global_layer`: -log(-log(u)), u
+// uniform in (0, 1) from the counter-based stream rng_key(seed, "gate_noise.<layer>").
+float gate_noise(uint64_t seed, int global_layer, uint64_t sample, int k);
 
 // 1/sqrt(l) with l = global_layer + 1.
 float lns_scale(int global_layer);
@@ -50,7 +71,9 @@ BlockPlan block_plan(const LlamaConfig& cfg, int global_layer);
 // How a parameter is initialised: normal(0, std). `std` already includes every
 // scheme rule (scaled_init's 1/sqrt(2L), DeepNorm's Xavier gains).
 // ResidualScale: a learnable residual scale [1] (initialised to 1, no weight decay).
-enum class ParamKind { Embedding, LmHead, NormGain, NormBias, ResidualScale, Q, K, V, O, Gate, Up, Down };
+// Router: a routed block's router [2, C] (replicated under tensor parallelism, f32 on
+// both devices, normal(--init_std), decays like every matrix).
+enum class ParamKind { Embedding, LmHead, NormGain, NormBias, ResidualScale, Router, Q, K, V, O, Gate, Up, Down };
 float init_std_for(const LlamaConfig& cfg, ParamKind kind, int64_t fan_out, int64_t fan_in);
 
 }  // namespace lns

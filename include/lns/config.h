@@ -19,10 +19,15 @@ enum class NormScheme {
   ScalePostPre,  // Mix-LN with scaled_init's initialisation
   Hybrid,        // a per-layer pattern of block forms (--layer_schemes, lns/layer_schemes.h)
   ScaleResPre,   // pre with a learnable residual scale per sublayer: r = a * x + F(N(x))
+  // Gumbel-routed blocks (BlockPlan::route): the block runs as Pre-LN and as Post-LN on
+  // the same weights and a per-sequence hard Gumbel-softmax gate picks one.
+  Routed,        // every layer routed (a block form, also usable in --layer_schemes)
+  Mono,          // pre, with every 4th layer (0-based 3, 7, ...) routed
+  MonoReverse,   // post, with every 4th layer routed
 };
 
 // "pre", "lns", "post", "mix", "sandwich", "deepnorm", "scaled_init", "deeppost",
-// "scale_post_pre", "hybrid", "scale_res_pre_norm"
+// "scale_post_pre", "hybrid", "scale_res_pre_norm", "routed", "mono", "mono_reverse"
 const char* norm_scheme_name(NormScheme s);
 // Throws UserError naming `flag` and the accepted values.
 NormScheme parse_norm_scheme(const std::string& s, const std::string& flag = "--norm_scheme");

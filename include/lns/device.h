@@ -16,6 +16,11 @@ Device parse_device(const std::string& value);
 const char* device_name(Device d);
 // The dtype of activations (hidden states, logits, GEMM inputs) on a device.
 inline DType activation_dtype(Device d) { return d == Device::CUDA ? DType::BF16 : DType::F32; }
+// Elements to which a tensor-parallel dimension that becomes a GEMM leading dimension
+// (FFN width, vocabulary) is padded in storage on `d` (parallel/shard.h, `stored`):
+// 64 on CUDA, a 128-byte bf16 row pitch (cuBLASLt's TMA kernels on Hopper need 16-byte
+// multiples; 5461 x 2 bytes is not one), 1 on the CPU (its results stay bit for bit).
+inline int64_t gemm_dim_align(Device d) { return d == Device::CUDA ? 64 : 1; }
 
 // True when this binary was built with -DLNS_CUDA=ON.
 bool cuda_built();

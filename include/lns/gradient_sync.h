@@ -47,6 +47,7 @@ class GradientSync {
   ProcessGrid& grid_;
   ParamSet& params_;
   bool tied_, zero_;
+  bool in_place_ = false;  // ZeRO collectives on the flat buffers themselves (ParamSet::kSlack)
   int64_t bucket_floats_;
   int64_t begin_ = 0, end_ = 0, shard_size_ = 0;
   bool armed_ = false;
@@ -56,7 +57,7 @@ class GradientSync {
   int64_t hold_lo_ = 0, hold_hi_ = 0;
   std::vector<int64_t> deferred_;
   std::vector<std::pair<int64_t, int64_t>> norm_ranges_;  // flat ranges counted in the norm
-  OwnedTensor padded_, shard_;      // ZeRO staging: [dp * shard], [shard]
+  OwnedTensor padded_, shard_;      // ZeRO staging when not in place: [dp * shard], [shard]
 };
 
 }  // namespace lns

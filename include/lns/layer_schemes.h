@@ -8,7 +8,8 @@
 // layer. A trailing "*" repeats the whole pattern until every layer has a form (the
 // last repetition may be cut short). Without "*" the counts must add up to the model's
 // layers exactly. FORM is a scheme that describes one block by itself: pre, lns, post,
-// deeppost, sandwich, scale_res_pre_norm (the rest are patterns or init rules, not block forms).
+// deeppost, sandwich, scale_res_pre_norm, routed (the rest are patterns or init rules, not
+// block forms). mono is pre:3,routed,* and mono_reverse post:3,routed,*.
 //
 //   pre:7,post          first 7 layers Pre-LN, the rest Post-LN
 //   pre:7,sandwich      first 7 Pre-LN, the rest sandwich

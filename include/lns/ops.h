@@ -156,6 +156,23 @@ void scaled_residual_forward(Tensor r, Tensor x, Tensor f, Tensor alpha);
 // dalpha[0] += sum(dr * x) (deterministic order), then dx[N,C] = a * dr. dx may alias dr.
 void scaled_residual_backward(Tensor dx, Tensor dalpha, Tensor dr, Tensor x, Tensor alpha);
 
+// ---- Gumbel-routed block (routed, mono, mono_reverse; lns/block_plan.h) ------------------
+// The router's hard Gumbel-softmax gate (tau = 1), per sequence b:
+//   logits[b,k] = sum_c (mean_t x[b,t,c]) * w[k,c]          x [B,T,C] (bf16 on CUDA), w [2,C] f32
+//   soft[b,:]   = softmax(logits[b,:] + noise[b,:])         noise [B,2] f32 (zeros: no noise)
+//   gate[b,:]   = onehot(argmax soft[b,:]), index 0 on a tie gate, soft [B,2] f32
+// Means and dot products in f64 in a fixed order (identical bits on every run).
+void route_gate_forward(Tensor gate, Tensor soft, Tensor x, Tensor w, Tensor noise);
+// Straight-through estimator (d soft = dgate):
+//   dlogits[b,k] = soft[b,k] * (dgate[b,k] - sum_j dgate[b,j] soft[b,j])
+//   dw[k,c] += sum_b dlogits[b,k] * mean_t x[b,t,c];  dx[b,t,c] += sum_k dlogits[b,k] w[k,c] / T
+void route_gate_backward(Tensor dx, Tensor dw, Tensor dgate, Tensor soft, Tensor x, Tensor w);
+// y[b,t,c] = gate[b,0] * p0[b,t,c] + gate[b,1] * p1[b,t,c]     y, p0, p1 [B,T,C]; gate [B,2] f32
+void route_mix_forward(Tensor y, Tensor p0, Tensor p1, Tensor gate);
+// dp0 = gate[b,0] * dy, dp1 = gate[b,1] * dy (written);
+// dgate[b,k] = sum_{t,c} dy * p_k (written, f64 sums in a fixed order)
+void route_mix_backward(Tensor dp0, Tensor dp1, Tensor dgate, Tensor dy, Tensor p0, Tensor p1, Tensor gate);
+
 }  // namespace lns
 
 namespace lns {

@@ -14,6 +14,7 @@
 
 #include "lns/block_plan.h"
 #include "lns/tensor.h"
+#include "parallel/shard.h"
 
 namespace lns {
 
@@ -27,9 +28,11 @@ struct ParamInfo {
   // ranks (-1: replicated on every tp rank), and this rank's slice of it: indices
   // [shard_begin, shard_begin + shape[split_dim]) of the padded dimension, of which
   // the first shard_valid are real (the rest is zero padding).
+  // shape[split_dim] is what the device stores (ShardRange::stored, >= shard_size);
+  // shard_size is the rank's share by the tp rule, the extent a checkpoint piece has.
   Shape logical;
   int split_dim = -1;
-  int64_t shard_begin = 0, shard_valid = 0;
+  int64_t shard_begin = 0, shard_valid = 0, shard_size = 0;
   // The last stage's copy of a tied embedding: same values as the first stage's,
   // gradient summed with it; counted once in the global gradient norm.
   bool tied_copy = false;
@@ -50,9 +53,8 @@ class ParamSet {
  public:
   // Registers a parameter; only before finalize().
   int add(std::string name, Shape shape, ParamKind kind, int layer);
-  // A tensor-parallel shard: local shape = logical with split_dim replaced by `local`.
-  int add_shard(std::string name, Shape logical, int split_dim, int64_t begin, int64_t local,
-                int64_t valid, ParamKind kind, int layer);
+  // A tensor-parallel shard: local shape = logical with split_dim replaced by s.stored.
+  int add_shard(std::string name, Shape logical, int split_dim, const ShardRange& s, ParamKind kind, int layer);
   ParamInfo& mutable_info(int i) { return infos_[i]; }
   // Allocates the zeroed flat buffers (params and grads) on `device`.
   void finalize(Device device = Device::CPU);
@@ -70,6 +72,13 @@ class ParamSet {
   Tensor flat_params() const { return params_.f32(Shape{numel_}); }
   Tensor flat_grads() const { return grads_.f32(Shape{numel_}); }
   Tensor flat_compute() const;  // bf16 [numel] on CUDA, empty on the CPU
+  // The flat buffers are allocated kSlack zero floats longer than numel(): the ZeRO
+  // rule's dp * shard elements (fewer than numel() + dp) exist, so its reduce-scatter
+  // and all-gather run in place for dp <= kSlack + 1 (GradientSync), moving no staging
+  // copy. The first n elements, numel() <= n <= numel() + kSlack; the rest stays zero.
+  static constexpr int64_t kSlack = 1024;
+  Tensor flat_params_padded(int64_t n) const;
+  Tensor flat_grads_padded(int64_t n) const;
   int64_t numel() const { return numel_; }
   void zero_grads();
   // Host mirror -> device master weights, and the bf16 compute copy refreshed.

@@ -30,10 +30,12 @@ class PipelineSchedule1F1B {
   // targets(m) its targets [B*T] (last stage). Parameter gradients accumulate in the
   // stage, scaled by grad_scale. on_logits(m, logits) sees the last stage's logits
   // before backward overwrites them; before_backward(m) runs just before micro-batch
-  // m's backward. Returns the sum of token losses (last stage; 0 elsewhere).
+  // m's backward, before_forward(m, slot) just before its forward on this stage (in the
+  // slot it will use). Returns the sum of token losses (last stage; 0 elsewhere).
   double train(const std::function<Tensor(int)>& inputs, const std::function<Tensor(int)>& targets,
                float grad_scale, const std::function<void(int, Tensor)>& on_logits = {},
-               const std::function<void(int)>& before_backward = {});
+               const std::function<void(int)>& before_backward = {},
+               const std::function<void(int, int)>& before_forward = {});
   // Forward only, micro-batches one after another (evaluation). Returns the loss sum.
   // tag_base offsets the message tags (callers making several calls in a row).
   double forward_only(int count, const std::function<Tensor(int)>& inputs,

@@ -102,6 +102,15 @@ class LlamaStage {
   // Entries of sublayers without a pre-norm stay 0. CPU only.
   void add_divisor_sums(std::vector<std::array<double, 4>>& sums, int slot = 0) const;
 
+  // Routed blocks (mono, mono_reverse; lns/block_plan.h): the Gumbel noise of the next
+  // forward() of `slot`. Training draws it for the micro-batch whose first sequence is
+  // sample `first_sample` of the training stream (gate_noise()); a forward without it
+  // (evaluation) runs with no noise, i.e. the router's argmax. Noise lasts one forward.
+  void set_gate_noise(uint64_t seed, uint64_t first_sample, int slot = 0);
+  // Given noise [B,2] for one routed layer (tests against the reference's noise).
+  void set_gate_noise(int global_layer, const std::vector<float>& noise, int slot = 0);
+  bool has_routed_layers() const;
+
   // Initialises every parameter by its scheme's rule. Each tensor draws from its own
   // named random stream, so any layout gets the single-rank model's weights.
   void init_weights(uint64_t seed);
@@ -144,11 +153,19 @@ class LlamaStage {
   void init_dims();
   void register_params();
   void bind_layer_acts(int local, Slot& slot);
+  // Binds one path's activations (the layer's, or a routed block's twin's) by `mode`.
+  void bind_path_acts(const Layer& path, RecomputeMode mode, Slot& slot);
+  void recompute_path(Layer& path, Slot& s, Tensor in);
   void norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x);
   void norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x);
   void settle(Stream& x);
   void stream_norm_fwd(const NormUse& n, Slot& s, Tensor out, Stream& x);
   Stream sublayer_forward(Layer& layer, int which, Slot& s, Stream x);
+  Stream block_forward(Layer& layer, Slot& s, Stream x);
+  void block_backward(Layer& layer, Slot& s, Tensor dy, Tensor dx);
+  // A layer's activations in `s` (path 1 of a routed block: the twin's). Defined in
+  // stage.cpp, where Slot is: the return type is deduced there.
+  static auto& acts(const Layer& layer, Slot& s);
   Tensor head_forward(Slot& s, Stream x);
   Tensor layer_output(int local, const Slot& s) const;
   void sublayer_backward(Layer& layer, int which, Slot& s, Tensor dy, Tensor dx);

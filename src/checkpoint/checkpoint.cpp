@@ -137,15 +137,30 @@ nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, 
   SafetensorsWriter w;
   nlohmann::json pieces = nlohmann::json::array();
   const std::string file = absl::StrFormat("rank_%05d.safetensors", rank);
+  std::vector<float> packed;  // a whole tensor in the tp rule's layout (below)
   for (int i = 0; i < params.size(); ++i) {
     const ParamInfo& p = params.info(i);
     if (!p.counted_on(at.tp)) continue;
     const int64_t n = p.shape.numel();
+    // A whole tensor is written with the tp rule's extent (shard_size) along its split
+    // dimension, not the device's stored one (parallel/shard.h): the checkpoint of a
+    // CUDA run, whose FFN and vocabulary shards are stored padded to 64, has the same
+    // bytes as the CPU's. A part of a tensor (a ZeRO range) keeps the stored layout,
+    // which the manifest describes ("local"); readers take either.
+    Shape piece = p.shape;
+    if (!p.replicated()) piece.dims[p.split_dim] = p.shard_size;
     auto add = [&](const std::string& kind, const float* data, int64_t eb, int64_t ee) {
+      Shape local = p.shape;
+      if (eb == 0 && ee == n && piece != p.shape) {  // drop the stored padding past shard_size
+        const int64_t rows = piece[0], cols = piece.ndim > 1 ? piece[1] : 1, stride = p.shape.ndim > 1 ? p.shape[1] : 1;
+        packed.resize(rows * cols);
+        for (int64_t r = 0; r < rows; ++r) std::copy(data + r * stride, data + r * stride + cols, &packed[r * cols]);
+        data = packed.data(), local = piece, ee = piece.numel();
+      }
       const std::string key = absl::StrFormat("%s/%s@%d", kind, p.name, eb);
       w.add_f32(key, {ee - eb}, data);
       pieces.push_back({{"tensor", p.name}, {"kind", kind}, {"file", file}, {"key", key},
-                        {"logical", p.logical.to_vector()}, {"local", p.shape.to_vector()},
+                        {"logical", p.logical.to_vector()}, {"local", local.to_vector()},
                         {"split_dim", p.split_dim}, {"shard_begin", p.shard_begin},
                         {"shard_valid", p.shard_valid}, {"elem_begin", eb}, {"elem_end", ee}});
     };

@@ -56,6 +56,12 @@ void check_hf_exportable(const LlamaConfig& cfg) {
     case NormScheme::ScaleResPre:
       fail("export-hf: --norm_scheme=scale_res_pre_norm multiplies each residual by a learned scale, which ",
            "LlamaForCausalLM cannot express");
+    case NormScheme::Routed:
+    case NormScheme::Mono:
+    case NormScheme::MonoReverse:
+      fail("export-hf: --norm_scheme=", norm_scheme_name(cfg.norm_scheme),
+           " routes blocks between a pre- and a post-norm path with a learned gate, which ",
+           "LlamaForCausalLM cannot express");
   }
 }
 

@@ -92,4 +92,20 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
   return warp_max(v);
 }
 
+// Sum over a block of N threads (blockDim.x == N, a power of 2) in f64 and a fixed
+// order: a halving tree over `red` [N] doubles in shared memory. For sums of many
+// small terms whose partials the host adds in order (the gradient norm, a learned
+// residual scale's gradient). Every thread gets the total.
+template <int N>
+__device__ __forceinline__ double block_sum_f64(double v, double* red) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "block_sum_f64: N must be a power of 2");
+  red[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = N / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  return red[0];
+}
+
 }  // namespace lns::cuda

@@ -52,13 +52,8 @@ __global__ void scaled_residual_backward_kernel(bf16* dx, double* partial, const
     s += double(d) * to_f(x[i]);
     dx[i] = to_bf(a * d);
   }
-  red[threadIdx.x] = s;
-  __syncthreads();
-  for (int w = kBlock / 2; w > 0; w >>= 1) {
-    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = red[0];
+  s = block_sum_f64<kBlock>(s, red);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
 // *out += sum of partial[0, n) in index order (one thread: n is a few hundred)

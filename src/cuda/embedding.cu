@@ -1,12 +1,12 @@
 // Token embedding forward and a deterministic backward. CPU reference:
 // src/cpu/embedding.cpp.
 //
-// Backward without float atomics: the ids (a few KB, copied back to the host at the
-// end of backward) are sorted by row with a stable counting sort on the host, so each
-// vocabulary row's tokens form one segment in token order; one thread per (row,
-// column) sums its segment in that order and adds it to the f32 gradient.
-#include <vector>
-
+// Backward without float atomics and without the host: the tokens of this rank are
+// put in a stable order by row on the device (a token's place is the number of tokens
+// with a smaller row plus the number of earlier tokens with the same row), so each
+// vocabulary row's tokens form one run in token order; one thread per (run, column)
+// sums its run in that order and adds it to the f32 gradient. Nothing is read back:
+// no host synchronisation (docs/cuda.md).
 #include "cuda/common.cuh"
 #include "lns/device.h"
 #include "cuda/ops_cuda.h"
@@ -34,15 +34,56 @@ __global__ void embedding_forward_kernel(bf16* out, const int32_t* ids, const bf
   }
 }
 
-// segment s covers order[start[s] .. start[s+1]) and belongs to weight row row_of[s].
+// This rank's row of a token, or -1 for another rank's.
+__device__ __forceinline__ int64_t row_of(const int32_t* ids, int64_t n, int64_t row_begin, int64_t rows) {
+  const int64_t r = int64_t(ids[n]) - row_begin;
+  return r >= 0 && r < rows ? r : -1;
+}
+
+constexpr int kSortThreads = 256;
+
+// Stable counting order of the N tokens by row, one thread per token:
+//   order[place(n)] = n, place(n) = #{s : row(s) < row(n)} + #{s < n : row(s) == row(n)},
+// for this rank's tokens (place in [0, M)), and order[N] = M, their number.
+// ids [N] -> order [N + 1]. O(N^2) comparisons from shared-memory tiles: at the
+// 8192 tokens of a 1B micro-batch about 67M, a few microseconds spread over the GPU,
+// and no atomics, so the order is the same on every run.
+__global__ void embedding_order_kernel(int32_t* order, const int32_t* ids, int64_t row_begin, int64_t rows,
+                                       int64_t N) {
+  __shared__ int64_t tile[kSortThreads];
+  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t r = n < N ? row_of(ids, n, row_begin, rows) : -1;
+  int64_t place = 0, mine = 0;
+  for (int64_t t0 = 0; t0 < N; t0 += blockDim.x) {
+    __syncthreads();  // the previous tile has been read by every thread
+    const int64_t s = t0 + threadIdx.x;
+    tile[threadIdx.x] = s < N ? row_of(ids, s, row_begin, rows) : -1;
+    __syncthreads();
+    const int64_t len = N - t0 < int64_t(blockDim.x) ? N - t0 : int64_t(blockDim.x);
+    for (int64_t k = 0; k < len; ++k) {
+      const int64_t q = tile[k];
+      mine += q >= 0;
+      place += q >= 0 && (q < r || (q == r && t0 + k < n));
+    }
+  }
+  if (n < N && r >= 0) order[place] = int32_t(n);
+  if (n == 0) order[N] = int32_t(mine);
+}
+
+// One block per place k of the order and 128 columns: the block at the start of a
+// row's run sums the run's token gradients in token order into that row; the others
+// return. order [N + 1], dout [N, C] bf16 -> dweight [rows, C] f32 (+=).
 __global__ void embedding_backward_kernel(float* dweight, const bf16* dout, const int32_t* order,
-                                          const int32_t* start, const int32_t* row_of, int C) {
-  const int s = blockIdx.x;  // x: up to 2^31-1 segments (y would cap them at 65535)
+                                          const int32_t* ids, int64_t row_begin, int64_t N, int C) {
+  const int64_t k = blockIdx.x;  // x: up to 2^31-1 places (y would cap them at 65535)
+  const int64_t M = order[N];
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  if (k >= M || c >= C) return;
+  const int32_t id = ids[order[k]];
+  if (k > 0 && ids[order[k - 1]] == id) return;  // not the start of a run
   float acc = 0.0f;
-  for (int k = start[s]; k < start[s + 1]; ++k) acc += to_f(dout[int64_t(order[k]) * C + c]);
-  dweight[int64_t(row_of[s]) * C + c] += acc;
+  for (int64_t j = k; j < M && ids[order[j]] == id; ++j) acc += to_f(dout[int64_t(order[j]) * C + c]);
+  dweight[(int64_t(id) - row_begin) * C + c] += acc;
 }
 
 }  // namespace
@@ -63,45 +104,22 @@ void embedding_forward(Tensor out, Tensor ids, Tensor weight, int64_t row_begin)
 
 void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_begin) {
   expect(dweight, DType::F32, "embedding dweight");
+  expect(ids, DType::I32, "embedding ids");
   expect(dout, DType::BF16, "embedding dout");
   const int64_t rows = dweight.dim(0), N = ids.numel();
   const int C = static_cast<int>(dweight.dim(1));
   LNS_CHECK(dout.numel() == N * C);
-  // Host work buffers, kept between calls: nothing is allocated once they have grown.
-  static std::vector<int32_t> h, count, next, packed;
-  h.resize(N);
-  copy_tensor(Tensor{h.data(), DType::I32, Device::CPU, Shape{N}}, ids);
-  // Stable counting sort of this rank's tokens by row. packed = [order | start | row_of]:
-  // order lists token indices grouped by row (token order within a row); segment s
-  // covers order[start[s] .. start[s+1]) and belongs to row row_of[s].
-  count.assign(rows + 1, 0);
-  for (int32_t id : h)
-    if (id - row_begin >= 0 && id - row_begin < rows) ++count[id - row_begin + 1];
-  for (int64_t r = 0; r < rows; ++r) count[r + 1] += count[r];
-  const int64_t mine = count[rows];
-  int segments = 0;
-  for (int64_t r = 0; r < rows; ++r) segments += count[r + 1] > count[r];
-  if (segments == 0) return;
-  packed.resize(mine + 2 * segments + 1);
-  int32_t *order = packed.data(), *start = order + mine, *row_of = start + segments + 1;
-  next.assign(count.begin(), count.end() - 1);
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t r = h[n] - row_begin;
-    if (r >= 0 && r < rows) order[next[r]++] = static_cast<int32_t>(n);
-  }
-  for (int64_t r = 0, k = 0; r < rows; ++r)
-    if (count[r + 1] > count[r]) start[k] = count[r], row_of[k] = static_cast<int32_t>(r), ++k;
-  start[segments] = static_cast<int32_t>(mine);
-  // Sized for the worst case of N tokens (order <= N, start <= N + 1, row_of <= N), so it
-  // never grows after the first step (a regrowth synchronises the whole device).
-  auto* dev = static_cast<int32_t*>(scratch(Scratch::Embedding, (3 * N + 1) * sizeof(int32_t)));
-  LNS_CUDA_CHECK(cudaMemcpyAsync(dev, packed.data(), packed.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream()));
-  const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(ceil_div(C, 128)));
-  LNS_LAUNCH(embedding_backward_kernel, grid, 128, 0, stream())(ptr<float>(dweight), ptr<bf16>(dout), dev, dev + mine,
-                                                        dev + mine + segments + 1, C);
+  LNS_CHECK(N < (int64_t{1} << 31)) << "embedding backward: token indices are int32";
+  if (N == 0) return;
+  // Sized by N alone, so it never grows after the first step (a regrowth synchronises).
+  auto* order = static_cast<int32_t*>(scratch(Scratch::Embedding, (N + 1) * sizeof(int32_t)));
+  LNS_LAUNCH(embedding_order_kernel, ceil_div(N, kSortThreads), kSortThreads, 0, stream())(
+      order, ptr<int32_t>(ids), row_begin, rows, N);
   LNS_CUDA_LAUNCHED();
-  // No synchronisation needed for `packed`: a copy from pageable memory returns once
-  // the source has been staged (CUDA's API synchronisation rules).
+  const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(ceil_div(C, 128)));
+  LNS_LAUNCH(embedding_backward_kernel, grid, 128, 0, stream())(ptr<float>(dweight), ptr<bf16>(dout), order,
+                                                        ptr<int32_t>(ids), row_begin, N, C);
+  LNS_CUDA_LAUNCHED();
 }
 
 }  // namespace lns::cuda

@@ -95,6 +95,75 @@ __device__ __forceinline__ int key_tiles(int T, int q0) {
 // start first (blockIdx.x = 0 takes the last tile).
 __device__ __forceinline__ int tile_from_back() { return gridDim.x - 1 - blockIdx.x; }
 
+// What the backward passes recompute from a pair of shared-memory tiles, for this
+// warp's 16 rows of `a_*` (already at the warp's first row) against the N rows of
+// `b_*` (all [*][kLd<D>] bf16):
+//   S = a_s b_s^T, dP = a_dp b_dp^T                         [16][N] each, f32
+//   P = exp2(S * sl2 - lse2) where the query sees the key, else 0; dS = P (dP - delta)
+// leaving P in s and dS in dp. The dQ pass calls it with (Q, K, dO, V): rows are
+// queries; the dK/dV pass with (K, Q, V, dO): rows are keys (the transposed
+// products). at(n, i) gives accumulator entry (n, i)'s mask and softmax statistics.
+struct RowStats {
+  bool visible;  // the query may attend to the key, and both are inside the sequence
+  float lse2;    // the query's log-sum-exp, log2 units
+  float delta;   // the query's sum_d dO * O
+};
+template <int D, int N, typename At>
+__device__ __forceinline__ void recompute_p_ds(FragC (&s)[N / 8], FragC (&dp)[N / 8], const bf16* a_s,
+                                               const bf16* b_s, const bf16* a_dp, const bf16* b_dp, float sl2,
+                                               At at) {
+  constexpr int ld = kLd<D>;
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n) {
+    s[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
+    dp[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      FragA a;
+      FragB bf;
+      load_a(a, a_s + kk * 16, ld);
+      load_b_nk(bf, b_s + n * 8 * ld + kk * 16, ld);
+      mma_16816(s[n], a, bf);
+      load_a(a, a_dp + kk * 16, ld);
+      load_b_nk(bf, b_dp + n * 8 * ld + kk * 16, ld);
+      mma_16816(dp[n], a, bf);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const RowStats r = at(n, i);
+      const float p = r.visible ? exp2f(s[n].r[i] * sl2 - r.lse2) : 0.0f;
+      s[n].r[i] = p;
+      dp[n].r[i] = p * (dp[n].r[i] - r.delta);
+    }
+}
+
+// Half-row i (0: row g, 1: row g + 8) of an accumulator row of tiles c[0..N) times
+// `mul`, as bf16: tile n's two columns 2t, 2t + 1 go to p[8n + 2t], p[8n + 2t + 1]
+// (p: the row's first column). One 4-byte store per tile when the tensor is aligned
+// (vec: 16-byte aligned, and D even keeps every 2t column 4-byte aligned), two 2-byte
+// stores otherwise.
+struct alignas(4) Bf16x2 {
+  bf16 v[2];
+};
+template <int N>
+__device__ __forceinline__ void store_c_half(bf16* p, const FragC (&c)[N], int i, float mul, bool vec) {
+  p += 2 * (threadIdx.x % 4);
+  if (vec) {
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+      *reinterpret_cast<Bf16x2*>(p + n * 8) = Bf16x2{{to_bf(c[n].r[2 * i] * mul), to_bf(c[n].r[2 * i + 1] * mul)}};
+  } else {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      p[n * 8] = to_bf(c[n].r[2 * i] * mul);
+      p[n * 8 + 1] = to_bf(c[n].r[2 * i + 1] * mul);
+    }
+  }
+}
+
 // ---- forward ----------------------------------------------------------------------
 // grid (ceil(T/64), B*Hq), 128 threads, fwd_smem<D>() bytes.
 template <int D>
@@ -198,11 +267,7 @@ __global__ void flash_fwd_kernel(bf16* out, float* lse, const bf16* q, const bf1
   for (int i = 0; i < 2; ++i) {
     if (row[i] >= T) continue;
     bf16* orow = out + ((b * T + row[i]) * Hq + h) * D;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      orow[n * 8 + 2 * t4] = to_bf(o[n].r[2 * i] * inv[i]);
-      orow[n * 8 + 2 * t4 + 1] = to_bf(o[n].r[2 * i + 1] * inv[i]);
-    }
+    store_c_half(orow, o, i, inv[i], vec);
     if (t4 == 0) lse[(b * Hq + h) * T + row[i]] = (m[i] + log2f(l[i])) * kLn2;
   }
 }
@@ -260,36 +325,15 @@ __global__ void flash_dq_kernel(bf16* dq, const bf16* dout, const float* lse, co
     load_rows<D, kBc>(sK, kb, ks, k0, T, vec);
     load_rows<D, kBc>(sV, vb, ks, k0, T, vec);
     __syncthreads();
-    FragC s[kBc / 8], dp[kBc / 8];  // S = Q K^T, dP = dO V^T: [16 rows][64 keys]
-#pragma unroll
-    for (int n = 0; n < kBc / 8; ++n) {
-      s[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
-      dp[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        FragA a;
-        FragB bf;
-        load_a(a, sQ + w * 16 * ld + kk * 16, ld);
-        load_b_nk(bf, sK + n * 8 * ld + kk * 16, ld);
-        mma_16816(s[n], a, bf);
-        load_a(a, sdO + w * 16 * ld + kk * 16, ld);
-        load_b_nk(bf, sV + n * 8 * ld + kk * 16, ld);
-        mma_16816(dp[n], a, bf);
-      }
-    }
-    // dS = P * (dP - delta), P = exp(S * scale - lse); 0 where masked
-#pragma unroll
-    for (int n = 0; n < kBc / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int key = k0 + n * 8 + 2 * t4 + i % 2, r = row[i / 2];
-        const float p = key > r || key >= T ? 0.0f : exp2f(s[n].r[i] * sl2 - lse2[i / 2]);
-        s[n].r[i] = p * (dp[n].r[i] - dl[i / 2]);
-      }
+    FragC s[kBc / 8], dp[kBc / 8];  // P, dS: [16 rows][64 keys]
+    recompute_p_ds<D, kBc>(s, dp, sQ + w * 16 * ld, sK, sdO + w * 16 * ld, sV, sl2, [&](int n, int i) {
+      const int key = k0 + n * 8 + 2 * t4 + i % 2, r = row[i / 2];
+      return RowStats{key <= r && key < T, lse2[i / 2], dl[i / 2]};
+    });
     // dQ += dS K
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
-      const FragA da = a_from_c(s[2 * kk], s[2 * kk + 1]);
+      const FragA da = a_from_c(dp[2 * kk], dp[2 * kk + 1]);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         FragB kf;
@@ -302,11 +346,7 @@ __global__ void flash_dq_kernel(bf16* dq, const bf16* dout, const float* lse, co
   for (int i = 0; i < 2; ++i) {
     if (row[i] >= T) continue;
     bf16* drow = dq + ((b * T + row[i]) * Hq + h) * D;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      drow[n * 8 + 2 * t4] = to_bf(acc[n].r[2 * i] * scale);
-      drow[n * 8 + 2 * t4 + 1] = to_bf(acc[n].r[2 * i + 1] * scale);
-    }
+    store_c_half(drow, acc, i, scale, vec);
   }
 }
 
@@ -355,33 +395,11 @@ __global__ void flash_dkv_kernel(bf16* dk, bf16* dv, const bf16* dout, const flo
         sD[i] = in ? delta[(b * Hq + h) * T + q0 + i] : 0.0f;
       }
       __syncthreads();
-      FragC s[R / 8], dp[R / 8];  // S^T = K Q^T, dP^T = V dO^T: [16 keys][R queries]
-#pragma unroll
-      for (int n = 0; n < R / 8; ++n) {
-        s[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
-        dp[n] = FragC{{0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          FragA a;
-          FragB bf;
-          load_a(a, sK + w * 16 * ld + kk * 16, ld);
-          load_b_nk(bf, sQ + n * 8 * ld + kk * 16, ld);
-          mma_16816(s[n], a, bf);
-          load_a(a, sV + w * 16 * ld + kk * 16, ld);
-          load_b_nk(bf, sdO + n * 8 * ld + kk * 16, ld);
-          mma_16816(dp[n], a, bf);
-        }
-      }
-      // P^T into s, dS^T into dp
-#pragma unroll
-      for (int n = 0; n < R / 8; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int c = n * 8 + 2 * t4 + i % 2, qi = q0 + c, kj = key[i / 2];
-          const float p = kj > qi || qi >= T ? 0.0f : exp2f(s[n].r[i] * sl2 - sL[c]);
-          s[n].r[i] = p;
-          dp[n].r[i] = p * (dp[n].r[i] - sD[c]);
-        }
+      FragC s[R / 8], dp[R / 8];  // P^T, dS^T: [16 keys][R queries]
+      recompute_p_ds<D, R>(s, dp, sK + w * 16 * ld, sQ, sV + w * 16 * ld, sdO, sl2, [&](int n, int i) {
+        const int c = n * 8 + 2 * t4 + i % 2, qi = q0 + c;
+        return RowStats{key[i / 2] <= qi && qi < T, sL[c], sD[c]};
+      });
       // dV += P^T dO, dK += dS^T Q
 #pragma unroll
       for (int kk = 0; kk < R / 16; ++kk) {
@@ -402,13 +420,8 @@ __global__ void flash_dkv_kernel(bf16* dk, bf16* dv, const bf16* dout, const flo
   for (int i = 0; i < 2; ++i) {
     if (key[i] >= T) continue;
     const int64_t at = ((b * T + key[i]) * Hkv + hk) * D;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      dk[at + n * 8 + 2 * t4] = to_bf(dka[n].r[2 * i] * scale);
-      dk[at + n * 8 + 2 * t4 + 1] = to_bf(dka[n].r[2 * i + 1] * scale);
-      dv[at + n * 8 + 2 * t4] = to_bf(dva[n].r[2 * i]);
-      dv[at + n * 8 + 2 * t4 + 1] = to_bf(dva[n].r[2 * i + 1]);
-    }
+    store_c_half(dk + at, dka, i, scale, vec);
+    store_c_half(dv + at, dva, i, 1.0f, vec);
   }
 }
 

@@ -48,6 +48,11 @@ void cast(Tensor dst, Tensor src);
 void scaled_residual_forward(Tensor r, Tensor x, Tensor f, Tensor alpha);
 void scaled_residual_backward(Tensor dx, Tensor dalpha, Tensor dr, Tensor x, Tensor alpha);
 
+void route_gate_forward(Tensor gate, Tensor soft, Tensor x, Tensor w, Tensor noise);
+void route_gate_backward(Tensor dx, Tensor dw, Tensor dgate, Tensor soft, Tensor x, Tensor w);
+void route_mix_forward(Tensor y, Tensor p0, Tensor p1, Tensor gate);
+void route_mix_backward(Tensor dp0, Tensor dp1, Tensor dgate, Tensor dy, Tensor p0, Tensor p1, Tensor gate);
+
 void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h, Tensor p_compute);
 double sum_squares(Tensor x);
 void scale_inplace(Tensor x, float a);

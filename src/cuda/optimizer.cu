@@ -42,13 +42,8 @@ __global__ void sum_squares_kernel(double* partial, const float* x, int64_t n) {
       s += double(x[i]) * x[i];
     }
   }
-  red[threadIdx.x] = s;
-  __syncthreads();
-  for (int w = kBlock / 2; w > 0; w >>= 1) {
-    if (threadIdx.x < w) red[threadIdx.x] += red[threadIdx.x + w];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partial[blockIdx.x] = red[0];
+  s = block_sum_f64<kBlock>(s, red);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
 __global__ void scale_kernel(float* x, float a, int64_t n) {

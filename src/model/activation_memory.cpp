@@ -48,8 +48,10 @@ ActivationAccount activation_account(const LlamaConfig& cfg, StageSpec spec, int
   const int64_t a = static_cast<int64_t>(dtype_size(activation_dtype(device)));
   const int64_t N = B * T, C = cfg.hidden_size, D = cfg.head_dim();
   const int64_t Hq = cfg.num_heads / tp.size, QD = Hq * D, KD = cfg.num_kv_heads / tp.size * D;
-  const int64_t F = shard_range(cfg.intermediate_size, tp.size, tp.rank).size;
-  const int64_t V = shard_range(cfg.vocab_size, tp.size, tp.rank).size;
+  // FFN and vocabulary shards as the device stores them (padded to the GEMM alignment)
+  const int64_t align = gemm_dim_align(device);
+  const int64_t F = shard_range(cfg.intermediate_size, tp.size, tp.rank, align).stored;
+  const int64_t V = shard_range(cfg.vocab_size, tp.size, tp.rank, align).stored;
   const int64_t NC = N * C * a;
   const int64_t stat = N * 4 * (cfg.norm_type == NormType::LayerNorm ? 2 : 1);  // rstd (+ mean)
   const int64_t core = N * QD * a + attention_saved_shape(device, B, T, Hq).numel() * 4 + N * F * a;
@@ -57,30 +59,37 @@ ActivationAccount activation_account(const LlamaConfig& cfg, StageSpec spec, int
 
   ActivationAccount acc;
   acc.num_slots = num_slots;
-  bool any_selective = false, any_full = false;
-  // The workspace of full layers: each buffer once, where any full layer has it.
+  bool any_selective = false, any_full = false, any_routed = false;
+  // The workspace of full layers: each buffer once, where any full path has it.
   bool u[2] = {}, f2[2] = {}, add[2] = {};
   bool stats[6] = {};
-  for (int g = spec.first_layer; g < spec.last_layer; ++g) {
-    const BlockPlan p = block_plan(cfg, g);
-    const SublayerPlan* sub[2] = {&p.attn, &p.mlp};
-    ActivationAccount::Layer l{g, layer_recompute(cfg.recompute, cfg.recompute_layers, g - spec.first_layer), 0};
-    if (l.mode == RecomputeMode::Full) {
-      l.kept_bytes = NC;  // the layer's output
+  // What one path (a layer's two sublayers) keeps in `mode`.
+  auto path = [&](const SublayerPlan& attn, const SublayerPlan& mlp, RecomputeMode mode) {
+    const SublayerPlan* sub[2] = {&attn, &mlp};
+    if (mode == RecomputeMode::Full) {
       any_full = true;
       for (int s = 0; s < 2; ++s) {
         const bool has[3] = {bool(sub[s]->pre_norm), bool(sub[s]->out_norm), bool(sub[s]->add_norm)};
         u[s] |= has[0], f2[s] |= has[1], add[s] |= has[2];
         for (int k = 0; k < 3; ++k) stats[3 * s + k] |= has[k];
       }
-    } else {
-      for (int s = 0; s < 2; ++s) {
-        const int norms = bool(sub[s]->pre_norm) + bool(sub[s]->out_norm) + bool(sub[s]->add_norm);
-        l.kept_bytes += (2 + norms) * NC + norms * stat;  // f, r, and u / f2 / y
-      }
-      l.kept_bytes += qkv_gate_up;
-      if (l.mode == RecomputeMode::None) l.kept_bytes += core;
-      any_selective |= l.mode == RecomputeMode::Selective;
+      return NC;  // the path's output
+    }
+    int64_t kept = qkv_gate_up + (mode == RecomputeMode::None ? core : 0);
+    for (int s = 0; s < 2; ++s) {
+      const int norms = bool(sub[s]->pre_norm) + bool(sub[s]->out_norm) + bool(sub[s]->add_norm);
+      kept += (2 + norms) * NC + norms * stat;  // f, r, and u / f2 / y
+    }
+    any_selective |= mode == RecomputeMode::Selective;
+    return kept;
+  };
+  for (int g = spec.first_layer; g < spec.last_layer; ++g) {
+    const BlockPlan p = block_plan(cfg, g);
+    ActivationAccount::Layer l{g, layer_recompute(cfg.recompute, cfg.recompute_layers, g - spec.first_layer), 0};
+    l.kept_bytes = path(p.attn, p.mlp, l.mode);
+    if (p.route) {  // path 1, the gate's five [B,2] f32 and the mixed output
+      l.kept_bytes += path(p.route->attn, p.route->mlp, l.mode) + 5 * B * 2 * 4 + NC;
+      any_routed = true;
     }
     acc.layers.push_back(l);
   }
@@ -98,7 +107,7 @@ ActivationAccount activation_account(const LlamaConfig& cfg, StageSpec spec, int
   if (spec.has_embedding) acc.stage_bytes += N * 4;  // ids
   acc.stage_bytes += NC;                              // h0
   if (spec.has_head) acc.stage_bytes += stat + NC + N * V * a + N * 4 * 5;  // final norm, hf, logits, loss
-  acc.gradient_bytes = 6 * NC + 2 * N * (QD + KD) * a + 3 * N * F * a;
+  acc.gradient_bytes = 6 * NC + 2 * N * (QD + KD) * a + 3 * N * F * a + (any_routed ? 2 * NC : 0);
   return acc;
 }
 

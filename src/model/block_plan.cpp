@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "lns/layer_schemes.h"
+#include "lns/rng.h"
 
 namespace lns {
 
@@ -19,10 +20,19 @@ const char* norm_slot_name(NormSlot s) {
 
 std::vector<NormSlot> BlockPlan::norms() const {
   std::vector<NormSlot> out;
-  for (const auto& slot : {attn.pre_norm, attn.out_norm, attn.add_norm, mlp.pre_norm, mlp.out_norm,
-                           mlp.add_norm})
-    if (slot && std::find(out.begin(), out.end(), *slot) == out.end()) out.push_back(*slot);
+  std::vector<const SublayerPlan*> subs{&attn, &mlp};
+  if (route) subs.insert(subs.end(), {&route->attn, &route->mlp});
+  for (const SublayerPlan* sp : subs)
+    for (const auto& slot : {sp->pre_norm, sp->out_norm, sp->add_norm})
+      if (slot && std::find(out.begin(), out.end(), *slot) == out.end()) out.push_back(*slot);
   return out;
+}
+
+float gate_noise(uint64_t seed, int global_layer, uint64_t sample, int k) {
+  const uint64_t key = rng_key(seed, "gate_noise." + std::to_string(global_layer));
+  const uint64_t bits = splitmix64(key ^ splitmix64(2 * sample + static_cast<uint64_t>(k)));
+  const double u = (static_cast<double>(bits >> 11) + 0.5) * 0x1p-53;  // strictly inside (0, 1)
+  return static_cast<float>(-std::log(-std::log(u)));
 }
 
 float lns_scale(int global_layer) { return 1.0f / std::sqrt(static_cast<float>(global_layer + 1)); }
@@ -34,7 +44,21 @@ BlockPlan block_plan(const LlamaConfig& cfg, int global_layer) {
   if (s == NormScheme::Mix || s == NormScheme::ScalePostPre)
     s = depth < cfg.post_layers ? NormScheme::Post : NormScheme::Pre;
   if (s == NormScheme::Hybrid) s = resolve_layer_schemes(cfg.layer_schemes, cfg.depth_layers())[depth];
-  BlockPlan p{s, {}, {}};
+  if (s == NormScheme::Mono || s == NormScheme::MonoReverse)
+    s = (depth + 1) % kRouteEvery == 0 ? NormScheme::Routed
+        : s == NormScheme::Mono        ? NormScheme::Pre
+                                       : NormScheme::Post;
+  if (s == NormScheme::Routed) {  // path 0 a Pre-LN block, path 1 a Post-LN block
+    LlamaConfig one = cfg;
+    one.norm_scheme = NormScheme::Pre;
+    BlockPlan p = block_plan(one, global_layer);
+    one.norm_scheme = NormScheme::Post;
+    const BlockPlan post = block_plan(one, global_layer);
+    p.effective = NormScheme::Routed;
+    p.route = RoutePlan{post.attn, post.mlp};
+    return p;
+  }
+  BlockPlan p{s, {}, {}, {}};
   switch (s) {
     case NormScheme::Pre:
     case NormScheme::ScaledInit:
@@ -67,7 +91,10 @@ BlockPlan block_plan(const LlamaConfig& cfg, int global_layer) {
       break;
     case NormScheme::Mix:
     case NormScheme::ScalePostPre:
-    case NormScheme::Hybrid: break;  // resolved above
+    case NormScheme::Hybrid:
+    case NormScheme::Routed:
+    case NormScheme::Mono:
+    case NormScheme::MonoReverse: break;  // resolved above
   }
   return p;
 }

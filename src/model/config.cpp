@@ -18,7 +18,8 @@ constexpr std::pair<NormScheme, const char*> kSchemes[] = {
     {NormScheme::Sandwich, "sandwich"}, {NormScheme::DeepNorm, "deepnorm"},
     {NormScheme::ScaledInit, "scaled_init"}, {NormScheme::DeepPost, "deeppost"},
     {NormScheme::ScalePostPre, "scale_post_pre"}, {NormScheme::Hybrid, "hybrid"},
-    {NormScheme::ScaleResPre, "scale_res_pre_norm"}};
+    {NormScheme::ScaleResPre, "scale_res_pre_norm"}, {NormScheme::Routed, "routed"},
+    {NormScheme::Mono, "mono"}, {NormScheme::MonoReverse, "mono_reverse"}};
 
 }  // namespace
 
@@ -32,7 +33,8 @@ NormScheme parse_norm_scheme(const std::string& s, const std::string& flag) {
   for (auto& [k, v] : kSchemes)
     if (s == v) return k;
   fail(flag, "=", printable(s), " is not a normalization scheme; expected one of pre, lns, post, mix, ",
-       "sandwich, deepnorm, scaled_init, deeppost, scale_post_pre, hybrid, scale_res_pre_norm");
+       "sandwich, deepnorm, scaled_init, deeppost, scale_post_pre, hybrid, scale_res_pre_norm, routed, mono, ",
+       "mono_reverse");
 }
 
 const char* norm_type_name(NormType t) { return t == NormType::RMSNorm ? "rmsnorm" : "layernorm"; }

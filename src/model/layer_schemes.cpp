@@ -16,6 +16,7 @@ bool is_block_form(NormScheme s) {
     case NormScheme::DeepPost:
     case NormScheme::Sandwich:
     case NormScheme::ScaleResPre:
+    case NormScheme::Routed:
       return true;
     default:
       return false;
@@ -43,7 +44,7 @@ std::vector<NormScheme> resolve_layer_schemes(const std::string& pattern, int nu
     } catch (const UserError&) {
     }
     LNS_REQUIRE(is_block_form(form), flag, "=", printable(pattern), ": '", printable(kv[0]),
-                "' is not a block form; expected pre, lns, post, deeppost, sandwich or scale_res_pre_norm");
+                "' is not a block form; expected pre, lns, post, deeppost, sandwich, scale_res_pre_norm or routed");
     int64_t count = 1;
     if (kv.size() == 2) {
       LNS_REQUIRE(absl::SimpleAtoi(kv[1], &count) && count >= 1 && count <= kMaxLayers, flag, "=",

@@ -24,7 +24,9 @@ DEFINE_int32(recompute_layers, 0,
 DEFINE_string(norm_scheme, "lns",
               "pre, lns (LayerNorm Scaling), post, mix (Mix-LN), sandwich, deepnorm, scaled_init, deeppost "
               "(post, residual x 2*sqrt(2)), scale_post_pre (mix with scaled_init's init) or hybrid "
-              "(per layer, --layer_schemes) or scale_res_pre_norm (pre, learnable residual scales).");
+              "(per layer, --layer_schemes), scale_res_pre_norm (pre, learnable residual scales), routed "
+              "(Gumbel-gated pre/post paths), mono (pre, every 4th layer routed) or mono_reverse (post, "
+              "every 4th layer routed).");
 DEFINE_int32(post_layers, 0, "Mix-LN: layers with 0-based index below this use Post-LN.");
 DEFINE_string(layer_schemes, "",
               "--norm_scheme=hybrid: block form per layer, FORM[:COUNT],...[,*], e.g. pre:7,post or "

@@ -32,16 +32,18 @@ int ParamSet::add(std::string name, Shape shape, ParamKind kind, int layer) {
   return static_cast<int>(infos_.size()) - 1;
 }
 
-int ParamSet::add_shard(std::string name, Shape logical, int split_dim, int64_t begin,
-                        int64_t local, int64_t valid, ParamKind kind, int layer) {
-  Shape s = logical;
-  s.dims[split_dim] = local;
-  const int i = add(std::move(name), s, kind, layer);
+int ParamSet::add_shard(std::string name, Shape logical, int split_dim, const ShardRange& s, ParamKind kind,
+                        int layer) {
+  LNS_CHECK(s.stored >= s.size && s.size >= s.valid) << name;
+  Shape local = logical;
+  local.dims[split_dim] = s.stored;
+  const int i = add(std::move(name), local, kind, layer);
   ParamInfo& p = infos_[i];
   p.logical = logical;
   p.split_dim = split_dim;
-  p.shard_begin = begin;
-  p.shard_valid = valid;
+  p.shard_begin = s.begin;
+  p.shard_valid = s.valid;
+  p.shard_size = s.size;
   return i;
 }
 
@@ -60,9 +62,12 @@ bool ParamInfo::to_logical(int64_t i, int64_t j, int64_t* li, int64_t* lj) const
 
 void ParamSet::finalize(Device device) {
   LNS_CHECK(!finalized_);
-  params_ = Buffer(numel_ * sizeof(float), device);
-  grads_ = Buffer(numel_ * sizeof(float), device);
+  // kSlack zero floats past the end: the ZeRO collectives run in place (param_set.h).
+  params_ = Buffer((numel_ + kSlack) * sizeof(float), device);
+  grads_ = Buffer((numel_ + kSlack) * sizeof(float), device);
   if (device == Device::CUDA) {
+    guard_device_padding(params_.view(DType::F32, Shape{kSlack}, numel_ * sizeof(float)));
+    guard_device_padding(grads_.view(DType::F32, Shape{kSlack}, numel_ * sizeof(float)));
     compute_ = Buffer(numel_ * dtype_size(DType::BF16), device);
     host_params_ = Buffer(numel_ * sizeof(float), Device::CPU);
     host_grads_ = Buffer(numel_ * sizeof(float), Device::CPU);
@@ -106,6 +111,16 @@ Tensor ParamSet::host_param(int i) const {
 Tensor ParamSet::host_grad(int i) const {
   if (device() == Device::CPU) return grad(i);
   return host_grads_.view(DType::F32, infos_[i].shape, infos_[i].offset * sizeof(float));
+}
+
+Tensor ParamSet::flat_params_padded(int64_t n) const {
+  LNS_CHECK(numel_ <= n && n <= numel_ + kSlack) << n;
+  return params_.f32(Shape{n});
+}
+
+Tensor ParamSet::flat_grads_padded(int64_t n) const {
+  LNS_CHECK(numel_ <= n && n <= numel_ + kSlack) << n;
+  return grads_.f32(Shape{n});
 }
 
 Tensor ParamSet::flat_compute() const {

@@ -38,11 +38,18 @@ struct LlamaStage::Sublayer {
 
 struct LlamaStage::Layer {
   int global = 0;
+  int local = 0;  // index in layers_ (and in each Slot's layers)
   int first_param = -1;  // the layer's first registered parameter (lowest flat offset)
   BlockPlan plan;
   int wq = -1, wk = -1, wv = -1, wo = -1, wg = -1, wu = -1, wd = -1;
   int res[2] = {-1, -1};  // learnable residual scale of each sublayer (scale_res_pre_norm)
   Sublayer sub[2];  // 0: attention, 1: MLP
+  // A routed block (plan.route): the router, and path 1 as a twin Layer with the same
+  // weights and route's sublayers (its activations in Slot::LayerActs::alt), so the
+  // sublayer code runs both paths unchanged.
+  int router = -1;
+  bool is_alt = false;  // this is such a twin
+  std::unique_ptr<Layer> alt;
 };
 
 // The activations of one micro-batch in flight: views into the slot's own buffers
@@ -59,6 +66,12 @@ struct LlamaStage::Slot {
     Tensor q, k, v, ctx;        // [N,Hq*D], [N,Hkv*D] x2, [N,Hq*D]
     Tensor attn_saved;          // f32 attention_saved_shape(): [B,Hq,T,T] or [B,Hq,T]
     Tensor gate, up, act;       // [N,F]
+    // Routed blocks: path 1's activations, the gate and the mixed output.
+    std::unique_ptr<LayerActs> alt;
+    OwnedTensor route_gate, route_soft, route_dgate;  // [B,2] f32
+    OwnedTensor route_noise, route_zero;              // [B,2] f32: this forward's Gumbel noise, zeros
+    OwnedTensor route_out;                            // [N,C] the block's output
+    Tensor route_path[2];                             // each path's output (views)
   };
   std::vector<OwnedTensor> kept;  // the buffers of this micro-batch's layer activations
   OwnedTensor ids;        // [B,T] i32, first stage
@@ -69,6 +82,7 @@ struct LlamaStage::Slot {
   OwnedTensor logits;     // [N,V], overwritten by dlogits in backward
   OwnedTensor losses;     // [N]
   OwnedTensor losses_host;  // [N] host copy of losses (CUDA)
+  bool gate_noise = false;  // set_gate_noise() armed route_noise for the next forward
   OwnedTensor rowmax, sumexp, target_logit;  // [N] loss statistics, reduced over tp
   OwnedTensor targets;    // [N] i32, copied from the caller's
   bool loss_pending = false;  // loss() ran, so backward() may
@@ -76,8 +90,8 @@ struct LlamaStage::Slot {
 };
 
 // What recomputing layers write instead of a slot: one layer's worth of the buffers
-// their modes drop (allocated where some layer needs them), shared by every slot and
-// layer, since a layer's backward recomputes them just before it reads them.
+// their modes drop (allocated where some layer needs them), shared by every slot,
+// layer and routed path, since each backward recomputes them just before reading them.
 struct LlamaStage::Workspace {
   std::vector<OwnedTensor> buffers;
   Slot::LayerActs acts;
@@ -90,6 +104,7 @@ struct LlamaStage::Scratch {
   OwnedTensor dq, dctx, dk, dv;      // [N,Hq*D], [N,Hq*D], [N,Hkv*D] x2
   OwnedTensor dgate, dup, dact;      // [N,F]
   OwnedTensor dhf;                   // [N,C]
+  OwnedTensor route_d[2];            // [N,C] routed blocks: each path's output gradient
 };
 
 // The residual stream between sublayers. In the pre-norm schemes a sublayer ends with
@@ -128,8 +143,11 @@ void LlamaStage::init_dims() {
   Hkv_ = cfg_.num_kv_heads / tp_.size;
   QD_ = Hq_ * cfg_.head_dim();
   KD_ = Hkv_ * cfg_.head_dim();
-  fshard_ = shard_range(cfg_.intermediate_size, tp_.size, tp_.rank);
-  vshard_ = shard_range(cfg_.vocab_size, tp_.size, tp_.rank);
+  // Stored padded to the device's GEMM alignment (64 on CUDA: F = 5461 is held as
+  // 5504 zero-padded columns, the same function); the CPU stores the tp share as is.
+  const int64_t align = gemm_dim_align(device_);
+  fshard_ = shard_range(cfg_.intermediate_size, tp_.size, tp_.rank, align);
+  vshard_ = shard_range(cfg_.vocab_size, tp_.size, tp_.rank, align);
 }
 
 LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_batch, int64_t seq_len,
@@ -158,17 +176,18 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
     rope_cos_ = rope_dev_[0], rope_sin_ = rope_dev_[1];
   }
 
-  const int64_t N = B_ * T_, C = cfg_.hidden_size, F = fshard_.size, QD = QD_, KD = KD_,
-                V = vshard_.size;
+  const int64_t N = B_ * T_, C = cfg_.hidden_size, F = fshard_.stored, QD = QD_, KD = KD_,
+                V = vshard_.stored;
   // Activations in the device's activation dtype; statistics always f32.
   const auto act = [&](Shape s) { return OwnedTensor(act_, s, device_); };
   const auto f32 = [&](Shape s) { return OwnedTensor(DType::F32, s, device_); };
   const bool ln = cfg_.norm_type == NormType::LayerNorm;
   int num_stats = 0;
   for (auto& l : layers_)
-    for (auto& s : l.sub)
-      for (NormUse* n : {&s.pre, &s.out, &s.add})
-        if (n->active()) num_stats = std::max(num_stats, n->stat + 1);
+    for (Layer* path : {&l, l.alt.get()})
+      for (auto& s : path ? path->sub : l.sub)
+        for (NormUse* n : {&s.pre, &s.out, &s.add})
+          if (n->active()) num_stats = std::max(num_stats, n->stat + 1);
   ws_ = std::make_unique<Workspace>();
   ws_->mean.resize(6), ws_->rstd.resize(6);
   for (int i = 0; i < num_slots; ++i) {
@@ -202,6 +221,8 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   sc.du = act({N, C}), sc.dhf = act({N, C});
   sc.dq = act({N, QD}), sc.dctx = act({N, QD}), sc.dk = act({N, KD}), sc.dv = act({N, KD});  // local heads
   sc.dgate = act({N, F}), sc.dup = act({N, F}), sc.dact = act({N, F});
+  for (const Layer& l : layers_)
+    if (l.alt && sc.route_d[0].t.empty()) sc.route_d[0] = act({N, C}), sc.route_d[1] = act({N, C});
 }
 
 // Binds layer `local`'s activations in `slot` to buffers of the slot, or, for those
@@ -211,10 +232,24 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
 void LlamaStage::bind_layer_acts(int local, Slot& slot) {
   const Layer& l = layers_[local];
   Slot::LayerActs& a = slot.layers[local];
+  bind_path_acts(l, layer_recompute(cfg_.recompute, cfg_.recompute_layers, local), slot);
+  if (!l.alt) return;
+  // A routed block: path 1 in the same mode (the workspace serves both paths in turn,
+  // block_backward recomputes each before its backward); gate and mix kept.
+  a.alt = std::make_unique<Slot::LayerActs>();
+  bind_path_acts(*l.alt, a.mode, slot);
+  for (OwnedTensor* t : {&a.route_gate, &a.route_soft, &a.route_dgate, &a.route_noise, &a.route_zero})
+    *t = OwnedTensor(DType::F32, Shape{B_, 2}, device_);
+  a.route_out = OwnedTensor(act_, Shape{B_ * T_, cfg_.hidden_size}, device_);
+}
+
+// One path of a layer (the layer, or a routed block's twin): its activations by `mode`.
+void LlamaStage::bind_path_acts(const Layer& l, RecomputeMode mode, Slot& slot) {
+  Slot::LayerActs& a = l.is_alt ? *slot.layers[l.local].alt : slot.layers[l.local];
   Slot::LayerActs& w = ws_->acts;
-  a.mode = layer_recompute(cfg_.recompute, cfg_.recompute_layers, local);
+  a.mode = mode;
   const bool full = a.mode == RecomputeMode::Full, none = a.mode == RecomputeMode::None;
-  const int64_t N = B_ * T_, C = cfg_.hidden_size, F = fshard_.size;
+  const int64_t N = B_ * T_, C = cfg_.hidden_size, F = fshard_.stored;
   auto bind = [&](Tensor& dst, Tensor& shared, DType dtype, Shape shape, bool keep) {
     if (keep) {
       slot.kept.emplace_back(dtype, shape, device_);
@@ -265,12 +300,12 @@ void LlamaStage::register_params() {
   // their columns (input features); heads split evenly, FFN and vocabulary padded.
   const int r = tp_.rank;
   auto rows = [&](const std::string& name, int64_t out, int64_t in, ShardRange s, ParamKind k, int g) {
-    return p.add_shard(name, {out, in}, 0, s.begin, s.size, s.valid, k, g);
+    return p.add_shard(name, {out, in}, 0, s, k, g);
   };
   auto cols = [&](const std::string& name, int64_t out, int64_t in, ShardRange s, ParamKind k, int g) {
-    return p.add_shard(name, {out, in}, 1, s.begin, s.size, s.valid, k, g);
+    return p.add_shard(name, {out, in}, 1, s, k, g);
   };
-  const ShardRange qs{r * QD_, QD_, QD_}, ks{r * KD_, KD_, KD_};
+  const ShardRange qs{r * QD_, QD_, QD_, QD_}, ks{r * KD_, KD_, KD_, KD_};
   if (spec_.has_embedding)
     embed_ = rows("model.embed_tokens.weight", V, C, vshard_, ParamKind::Embedding, -1);
 
@@ -278,6 +313,7 @@ void LlamaStage::register_params() {
   for (int g = spec_.first_layer; g < spec_.last_layer; ++g) {
     Layer l;
     l.global = g;
+    l.local = g - spec_.first_layer;
     l.first_param = p.size();
     l.plan = block_plan(cfg_, g);
     // Norms first, in the order the block owns them.
@@ -297,6 +333,7 @@ void LlamaStage::register_params() {
       n.stat = next_stat++;
       return n;
     };
+    if (l.plan.route) l.router = p.add(layer_name(g, "router.weight"), {2, C}, ParamKind::Router, g);
     const SublayerPlan* plans[2] = {&l.plan.attn, &l.plan.mlp};
     for (int w = 0; w < 2; ++w) {
       LNS_CHECK(!plans[w]->learnable_alpha || !plans[w]->add_norm) << "learned alpha on the pre-norm path only";
@@ -304,11 +341,21 @@ void LlamaStage::register_params() {
         l.res[w] = p.add(layer_name(g, w == 0 ? "self_attn.residual_scale" : "mlp.residual_scale"), {1},
                          ParamKind::ResidualScale, g);
     }
-    for (int w = 0; w < 2; ++w) {
-      l.sub[w].plan = *plans[w];
-      l.sub[w].pre = use(plans[w]->pre_norm, plans[w]->pre_scale);
-      l.sub[w].out = use(plans[w]->out_norm, 1.0f);
-      l.sub[w].add = use(plans[w]->add_norm, 1.0f);
+    const auto set_subs = [&](Layer& into, const SublayerPlan& attn, const SublayerPlan& mlp) {
+      const SublayerPlan* ps[2] = {&attn, &mlp};
+      for (int w = 0; w < 2; ++w) {
+        LNS_CHECK(!ps[w]->learnable_alpha || ps[w] == plans[w]) << "learned alpha not on a routed path";
+        into.sub[w].plan = *ps[w];
+        into.sub[w].pre = use(ps[w]->pre_norm, ps[w]->pre_scale);
+        into.sub[w].out = use(ps[w]->out_norm, 1.0f);
+        into.sub[w].add = use(ps[w]->add_norm, 1.0f);
+      }
+    };
+    set_subs(l, l.plan.attn, l.plan.mlp);
+    if (l.plan.route) {
+      l.alt = std::make_unique<Layer>();
+      l.alt->is_alt = true;
+      set_subs(*l.alt, l.plan.route->attn, l.plan.route->mlp);
     }
     l.wq = rows(layer_name(g, "self_attn.q_proj.weight"), QD, C, qs, ParamKind::Q, g);
     l.wk = rows(layer_name(g, "self_attn.k_proj.weight"), KD, C, ks, ParamKind::K, g);
@@ -317,6 +364,11 @@ void LlamaStage::register_params() {
     l.wg = rows(layer_name(g, "mlp.gate_proj.weight"), F, C, fshard_, ParamKind::Gate, g);
     l.wu = rows(layer_name(g, "mlp.up_proj.weight"), F, C, fshard_, ParamKind::Up, g);
     l.wd = cols(layer_name(g, "mlp.down_proj.weight"), C, F, fshard_, ParamKind::Down, g);
+    if (l.alt) {  // the twin: everything but its sublayers is the layer's
+      Layer& t = *l.alt;
+      t.global = l.global, t.local = l.local, t.first_param = l.first_param, t.plan = l.plan;
+      t.wq = l.wq, t.wk = l.wk, t.wv = l.wv, t.wo = l.wo, t.wg = l.wg, t.wu = l.wu, t.wd = l.wd;
+    }
     layers_.push_back(std::move(l));
   }
   if (spec_.has_head) {
@@ -335,8 +387,94 @@ void LlamaStage::register_params() {
 
 Tensor LlamaStage::layer_output(int local, const Slot& s) const {
   const Layer& l = layers_[local];
+  if (l.alt) return s.layers[local].route_out;
   const Slot::SubActs& a = s.layers[local].sub[1];
   return l.sub[1].add.active() ? a.y : a.r;
+}
+
+auto& LlamaStage::acts(const Layer& l, Slot& s) {
+  Slot::LayerActs& a = s.layers[l.local];
+  return l.is_alt ? *a.alt : a;
+}
+
+void LlamaStage::set_gate_noise(uint64_t seed, uint64_t first_sample, int slot) {
+  Slot& s = *slots_.at(slot);
+  std::vector<float> g(2 * B_);
+  for (const Layer& l : layers_) {
+    if (!l.alt) continue;
+    for (int64_t b = 0; b < B_; ++b)
+      for (int k = 0; k < 2; ++k) g[b * 2 + k] = gate_noise(seed, l.global, first_sample + b, k);
+    copy_tensor(s.layers[l.local].route_noise, Tensor{g.data(), DType::F32, Device::CPU, Shape{B_, 2}});
+  }
+  s.gate_noise = true;
+}
+
+void LlamaStage::set_gate_noise(int global_layer, const std::vector<float>& noise, int slot) {
+  Slot& s = *slots_.at(slot);
+  LNS_CHECK(global_layer >= spec_.first_layer && global_layer < spec_.last_layer &&
+            layers_[global_layer - spec_.first_layer].alt && static_cast<int64_t>(noise.size()) == 2 * B_)
+      << "layer " << global_layer << " is not a routed layer of this stage, or noise is not [B,2]";
+  copy_tensor(s.layers[global_layer - spec_.first_layer].route_noise,
+              Tensor{const_cast<float*>(noise.data()), DType::F32, Device::CPU, Shape{B_, 2}});
+  s.gate_noise = true;
+}
+
+bool LlamaStage::has_routed_layers() const {
+  for (const Layer& l : layers_)
+    if (l.alt) return true;
+  return false;
+}
+
+// A block: its two sublayers, or for a routed block both paths from the same input,
+// mixed by the router's gate (lns/block_plan.h).
+LlamaStage::Stream LlamaStage::block_forward(Layer& l, Slot& s, Stream x) {
+  if (!l.alt) return sublayer_forward(l, 1, s, sublayer_forward(l, 0, s, x));
+  settle(x);
+  Slot::LayerActs& a = acts(l, s);
+  const Tensor in = x.x;
+  route_gate_forward(a.route_gate, a.route_soft, in.view({B_, T_, cfg_.hidden_size}), params_.param(l.router),
+                     s.gate_noise ? a.route_noise : a.route_zero);
+  Layer* paths[2] = {&l, l.alt.get()};
+  for (int p = 0; p < 2; ++p) {
+    Stream y = sublayer_forward(*paths[p], 1, s, sublayer_forward(*paths[p], 0, s, Stream{in}));
+    settle(y);
+    a.route_path[p] = y.x;
+  }
+  route_mix_forward(a.route_out, a.route_path[0], a.route_path[1], a.route_gate);
+  return Stream{a.route_out};
+}
+
+// Under --recompute=full, a path's forward again from its kept input `in`, into the
+// workspace, just before its backward. Its output is not needed (a pre-norm path's
+// stays pending; an N_add rewrites the kept y with the same values), only what its
+// backward reads. A no-op in the other modes.
+void LlamaStage::recompute_path(Layer& path, Slot& s, Tensor in) {
+  if (acts(path, s).mode != RecomputeMode::Full) return;
+  sublayer_forward(path, 1, s, sublayer_forward(path, 0, s, Stream{in}));
+}
+
+// dy: gradient of the block's output, overwritten with that of its input; dx scratch.
+void LlamaStage::block_backward(Layer& l, Slot& s, Tensor dy, Tensor dx) {
+  if (!l.alt) {
+    recompute_path(l, s, acts(l, s).sub[0].x);
+    sublayer_backward(l, 1, s, dy, dx);
+    sublayer_backward(l, 0, s, dx, dy);
+    return;
+  }
+  Scratch& sc = *scratch_;
+  Slot::LayerActs& a = acts(l, s);
+  const Tensor d0 = sc.route_d[0], d1 = sc.route_d[1];
+  route_mix_backward(d0, d1, a.route_dgate, dy, a.route_path[0], a.route_path[1], a.route_gate);
+  recompute_path(l, s, a.sub[0].x);
+  sublayer_backward(l, 1, s, d0, dx);  // path 0 into dy
+  sublayer_backward(l, 0, s, dx, dy);
+  recompute_path(*l.alt, s, a.sub[0].x);
+  sublayer_backward(*l.alt, 1, s, d1, dx);  // path 1 into d0
+  sublayer_backward(*l.alt, 0, s, dx, d0);
+  axpby(dy, 1.0f, d0, 1.0f);
+  const Tensor in = a.sub[0].x;
+  route_gate_backward(dy.view({B_, T_, cfg_.hidden_size}), params_.grad(l.router), a.route_dgate, a.route_soft,
+                      in.view({B_, T_, cfg_.hidden_size}), params_.param(l.router));
 }
 
 Tensor LlamaStage::forward_skipping(int global_layer, int slot) {
@@ -345,10 +483,7 @@ Tensor LlamaStage::forward_skipping(int global_layer, int slot) {
   const int k = global_layer - spec_.first_layer;
   // The input to block k of the intact pass: block k-1's output, or the embedding.
   Stream x{k == 0 ? Tensor(s.h0) : layer_output(k - 1, s)};
-  for (size_t j = k + 1; j < layers_.size(); ++j) {
-    x = sublayer_forward(layers_[j], 0, s, x);
-    x = sublayer_forward(layers_[j], 1, s, x);
-  }
+  for (size_t j = k + 1; j < layers_.size(); ++j) x = block_forward(layers_[j], s, x);
   return head_forward(s, x);
 }
 
@@ -493,7 +628,7 @@ void LlamaStage::stream_norm_fwd(const NormUse& n, Slot& s, Tensor out, Stream& 
 // or r still pending when no N_add follows (the next norm adds it).
 LlamaStage::Stream LlamaStage::sublayer_forward(Layer& l, int w, Slot& s, Stream in) {
   const Sublayer& sl = l.sub[w];
-  Slot::SubActs& a = s.layers[&l - layers_.data()].sub[w];
+  Slot::SubActs& a = acts(l, s).sub[w];
   const Tensor x = in.x;
   a.x = x;
   Tensor u = x;
@@ -531,7 +666,7 @@ LlamaStage::Stream LlamaStage::sublayer_forward(Layer& l, int w, Slot& s, Stream
 // dy: gradient of the sublayer output y; writes dx, the gradient of its input x.
 void LlamaStage::sublayer_backward(Layer& l, int w, Slot& s, Tensor dy, Tensor dx) {
   const Sublayer& sl = l.sub[w];
-  Slot::SubActs& a = s.layers[&l - layers_.data()].sub[w];
+  Slot::SubActs& a = acts(l, s).sub[w];
   Scratch& sc = *scratch_;
   Tensor dr = dy;
   if (sl.add.active()) {
@@ -562,7 +697,7 @@ void LlamaStage::sublayer_backward(Layer& l, int w, Slot& s, Tensor dy, Tensor d
 }
 
 void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
-  Slot::LayerActs& a = s.layers[&l - layers_.data()];
+  Slot::LayerActs& a = acts(l, s);
   const int64_t D = cfg_.head_dim();
   const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};  // this rank's heads
   linear_forward(a.q, u, params_.compute(l.wq));  // [N, Hq*D]
@@ -576,7 +711,7 @@ void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
 }
 
 void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
-  Slot::LayerActs& a = s.layers[&l - layers_.data()];
+  Slot::LayerActs& a = acts(l, s);
   const Slot::SubActs& sa = a.sub[0];
   const Tensor u = l.sub[0].pre.active() ? sa.u : sa.x;
   Scratch& sc = *scratch_;
@@ -596,7 +731,7 @@ void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
 }
 
 void LlamaStage::mlp_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
-  Slot::LayerActs& a = s.layers[&l - layers_.data()];
+  Slot::LayerActs& a = acts(l, s);
   linear_forward(a.gate, u, params_.compute(l.wg));  // [N, F]
   linear_forward(a.up, u, params_.compute(l.wu));    // [N, F]
   swiglu_forward(a.act, a.gate, a.up);             // [N, F]
@@ -605,7 +740,7 @@ void LlamaStage::mlp_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
 }
 
 void LlamaStage::mlp_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
-  Slot::LayerActs& a = s.layers[&l - layers_.data()];
+  Slot::LayerActs& a = acts(l, s);
   const Slot::SubActs& sa = a.sub[1];
   const Tensor u = l.sub[1].pre.active() ? sa.u : sa.x;
   Scratch& sc = *scratch_;
@@ -623,7 +758,8 @@ Tensor LlamaStage::forward(Tensor input, int slot) {
   if (spec_.has_embedding) {
     LNS_CHECK(input.dtype == DType::I32 && input.numel() == N) << "first stage takes ids [B,T]";
     copy(s.ids, input);
-    embedding_forward(s.h0, s.ids, params_.compute(embed_), vshard_.begin);
+    // The real rows only: ids past them belong to the next rank (the stored padding).
+    embedding_forward(s.h0, s.ids, params_.compute(embed_).rows(0, vshard_.valid), vshard_.begin);
     tp_.all_reduce_sum(s.h0);  // vocab-parallel: each row comes from one rank
   } else {
     LNS_CHECK(input.dtype == act_ && input.numel() == N * C) << "stage takes hidden [B,T,C]";
@@ -632,9 +768,9 @@ Tensor LlamaStage::forward(Tensor input, int slot) {
   Stream x{s.h0};
   for (Layer& l : layers_) {
     if (!skipped_.empty() && skipped_[&l - layers_.data()]) continue;
-    x = sublayer_forward(l, 0, s, x);
-    x = sublayer_forward(l, 1, s, x);
+    x = block_forward(l, s, x);
   }
+  s.gate_noise = false;  // noise is for one forward: evaluation runs without
   if (!spec_.has_head) {
     settle(x);
     s.out = x.x.view({B_, T_, C});
@@ -648,7 +784,7 @@ Tensor LlamaStage::head_forward(Slot& s, Stream x) {
   NormUse fin{final_gain_, final_bias_, 1.0f, static_cast<int>(s.rstd.size()) - 1,
               final_fixed_[0], final_fixed_[1]};
   stream_norm_fwd(fin, s, s.hf, x);
-  linear_forward(s.logits.t.view({N, vshard_.size}), s.hf, params_.compute(head_));
+  linear_forward(s.logits.t.view({N, vshard_.stored}), s.hf, params_.compute(head_));
   s.out = x.x;  // the input of the final norm, kept for its backward
   return s.logits;
 }
@@ -673,7 +809,7 @@ Tensor LlamaStage::loss_tokens(Tensor targets, int slot) {
   targets = s.targets;
   s.loss_pending = true;
   // Vocab-parallel cross-entropy: no rank holds the full logits.
-  const Tensor logits = s.logits.t.view({B_ * T_, vshard_.size});
+  const Tensor logits = s.logits.t.view({B_ * T_, vshard_.stored});
   vocab_row_max(s.rowmax, logits, vshard_.valid);
   tp_.all_reduce_max(s.rowmax);
   vocab_sumexp_target(s.sumexp, s.target_logit, logits, s.rowmax, targets, vshard_.begin,
@@ -693,7 +829,7 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
   Tensor dy = sc.d_a.t.view({N, C}), dx = sc.d_b.t.view({N, C});
   if (spec_.has_head) {
     LNS_CHECK(s.loss_pending) << "loss() must run before backward() on the last stage";
-    const Tensor dlogits = s.logits.t.view({N, vshard_.size});
+    const Tensor dlogits = s.logits.t.view({N, vshard_.stored});
     vocab_cross_entropy_backward(dlogits, dlogits, s.rowmax, s.sumexp, s.targets, vshard_.begin,
                                  vshard_.valid, grad_scale);
     linear_backward(sc.dhf, params_.grad(head_), dlogits, s.hf, params_.compute(head_), false);
@@ -707,24 +843,12 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot) {
     copy(dy, dout);
   }
   for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
-    const size_t j = &*it - layers_.data();
-    if (!skipped_.empty() && skipped_[j]) continue;
-    if (s.layers[j].mode == RecomputeMode::Full) {
-      // The layer's forward again from its kept input, into the workspace. Its output
-      // is not needed (a pre-norm layer's stays pending; an N_add rewrites the kept y
-      // with the same values), only what its backward reads.
-      Stream x{s.layers[j].sub[0].x};
-      x = sublayer_forward(*it, 0, s, x);
-      sublayer_forward(*it, 1, s, x);
-    }
-    sublayer_backward(*it, 1, s, dy, dx);
-    std::swap(dy, dx);
-    sublayer_backward(*it, 0, s, dy, dx);
-    std::swap(dy, dx);
+    if (!skipped_.empty() && skipped_[&*it - layers_.data()]) continue;
+    block_backward(*it, s, dy, dx);
     if (grad_ready_) grad_ready_(params_.info(it->first_param).offset);
   }
   if (spec_.has_embedding) {
-    embedding_backward(params_.grad(embed_), s.ids, dy, vshard_.begin);
+    embedding_backward(params_.grad(embed_).rows(0, vshard_.valid), s.ids, dy, vshard_.begin);
     if (grad_ready_) grad_ready_(0);
     return {};
   }

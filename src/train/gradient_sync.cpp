@@ -46,7 +46,10 @@ GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool 
     const int i = params.find("model.embed_tokens.weight");
     if (i >= 0) hold_lo_ = params.info(i).offset, hold_hi_ = hold_lo_ + params.info(i).shape.numel();
   }
-  if (zero_) {
+  // ZeRO in place when the flat buffers' slack holds dp * shard elements (ParamSet::kSlack);
+  // otherwise through staging copies of the whole buffer.
+  in_place_ = shard_size_ * grid.layout.dp <= params.numel() + ParamSet::kSlack;
+  if (zero_ && !in_place_) {
     padded_ = OwnedTensor(DType::F32, Shape{shard_size_ * grid.layout.dp}, params.device());
     shard_ = OwnedTensor(DType::F32, Shape{shard_size_}, params.device());
   }
@@ -82,6 +85,12 @@ void GradientSync::reduce(bool full) {
     return;
   }
   // 2b. reduce-scatter: this rank receives the sum of its shard.
+  if (in_place_) {  // NCCL's in-place form: the shard's sum lands where the shard is
+    const int64_t s = shard_size_, at = grid_.coords.dp * s;
+    const Tensor all = params_.flat_grads_padded(s * grid_.layout.dp);
+    grid_.dp_comm().reduce_scatter(all.rows(at, at + s), all);
+    return;
+  }
   copy_tensor(padded_.t.rows(0, n), g);
   zero_tensor(padded_.t.rows(n, padded_.t.numel()));
   grid_.dp_comm().reduce_scatter(shard_, padded_);
@@ -131,6 +140,13 @@ void GradientSync::scale(float f) {
 
 void GradientSync::gather_params() {
   if (!zero_) return;
+  if (in_place_) {  // every rank's updated shard, gathered where it belongs
+    const int64_t s = shard_size_, at = grid_.coords.dp * s;
+    const Tensor all = params_.flat_params_padded(s * grid_.layout.dp);
+    grid_.dp_comm().all_gather(all, all.rows(at, at + s));
+    params_.refresh_compute();  // CUDA: the bf16 weights of the other ranks' shards
+    return;
+  }
   const Tensor p = params_.flat_params();
   const int64_t n = params_.numel();
   zero_tensor(shard_);

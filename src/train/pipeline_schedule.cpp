@@ -67,12 +67,14 @@ Tensor PipelineSchedule1F1B::forward_micro_as(int m, int tag, int slot,
 double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
                                    const std::function<Tensor(int)>& targets, float grad_scale,
                                    const std::function<void(int, Tensor)>& on_logits,
-                                   const std::function<void(int)>& before_backward) {
+                                   const std::function<void(int)>& before_backward,
+                                   const std::function<void(int, int)>& before_forward) {
   Communicator& world = grid_.world();
   const int slots = slots_for(num_micro_, grid_.coords.pp, grid_.layout.pp);
   for (const PipelineOp& op : schedule_1f1b(num_micro_, grid_.coords.pp, grid_.layout.pp)) {
     const int m = op.micro, slot = m % slots;
     if (op.forward) {
+      if (before_forward) before_forward(m, slot);
       const Tensor out = forward_micro(m, slot, inputs);
       if (grid_.last_stage()) {
         // kept on the device; read once after the last micro-batch

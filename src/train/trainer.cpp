@@ -259,6 +259,9 @@ int64_t Trainer::flops_per_token() const {
 Trainer::BatchResult Trainer::run_global_batch(const std::function<void(int, Tensor)>& on_logits,
                                                bool overlap) {
   const int64_t B = cfg_.micro_batch, T = cfg_.seq_len;
+  // This rank's first sequence, by its index in the training stream: the routed layers'
+  // Gumbel noise is keyed by it, so every layout and a resume draw the same noise.
+  const uint64_t first_sample = train_sampler_->consumed() + uint64_t(grid_->coords.dp) * num_micro_ * B;
   train_sampler_->next_batch(cfg_.global_batch, grid_->coords.dp, grid_->layout.dp, inputs_, targets_);
   // One normaliser for the whole global batch: the loss is the mean over every
   // unmasked target, however the batch is cut into micro-batches and dp ranks.
@@ -274,8 +277,12 @@ Trainer::BatchResult Trainer::run_global_batch(const std::function<void(int, Ten
   const double loss_sum = pipeline_->train(
       [&](int m) { return in.rows(m * B, (m + 1) * B); },
       [&](int m) { return tg.rows(m * B, (m + 1) * B).view({B * T}); },
-      valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f, on_logits, [&](int m) {
+      valid > 0 ? static_cast<float>(1.0 / valid) : 0.0f, on_logits,
+      [&](int m) {
         if (overlap && m == num_micro_ - 1) sync_->arm_overlap();
+      },
+      [&](int m, int slot) {
+        if (model_->has_routed_layers()) model_->set_gate_noise(cfg_.seed, first_sample + uint64_t(m) * B, slot);
       });
   // Every rank learns the global loss.
   const double total = grid_->world().all_reduce_sum(grid_->reports_loss() ? loss_sum : 0.0);
@@ -353,11 +360,11 @@ void Trainer::dump_step_state(const std::string& path) {
   const int64_t B = cfg_.micro_batch, T = cfg_.seq_len, V = model_cfg_.vocab_size;
   const ShardRange vs = model_->vocab_shard();
   OwnedTensor logits;
-  if (grid_->last_stage()) logits = OwnedTensor(DType::F32, {num_micro_ * B, T, vs.size});
+  if (grid_->last_stage()) logits = OwnedTensor(DType::F32, {num_micro_ * B, T, vs.stored});
   const float loss = static_cast<float>(run_global_batch([&](int m, Tensor l) {
                                           // keep the logits before backward overwrites them
                                           const std::vector<float> h = to_host_f32(l);
-                                          std::memcpy(logits.f32() + m * B * T * vs.size, h.data(), h.size() * 4);
+                                          std::memcpy(logits.f32() + m * B * T * vs.stored, h.data(), h.size() * 4);
                                         }).loss);
   sync_->reduce(/*full=*/true);
   model_->params().download(/*grads=*/true);

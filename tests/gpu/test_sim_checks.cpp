@@ -15,6 +15,7 @@
 #include "cuda/runtime.h"
 #include "cuda/sim/counters.h"
 #include "cuda/sim/sim_internal.h"
+#include "lns/trainer.h"
 
 namespace lns::cuda {
 namespace {
@@ -102,6 +103,144 @@ TEST(SimChecks, SharedWriteWriteRaceIsReported) {
       },
       "kernel last_writer_kernel .* block \\(0,0,0\\) thread \\(1,0,0\\): shared-memory race: thread \\(1,0,0\\) and "
       "thread \\(0,0,0\\) both wrote");
+}
+
+// ---- read-side races (the access hooks; the Release emulation build) -------------------
+
+// out[i] = in[(i + shift) % blockDim] through shared memory, with or without the
+// barrier between the write and the read                                 [blockDim]
+__global__ void shift_kernel(float* out, const float* in, int shift, bool sync) {
+  __shared__ float buf[256];
+  buf[threadIdx.x] = in[threadIdx.x];
+  if (sync) __syncthreads();
+  out[threadIdx.x] = buf[(threadIdx.x + shift) % blockDim.x];
+}
+// buf[i] = 2 * buf[i + 1] in place: the second barrier (between every thread's read of
+// its neighbour and its own write) is the one that is easy to forget.     [blockDim]
+__global__ void neighbour_update_kernel(float* out, const float* in, bool second_sync) {
+  __shared__ float buf[256];
+  buf[threadIdx.x] = in[threadIdx.x];
+  __syncthreads();
+  const float v = buf[(threadIdx.x + 1) % blockDim.x];
+  if (second_sync) __syncthreads();
+  buf[threadIdx.x] = 2.0f * v;
+  __syncthreads();
+  out[threadIdx.x] = buf[threadIdx.x];
+}
+
+// Reads are seen only where the kernels were compiled with the access hooks.
+#define LNS_NEEDS_READ_HOOKS()                                                                    \
+  if (!sim::race_sees_reads())                                                                    \
+  GTEST_SKIP() << "this build has no access hooks (an ASan build: GCC's -fsanitize=thread, which " \
+                  "provides them, excludes -fsanitize=address); the Release emulation build runs it"
+
+TEST(SimChecks, SharedReadAfterWriteRaceIsReported) {
+  LNS_NEEDS_READ_HOOKS();
+  DevBuf in(64), out(64);
+  std::vector<float> h(64);
+  for (int i = 0; i < 64; ++i) h[i] = float(i);
+  in.set(h);
+  {
+    WithChecks on(/*reverse=*/false, /*race=*/true);
+    LNS_LAUNCH(shift_kernel, 1, 64, 0, nullptr)(out.p, in.p, 63, true);
+    const std::vector<float> got = out.get();
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(got[i], float((i + 63) % 64));
+  }
+  // Thread 1 reads buf[0], which thread 0 wrote in the same epoch. The values would
+  // even come out right here (thread 0 ran first): only the race check sees it.
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, true);
+        LNS_LAUNCH(shift_kernel, 1, 64, 0, nullptr)(out.p, in.p, 63, false);
+        cudaDeviceSynchronize();
+      },
+      "kernel shift_kernel .* block \\(0,0,0\\) thread \\(1,0,0\\): shared-memory race: thread \\(1,0,0\\) read a "
+      "static __shared__ byte \\(offset [0-9]+\\) that thread \\(0,0,0\\) wrote with no __syncthreads between them "
+      "\\(the read at tests/gpu/test_sim_checks.cpp:[0-9]+.*, the write at tests/gpu/test_sim_checks.cpp:[0-9]+");
+}
+
+TEST(SimChecks, SharedWriteAfterReadRaceIsReported) {
+  LNS_NEEDS_READ_HOOKS();
+  DevBuf in(64), out(64);
+  std::vector<float> h(64);
+  for (int i = 0; i < 64; ++i) h[i] = float(i);
+  in.set(h);
+  {
+    WithChecks on(false, true);
+    LNS_LAUNCH(neighbour_update_kernel, 1, 64, 0, nullptr)(out.p, in.p, true);
+    const std::vector<float> got = out.get();
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(got[i], 2.0f * float((i + 1) % 64));
+  }
+  // Thread 1 overwrites buf[1] after thread 0 read it, with no barrier between.
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, true);
+        LNS_LAUNCH(neighbour_update_kernel, 1, 64, 0, nullptr)(out.p, in.p, false);
+        cudaDeviceSynchronize();
+      },
+      "kernel neighbour_update_kernel .* thread \\(1,0,0\\): shared-memory race: thread \\(1,0,0\\) wrote a static "
+      "__shared__ byte \\(offset [0-9]+\\) that thread \\(0,0,0\\) read with no __syncthreads between them \\(the "
+      "write at tests/gpu/test_sim_checks.cpp:[0-9]+.*, the read at tests/gpu/test_sim_checks.cpp:[0-9]+");
+}
+
+// The same race through dynamic shared memory, reported by its byte offset.
+__global__ void dynamic_shift_kernel(float* out, const float* in) {
+  LNS_EXTERN_SHARED(float, buf);
+  buf[threadIdx.x] = in[threadIdx.x];
+  out[threadIdx.x] = buf[(threadIdx.x + blockDim.x - 1) % blockDim.x];
+}
+
+TEST(SimChecks, DynamicSharedReadAfterWriteRaceIsReported) {
+  LNS_NEEDS_READ_HOOKS();
+  DevBuf in(32), out(32);
+  in.set(std::vector<float>(32, 1.0f));
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, true);
+        LNS_LAUNCH(dynamic_shift_kernel, 1, 32, 32 * sizeof(float), nullptr)(out.p, in.p);
+        cudaDeviceSynchronize();
+      },
+      "thread \\(1,0,0\\) read dynamic shared byte 0 that thread \\(0,0,0\\) wrote");
+}
+
+// GCC drops the section attribute of a static inside a function template (PR 70435),
+// so a template kernel's __shared__ variable is found by name instead
+// (src/cuda/sim/template_shared.cpp). The same two checks hold for it: it starts each
+// block as NaN bytes, and races on it are reported by the variable's name.
+template <int kShift>
+__global__ void template_shift_kernel(float* out, const float* in, bool sync) {
+  __shared__ float tbuf[64];
+  if (blockIdx.x == 0 || sync) tbuf[threadIdx.x] = in[threadIdx.x];  // block 1 skips the write
+  if (sync) __syncthreads();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = tbuf[(threadIdx.x + kShift) % blockDim.x];
+}
+
+TEST(SimChecks, TemplateKernelSharedStartsUndefinedInEveryBlock) {
+  DevBuf in(64), out(128);
+  in.set(std::vector<float>(64, 1.0f));
+  WithChecks off(false, false);
+  LNS_LAUNCH(template_shift_kernel<0>, 2, 64, 0, nullptr)(out.p, in.p, false);
+  const std::vector<float> got = out.get();
+  EXPECT_EQ(got[5], 1.0f);            // block 0 wrote its own word before reading it
+  EXPECT_TRUE(std::isnan(got[64 + 5])) << got[64 + 5];  // not block 0's value
+}
+
+TEST(SimChecks, TemplateKernelSharedRaceIsReportedByName) {
+  LNS_NEEDS_READ_HOOKS();
+  DevBuf in(64), out(128);
+  in.set(std::vector<float>(64, 1.0f));
+  {
+    WithChecks on(false, true);
+    LNS_LAUNCH(template_shift_kernel<63>, 2, 64, 0, nullptr)(out.p, in.p, true);
+    EXPECT_EQ(out.get()[100], 1.0f);
+  }
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, true);
+        LNS_LAUNCH(template_shift_kernel<63>, 1, 64, 0, nullptr)(out.p, in.p, false);
+        cudaDeviceSynchronize();
+      },
+      "thread \\(1,0,0\\) read byte 0 of __shared__ tbuf that thread \\(0,0,0\\) wrote with no __syncthreads");
 }
 
 // ---- barriers ------------------------------------------------------------------------
@@ -367,6 +506,38 @@ TEST(SimChecks, LaunchesAndHostSyncsAreCounted) {
   const size_t peak = sim::device_memory_peak(0);
   { DevBuf big(1 << 22); }
   EXPECT_GE(sim::device_memory_peak(0), std::max(peak, sim::device_memory_in_use(0) + (16u << 20)));
+}
+
+// Steady state of a CUDA training step (docs/cuda.md, "Host synchronisations"): no
+// host synchronisation per micro-batch. The same global batch in 1 and in 4
+// micro-batches must wait for the device the same number of times per step (the
+// loss read once, the gradient norm, the step's uploads), while launching ~4x the
+// kernels. The embedding backward read the ids back before (one wait per micro-batch).
+TEST(SimCounts, AStepWaitsForTheDeviceTheSameTimesWhateverItsMicroBatches) {
+  LlamaConfig c;
+  c.vocab_size = 61, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 2;
+  c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = NormScheme::LNS;
+  WithChecks off(false, false);  // counts, not checks: keeps the test fast
+  uint64_t syncs[2], launches[2];
+  for (int k = 0; k < 2; ++k) {
+    TrainConfig tc;
+    tc.device = Device::CUDA;
+    tc.seq_len = 16, tc.global_batch = 4, tc.micro_batch = k == 0 ? 4 : 1, tc.steps = 3;
+    Trainer tr(c, tc);
+    tr.train_step();  // the first step grows the scratch buffers (a regrowth waits)
+    synchronize();
+    const sim::Counters before = sim::counters();
+    tr.train_step();
+    synchronize();  // the step's queued work, so that every launch is counted
+    syncs[k] = sim::counters().host_syncs - before.host_syncs - 1;  // less the synchronize() above
+    launches[k] = sim::counters().launches - before.launches;
+  }
+  std::printf("[ counts ] per step: 1 micro-batch %llu launches, %llu host syncs; 4 micro-batches %llu launches, "
+              "%llu host syncs\n",
+              (unsigned long long)launches[0], (unsigned long long)syncs[0], (unsigned long long)launches[1],
+              (unsigned long long)syncs[1]);
+  EXPECT_EQ(syncs[1], syncs[0]) << "a micro-batch synchronises with the host";
+  EXPECT_GT(launches[1], 3 * launches[0]) << "the 4 micro-batches did not run";
 }
 
 TEST(SimChecks, DevicePropertiesAreAnH100) {

@@ -41,9 +41,10 @@ LlamaConfig model(NormScheme scheme, bool tied) {
   c.vocab_size = 53, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 7;
   c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = scheme, c.post_layers = 3;
   c.tie_embeddings = tied, c.init_std = 0.1f, c.embed_init_std = 0.5f;
-  // pre, scale_res_pre_norm, deeppost, sandwich, pre, scale_res_pre_norm, deeppost:
-  // each form of the reference repository's variants on both sides of a split
-  if (scheme == NormScheme::Hybrid) c.layer_schemes = "pre,scale_res_pre_norm,deeppost,sandwich,*";
+  // pre, scale_res_pre_norm, deeppost, routed, sandwich, pre, scale_res_pre_norm: each
+  // form of the reference repository's variants, a split on either side; the routed
+  // block's training noise keyed by sample, the same under every layout
+  if (scheme == NormScheme::Hybrid) c.layer_schemes = "pre,scale_res_pre_norm,deeppost,routed,sandwich,*";
   return c;
 }
 

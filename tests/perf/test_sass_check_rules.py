@@ -10,7 +10,8 @@ sys.path.insert(0, os.path.join(ROOT, "tools", "perf"))
 
 from sass_check import check, short_name  # noqa: E402
 
-CLEAN = {"reg": 32, "stack": 0, "shared": 1152, "local": 0, "ldg128": 7, "stg128": 2, "stg16": 0, "spill": 0}
+CLEAN = {"reg": 32, "stack": 0, "shared": 1152, "local": 0, "ldg128": 7, "stg128": 2, "stg32": 1, "stg16": 0,
+         "spill": 0}
 
 
 def one(key="norm_backward_kernel<8, false>@sm_90", **kw):
@@ -37,7 +38,8 @@ class Rules(unittest.TestCase):
 
     def test_baseline_regressions(self):
         base = one()
-        for field, value in (("reg", 40), ("shared", 2048), ("stack", 16), ("ldg128", 6), ("stg128", 1)):
+        for field, value in (("reg", 40), ("shared", 2048), ("stack", 16), ("ldg128", 6), ("stg128", 1),
+                             ("stg32", 0)):
             fails = check(one(**{field: value}), base)
             self.assertEqual(len(fails), 1, field)
             self.assertIn(field, fails[0])
@@ -52,6 +54,13 @@ class Rules(unittest.TestCase):
         self.assertEqual(check(one(key, hmma=32), {}), [])
         # other kernels need none
         self.assertEqual(check(one(hmma=0), {}), [])
+
+    def test_fused_attention_has_a_4_byte_store_path(self):
+        key = "flash_dq_kernel<64>@sm_90"
+        (msg,) = check(one(key, hmma=96, stg32=0, stg16=32), {})
+        self.assertIn("2 bytes at a time", msg)
+        self.assertEqual(check(one(key, hmma=96, stg32=16, stg16=32), {}), [])
+        self.assertEqual(check(one(stg32=0), {}), [])  # other kernels may have none
 
     def test_short_name(self):
         self.assertEqual(short_name("void lns::cuda::(anonymous namespace)::norm_backward_kernel<8, false>"

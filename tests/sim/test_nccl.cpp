@@ -18,6 +18,10 @@
 #include "parallel/mpi_communicator.h"
 #include "tests/sim/device_mem.h"
 
+#ifdef LNS_CUDA_SIM
+#include <cuda_runtime.h>
+#endif
+
 namespace {
 
 int g_rank = 0, g_size = 1;
@@ -242,6 +246,27 @@ int run_broken(const std::string& what) {
     if (g_rank == 0) ncclAllReduce(b.p, b.p, 16, ncclFloat32, ncclSum, comm, nullptr);
     lns::simtest::synchronize();
     if (g_rank != 0) sleep(30);  // rank 0's deadline ends the run first
+#ifdef LNS_CUDA_SIM
+  } else if (what == "two_comms_unordered" || what == "two_comms_ordered") {
+    // Two communicators, each on its own stream: the second one's all-reduce is issued
+    // while the first one's may still run, which NCCL forbids unless something orders
+    // them. "ordered" makes the second stream wait for the first by an event (legal:
+    // it must run, and then the case reports itself as not reported on purpose).
+    ncclComm_t other = make_comm(MPI_COMM_WORLD);
+    DevBuf b2(1024);
+    cudaStream_t s1, s2;
+    cudaEvent_t done;
+    cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    ncclAllReduce(b.p, b.p, 16, ncclFloat32, ncclSum, comm, s1);
+    if (what == "two_comms_ordered") cudaEventRecord(done, s1), cudaStreamWaitEvent(s2, done, 0);
+    ncclAllReduce(b2.p, b2.p, 16, ncclFloat32, ncclSum, other, s2);
+    lns::simtest::synchronize();
+    if (what == "two_comms_ordered") {
+      std::printf("ordered collectives of two communicators ran\n");
+      return 1;
+    }
+#endif
   } else if (what == "past_the_end") {
     ncclAllGather(b.p, b.p, 1024 / 4 / g_size + 1, ncclFloat32, comm, nullptr);  // recv: size * count floats
   } else {

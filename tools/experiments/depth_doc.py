@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import depth_study  # noqa: E402  (the grid, the run names and the cost model)
 
 BEGIN, END = "<!-- depth_doc:begin -->", "<!-- depth_doc:end -->"
+PRIOR_MARK = " *"  # a configuration only summarised (its runs were not kept)
 SHARED_LR, STEPS, EMB = depth_study.SHARED_LR, depth_study.STEPS, 0.02
 
 
@@ -39,9 +40,9 @@ def loss_cell(c):
         return "not run"
     if not c["n"]:
         return "diverged (%d)" % len(c["diverged_seeds"])
-    std = " +- %.4f" % c["std"] if c["std"] is not None else ""
-    div = ", %d diverged" % len(c["diverged_seeds"]) if c["diverged_seeds"] else ""
-    return "%.4f%s (%d%s)" % (c["mean"], std, c["n"], div)
+    std = " +- %.4f" % c["std"] if c.get("std") is not None else ""
+    div = ", %d diverged" % len(c["diverged_seeds"]) if c.get("diverged_seeds") else ""
+    return "%.4f%s (%d%s)%s" % (c["mean"], std, c["n"], div, PRIOR_MARK if c.get("prior") else "")
 
 
 def comparison(report, a, b):
@@ -57,7 +58,8 @@ def diff_cells(cmp):
     if cmp is None or "diff" not in cmp:
         return "-", "-", "-"
     se = "%.4f" % cmp["se"] if cmp["se"] is not None else "-"
-    beyond = {True: "yes", False: "no", None: "one seed"}[cmp["beyond_spread"]]
+    beyond = {True: "yes", False: "no"}.get(cmp["beyond_spread"],
+                                            "one seed" if min(cmp["n_a"], cmp["n_b"]) < 2 else "not known")
     return "%+.4f" % cmp["diff"], se, beyond
 
 
@@ -73,7 +75,7 @@ def fmt(x, spec):
     return spec % x if x is not None else "-"
 
 
-def tables(report, missing=()):
+def tables(report, missing=(), jobs=2):
     """The Markdown tables; missing: (grid, names of its unfinished cells, projected seconds)
     per grid, the first one's names listed."""
     cells = report["cells"]
@@ -83,7 +85,9 @@ def tables(report, missing=()):
                      and c["steps"] == STEPS and close(c["embed_std"], EMB)})
     w("### Depth, shared learning rate %g, %d steps\n" % (SHARED_LR, STEPS))
     w("Validation loss: mean +- sample std over seeds (seeds). Difference = LNS - Pre-LN; "
-      "\"beyond spread\": the seed ranges do not overlap; paired: the per-seed differences.\n")
+      "\"beyond spread\": the seed ranges do not overlap; paired: the per-seed differences. "
+      "`%s`: a configuration of an earlier session, summarised from its tables (its runs were not kept).\n"
+      % PRIOR_MARK.strip())
     w("| blocks | pre | lns | lns - pre | std error | beyond spread | paired by seed | ppl pre | ppl lns |"
       " variance growth pre | lns | skip cost deep half pre (%) | lns |")
     w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -104,14 +108,18 @@ def tables(report, missing=()):
                                              and close(c["embed_std"], EMB) and c["scheme"] in ("pre", "lns")}) > 1]
     for L in sweep_depths:
         w("### Learning-rate sweep, %d blocks, %d steps\n" % (L, STEPS))
-        w("| peak lr | pre | lns | lns - pre | beyond spread |")
-        w("|---|---|---|---|---|")
+        w("| peak lr | pre | lns | lns - pre | beyond spread | variance growth pre | lns |"
+          " skip cost deep half pre (%) | lns |")
+        w("|---|---|---|---|---|---|---|---|---|")
         for lr in lrs:
             p, l = find(cells, L, "pre", lr=lr), find(cells, L, "lns", lr=lr)
             if p is None and l is None:
                 continue
             d, _, beyond = diff_cells(comparison(report, p, l))
-            w("| %g | %s | %s | %s | %s |" % (lr, loss_cell(p), loss_cell(l), d, beyond))
+            g = lambda c, k, spec: fmt(c.get(k), spec) if c and c["n"] else "-"
+            w("| %g | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                lr, loss_cell(p), loss_cell(l), d, beyond, g(p, "variance_growth", "x%.2f"),
+                g(l, "variance_growth", "x%.2f"), g(p, "drop_deep_half", "%.2f"), g(l, "drop_deep_half", "%.2f")))
         best = {b["scheme"]: b for b in report["best_lr"] if b["layers"] == L and b["steps"] == STEPS
                 and close(b["embed_std"], EMB)}
         if best:
@@ -173,11 +181,12 @@ def tables(report, missing=()):
                 l["variance"][b]))
         w("")
 
-    t = report.get("timing", {})
-    if t.get("block_steps"):
-        w("Measured: %d runs, %.0f block-steps in %.1f h of run time (%.3f s per block-step per job, "
-          "with 2 jobs sharing 2 cores with other work at nice 19)." % (
-              t["runs"], t["block_steps"], t["seconds"] / 3600, t["seconds"] / t["block_steps"]))
+    for t in report.get("prior_timing", []) + [report.get("timing", {})]:
+        if t.get("block_steps"):
+            w("Measured%s: %d runs, %.0f block-steps in %.1f h of run time (%.3f s per block-step per job, "
+              "%d job%s at a time on 2 cores shared with other work, nice 19).\n" % (
+                  " (%s)" % t["file"] if "file" in t else "", t["runs"], t["block_steps"], t["seconds"] / 3600,
+                  t["seconds"] / t["block_steps"], t.get("jobs", 1), "s" if t.get("jobs", 1) > 1 else ""))
     for i, (grid, names, secs) in enumerate(missing or []):
         w("")
         if not names:
@@ -186,7 +195,8 @@ def tables(report, missing=()):
         listed = ": " + ", ".join("`%s`" % m for m in names) if i == 0 else ""
         w("Not run from the `%s` grid (%d cells)%s." % (grid, len(names), listed))
         if secs is not None:
-            w("Projected time for them at the measured rate, 2 jobs: %.1f h." % (secs / 3600))
+            w("Projected time for them at the measured rate, %d job%s: %.1f h." % (
+                jobs, "s" if jobs > 1 else "", secs / 3600))
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -198,6 +208,7 @@ def main(argv=None):
                     "(with --study; the first one's are listed)")
     ap.add_argument("--study", default="", help="the study directory, for --grid")
     ap.add_argument("--jobs", type=int, default=2, help="jobs in parallel, for the projection")
+    ap.add_argument("--record", default="docs/depth_study_runs", help="the run records (depth_study.py --record)")
     args = ap.parse_args(argv)
     try:
         with open(args.report) as f:
@@ -211,15 +222,17 @@ def main(argv=None):
         print("depth_doc: %s: expected one '%s' line before one '%s' line" % (args.doc, BEGIN, END), file=sys.stderr)
         return 1
     missing = []
+    prior = depth_study.prior_names(args.record)
     for grid in dict.fromkeys(filter(None, args.grid.split(","))):  # in order, once each
-        todo = [c for c in depth_study.grid(grid)
-                if not os.path.exists(os.path.join(args.study, depth_study.run_name(c), "result.json"))]
+        todo = [c for c in depth_study.grid(grid) if not depth_study.finished(c, args.study, args.record, prior)]
         t = report.get("timing", {})
+        if not t.get("block_steps"):  # no run of this session yet: the earlier session's rate
+            t = next((p for p in report.get("prior_timing", []) if p.get("block_steps")), {})
         secs = None
         if t.get("block_steps"):
             secs = sum(depth_study.cost(c) for c in todo) * t["seconds"] / t["block_steps"] / max(1, args.jobs)
         missing.append((grid, [depth_study.run_name(c) for c in todo], secs))
-    body = tables(report, missing)
+    body = tables(report, missing, args.jobs)
     new = doc[:doc.index(BEGIN) + len(BEGIN)] + "\n" + body + doc[doc.index(END):]
     with open(args.doc, "w") as f:
         f.write(new)

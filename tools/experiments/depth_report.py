@@ -33,7 +33,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from depth_study import cost  # noqa: E402  (the cost model of the ETA, in block-steps)
+from depth_study import cost, run_name  # noqa: E402  (the cost model of the ETA, in block-steps; run names)
 
 
 class ReportError(Exception):
@@ -124,6 +124,62 @@ def find_runs(root):
     return runs
 
 
+def record_of(run, jobs):
+    """The run as the small JSON kept in the repository (depth_study.py --record): what the
+    report needs of it, no checkpoint, so a later session reuses it."""
+    rec = {k: v for k, v in run.items() if k != "dir"}
+    rec["jobs"] = jobs
+    return rec
+
+
+def read_record(path):
+    """A record written by record_of, checked as read_run checks a run directory."""
+    rec = load_json(path)
+    cell = rec.get("cell")
+    if not isinstance(cell, dict) or any(k not in cell for k in KEY + ("seed",)):
+        raise ReportError("%s: 'cell' must hold %s" % (path, ", ".join(KEY + ("seed",))))
+    if rec.get("status") == "diverged":
+        return dict(rec, dir=path)
+    if rec.get("status") != "ok":
+        raise ReportError("%s: status %r, expected 'ok' or 'diverged'" % (path, rec.get("status")))
+    L = cell["layers"]
+    finite(rec.get("loss"), path + ": loss")
+    for k in ("drop_pct", "angular", "variance"):
+        v = rec.get(k)
+        if not isinstance(v, list) or len(v) != L:
+            raise ReportError("%s: '%s' must have one number per block (%d)" % (path, k, L))
+        for x in v:
+            finite(x, "%s: %s" % (path, k))
+    rec["curve"] = [tuple(p) for p in rec.get("curve", [])]
+    return dict(rec, dir=path)
+
+
+def find_records(records):
+    """The run records under RECORDS (every *.json but the prior_*.json summaries)."""
+    if not records or not os.path.isdir(records):
+        return []
+    return [read_record(os.path.join(records, n)) for n in sorted(os.listdir(records))
+            if n.endswith(".json") and not n.startswith("prior_")]
+
+
+def load_prior(records):
+    """Summaries of configurations whose runs were not kept (RECORDS/prior_*.json,
+    transcribed from the doc's tables): cells, comparisons, run names, timing."""
+    out = []
+    if not records or not os.path.isdir(records):
+        return out
+    for n in sorted(os.listdir(records)):
+        if n.startswith("prior_") and n.endswith(".json"):
+            p = load_json(os.path.join(records, n))
+            for c in p.get("cells", []):
+                if any(k not in c for k in KEY + ("n", "mean")):
+                    raise ReportError("%s: a cell must hold %s, n and mean" % (os.path.join(records, n), ", ".join(KEY)))
+                finite(c["mean"], os.path.join(records, n) + ": mean")
+            p["file"] = n
+            out.append(p)
+    return out
+
+
 def mean(xs):
     return sum(xs) / len(xs)
 
@@ -175,13 +231,14 @@ def compare(a, b):
     out["diff"] = b["mean"] - a["mean"]
     if a["std"] is not None and b["std"] is not None:
         out["se"] = math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
-        out["beyond_spread"] = b["max"] < a["min"] or a["max"] < b["min"]
+        # a transcribed summary (prior) has no seed range: not known then
+        out["beyond_spread"] = b["max"] < a["min"] or a["max"] < b["min"] if "max" in a and "max" in b else None
     else:
         out["se"] = None
         out["beyond_spread"] = None  # one seed: no spread to compare against
     # Paired by seed (same initialisation of the shared weights, same batches): the
     # per-seed differences, and whether they all have the same sign.
-    la, lb = dict(zip(a["seeds"], a["losses"])), dict(zip(b["seeds"], b["losses"]))
+    la, lb = dict(zip(a["seeds"], a.get("losses", []))), dict(zip(b["seeds"], b.get("losses", [])))
     d = [lb[s] - la[s] for s in sorted(set(la) & set(lb))]
     if d:
         out["paired"] = dict(n=len(d), mean=mean(d), std=sample_std(d),
@@ -189,11 +246,26 @@ def compare(a, b):
     return out
 
 
-def build_report(runs):
-    groups = {}
-    for r in runs:
-        groups.setdefault(key_of(r["cell"]), []).append(r)
+def build_report(runs, prior=()):
+    """runs: read_run/read_record dicts (one per run name; the first of a name counts);
+    prior: load_prior's summaries, used for the configurations no run covers."""
+    groups, seen, uniq = {}, set(), []
+    for r in runs:  # a run both in the study directory and in the records counts once
+        name = run_name(r["cell"])
+        if name not in seen:
+            seen.add(name)
+            uniq.append(r)
+            groups.setdefault(key_of(r["cell"]), []).append(r)
+    runs = uniq
     cells = {k: summarize_cell(k, v) for k, v in groups.items()}
+    prior_cmp = {}
+    for p in prior:
+        for c in p.get("cells", []):
+            k = key_of(c)
+            if k not in cells:
+                cells[k] = dict(c, name=key_name(k), prior=p["file"])
+        for cmp in p.get("comparisons", []):
+            prior_cmp[(cmp["layers"], cmp["lr"], cmp["steps"], cmp["embed_std"])] = cmp
     order = sorted(cells, key=lambda k: (k[0], k[3], k[4], k[2], k[1]))
     comparisons = []
     for k in order:
@@ -201,7 +273,12 @@ def build_report(runs):
             continue
         ref = (k[0], "pre") + k[2:]
         if ref in cells:
-            comparisons.append(compare(cells[ref], cells[k]))
+            cmp = compare(cells[ref], cells[k])
+            pc = prior_cmp.get((k[0], k[2], k[3], k[4]))
+            if k[1] == "lns" and pc and cells[ref].get("prior") and cells[k].get("prior"):
+                # both transcribed: the comparison as the earlier session computed it from the runs
+                cmp.update({f: pc[f] for f in ("diff", "se", "beyond_spread", "paired") if f in pc})
+            comparisons.append(cmp)
     best = {}
     for k in order:
         c = cells[k]
@@ -215,9 +292,12 @@ def build_report(runs):
     # finished, for the projected time of the cells still missing.
     timed = [r for r in runs if isinstance(r.get("seconds"), (int, float))]
     timing = dict(runs=len(timed), seconds=sum(r["seconds"] for r in timed),
-                  block_steps=sum(cost(r["cell"]) for r in timed))
-    return dict(runs=len(runs), cells=[cells[k] for k in order], comparisons=comparisons,
-                best_lr=[b for b in best.values() if len(b["tried"]) > 1], timing=timing)
+                  block_steps=sum(cost(r["cell"]) for r in timed),
+                  jobs=max([r.get("jobs", 1) for r in timed] or [1]))
+    return dict(runs=len(seen), prior_runs=sum(len(p.get("runs", [])) for p in prior),
+                cells=[cells[k] for k in order], comparisons=comparisons,
+                best_lr=[b for b in best.values() if len(b["tried"]) > 1], timing=timing,
+                prior_timing=[dict(p.get("timing", {}), file=p["file"]) for p in prior])
 
 
 def plots(report, out_dir):
@@ -270,25 +350,50 @@ def plots(report, out_dir):
         fig.savefig(os.path.join(out_dir, "depth_study_%s.png" % fname), dpi=110)
         plt.close(fig)
 
-    # 5. validation loss curves at 12 blocks (each seed) and the budget axis
+    # 5. validation loss during training: every run with a kept curve at 12 blocks (one line
+    # style per learning rate) and the budget axis (dashed); summarised configurations have none
     fig, ax = plt.subplots(figsize=(6, 4))
+    styles = ["-", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
+    lrs12 = sorted({c["lr"] for c in cells if c["layers"] == 12 and c.get("curves")})
+    drawn = 0
     for c in cells:
-        if c["scheme"] in ("pre", "lns") and abs(c["lr"] - 2e-3) < 1e-12 and abs(c["embed_std"] - 0.02) < 1e-12 \
-                and (c["layers"] == 12 or c["steps"] != 400):
-            for seed, curve in c["curves"].items():
-                if curve:
-                    ax.plot([p[0] for p in curve], [p[1] for p in curve], color=colors[c["scheme"]],
-                            linestyle="-" if c["steps"] == 400 else "--", alpha=0.7,
-                            label="%s %d blocks %d steps" % (c["scheme"], c["layers"], c["steps"]) if seed == str(
-                                min(int(s) for s in c["curves"])) else None)
+        if not c.get("curves") or c["scheme"] not in colors or not (c["layers"] == 12 or c["steps"] != 400):
+            continue
+        ls = "--" if c["steps"] != 400 else styles[lrs12.index(c["lr"]) % len(styles)]
+        for i, (seed, curve) in enumerate(sorted(c["curves"].items())):
+            if curve:
+                ax.plot([p[0] for p in curve], [p[1] for p in curve], color=colors[c["scheme"]], linestyle=ls,
+                        alpha=0.8, label=None if i else "%s %d blocks lr %g %d steps" % (
+                            c["scheme"], c["layers"], c["lr"], c["steps"]))
+                drawn += 1
     ax.set_xlabel("step")
     ax.set_ylabel("validation loss")
     ax.set_ylim(top=7.0)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "depth_study_loss.png"), dpi=110)
+    if drawn:  # else the figure on disk stays
+        fig.savefig(os.path.join(out_dir, "depth_study_loss.png"), dpi=110)
     plt.close(fig)
+
+    # 5b. the schemes at 12 blocks, shared rate: residual variance and skip cost per block
+    sch = [c for c in shared if c["layers"] == 12 and c.get("variance")]
+    if len({c["scheme"] for c in sch}) > 2:
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+        for c in sorted(sch, key=lambda c: list(colors).index(c["scheme"]) if c["scheme"] in colors else 99):
+            kw = dict(marker=".", color=colors.get(c["scheme"], "black"), label="%s (n=%d)" % (c["scheme"], c["n"]))
+            axes[0].plot(range(12), c["variance"], **kw)
+            axes[1].plot(range(12), c["drop_pct"], **kw)
+        axes[0].set_yscale("log")
+        axes[0].set_ylabel("residual variance after the block")
+        axes[1].set_yscale("symlog", linthresh=0.1)
+        axes[1].set_ylabel("perplexity increase when skipped (%)")
+        for ax in axes:
+            ax.set_xlabel("block")
+        axes[1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "depth_study_schemes.png"), dpi=110)
+        plt.close(fig)
 
     # 6. learning-rate sweep
     sweep = [c for c in cells if c["steps"] == 400 and abs(c["embed_std"] - 0.02) < 1e-12 and c["scheme"] in ("pre", "lns")]
@@ -316,12 +421,16 @@ def main(argv=None):
     ap.add_argument("study", help="the study directory (depth_study.py --out)")
     ap.add_argument("--json", default="", help="write the report here (default STUDY/report.json)")
     ap.add_argument("--plots", default="", help="draw the figures into this directory")
+    ap.add_argument("--records", default="", help="also the run records and prior_*.json summaries kept here "
+                    "(depth_study.py --record, e.g. docs/depth_study_runs)")
     args = ap.parse_args(argv)
     try:
-        runs = find_runs(args.study)
-        if not runs:
+        runs = (find_runs(args.study) if os.path.isdir(args.study) or not args.records else []) \
+            + find_records(args.records)
+        prior = load_prior(args.records)
+        if not runs and not prior:
             raise ReportError("%s: no finished runs (cell.json and result.json)" % args.study)
-        report = build_report(runs)
+        report = build_report(runs, prior)
         path = args.json or os.path.join(args.study, "report.json")
         with open(path, "w") as f:
             json.dump(report, f, indent=1)
@@ -330,7 +439,8 @@ def main(argv=None):
     except ReportError as e:
         print("depth_report: %s" % e, file=sys.stderr)
         return 1
-    print("depth_report: %d runs, %d configurations -> %s" % (report["runs"], len(report["cells"]), path))
+    print("depth_report: %d runs (and %d summarised), %d configurations -> %s" % (
+        report["runs"], report["prior_runs"], len(report["cells"]), path))
     return 0
 
 

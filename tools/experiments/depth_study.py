@@ -20,6 +20,7 @@ On a GPU node add --device=cuda (docs/cuda.md); the grid is the same, each run t
 seconds there. Then run tools/experiments/depth_report.py on OUT.
 """
 import argparse
+import fnmatch
 import json
 import math
 import os
@@ -47,9 +48,16 @@ def cell(group, layers, scheme, seed, lr=SHARED_LR, steps=STEPS, embed_std=0.02)
     return dict(group=group, layers=layers, scheme=scheme, seed=seed, lr=lr, steps=steps, embed_std=embed_std)
 
 
+def lr_name(lr):
+    """'2e-03', '1.6e-02': two significant digits, the trailing '.0' dropped (the names of
+    the first session's runs had one digit)."""
+    m, e = ("%.1e" % lr).split("e")
+    return "%se%s" % (m[:-2] if m.endswith(".0") else m, e)
+
+
 def run_name(c):
     emb = "" if c["embed_std"] == 0.02 else "_emb%.3g" % c["embed_std"]
-    return "L%02d_%s_lr%.0e_s%d%s_seed%d" % (c["layers"], c["scheme"], c["lr"], c["steps"], emb, c["seed"])
+    return "L%02d_%s_lr%s_s%d%s_seed%d" % (c["layers"], c["scheme"], lr_name(c["lr"]), c["steps"], emb, c["seed"])
 
 
 def grid(name):
@@ -70,35 +78,36 @@ def grid(name):
                 out.append(cell("depth", layers, s, seed))
     for s in ("pre", "lns"):
         out.append(cell("depth", 24, s, 1))
-    # 2. learning-rate sweep at 12 blocks: 4 values spanning 8x (2e-3 is in 1.); the larger
-    # ones first: LNS shrinks what deep blocks write, much as a smaller step size would
+    # 2. learning-rate sweep at 12 blocks: 1e-3 to 3.2e-2 (2e-3 is in 1.). The first session
+    # ran 1e-3..8e-3 and found both schemes best at the largest, 8e-3; 1.6e-2 and 3.2e-2
+    # bracket the optimum (LNS shrinks what deep blocks write, much as a smaller step would)
     for seed in n_seeds:
-        for lr in (4e-3, 8e-3, 1e-3):
+        for lr in (4e-3, 8e-3, 1e-3, 1.6e-2, 3.2e-2):
             for s in ("pre", "lns"):
                 out.append(cell("lr", 12, s, seed, lr=lr))
     # 3. the other schemes at 12 blocks
     for seed in n_seeds:
         for s in ("mix", "post", "lns_scaled_init", "scaled_init"):
             out.append(cell("schemes", 12, s, seed))
-    # 4. the paper-era embedding std
-    for seed in n_seeds:
-        for s in ("pre", "lns"):
-            out.append(cell("embed", 12, s, seed, embed_std=PAPER_EMBED_STD))
-    # 5. more seeds at 24 blocks
-    for seed in (2, 3):
-        for s in ("pre", "lns"):
-            out.append(cell("depth", 24, s, seed))
-    # 6. budget: 4x the steps at 6 blocks (1x is in 1.; 6 blocks: the cheapest depth)
+    # 4. budget: 4x the steps at 6 blocks (1x is in 1.; 6 blocks: the cheapest depth)
     for seed in n_seeds:
         for s in ("pre", "lns"):
             out.append(cell("budget", 6, s, seed, steps=4 * STEPS))
-    # 7. 48 blocks
+    # 5. 48 blocks
     for seed in n_seeds:
         for s in ("pre", "lns"):
             out.append(cell("depth", 48, s, seed))
+    # 6. more seeds at 24 blocks
+    for seed in (2, 3):
+        for s in ("pre", "lns"):
+            out.append(cell("depth", 24, s, seed))
+    # 7. the paper-era embedding std, last: the ordering at 0.02 is what the rest measures
+    for seed in n_seeds:
+        for s in ("pre", "lns"):
+            out.append(cell("embed", 12, s, seed, embed_std=PAPER_EMBED_STD))
     if name == "full":  # the same axes at 24 blocks too
         for seed in seeds3:
-            for lr in (1e-3, 4e-3, 8e-3):
+            for lr in (1e-3, 4e-3, 8e-3, 1.6e-2):
                 for s in ("pre", "lns"):
                     out.append(cell("lr", 24, s, seed, lr=lr))
             for s in ("post", "mix"):
@@ -188,7 +197,17 @@ def diverged(run_dir):
     return "training diverged" in text or "non-finite" in text
 
 
-def finish(c, run_dir, rc, seconds):
+def write_json(path, obj, indent=1):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=indent, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def finish(c, run_dir, rc, seconds, record_dir="", jobs=1):
+    """result.json in the run directory and, with record_dir, the run's record there (the
+    small JSON the report needs, kept in the repository: runs/ is not)."""
     if rc == 0:
         with open(os.path.join(run_dir, "eval.json")) as f:
             ev = json.load(f)
@@ -197,11 +216,32 @@ def finish(c, run_dir, rc, seconds):
         res = dict(c, status="diverged", val_ppl=None, seconds=seconds)
     else:
         return None
-    tmp = os.path.join(run_dir, "result.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=1, sort_keys=True)
-    os.replace(tmp, os.path.join(run_dir, "result.json"))
+    write_json(os.path.join(run_dir, "result.json"), res)
+    if record_dir:
+        import depth_report  # here: depth_report imports this module
+        os.makedirs(record_dir, exist_ok=True)
+        write_json(os.path.join(record_dir, run_name(c) + ".json"),
+                   depth_report.record_of(depth_report.read_run(run_dir), jobs), indent=None)
     return res
+
+
+def prior_names(record_dir):
+    """Run names of the earlier sessions whose runs were not kept, only summarised
+    (RECORD_DIR/prior_*.json): finished, unless --rerun_prior."""
+    names = set()
+    if record_dir and os.path.isdir(record_dir):
+        for n in os.listdir(record_dir):
+            if n.startswith("prior_") and n.endswith(".json"):
+                with open(os.path.join(record_dir, n)) as f:
+                    names.update(run_name(r) for r in json.load(f).get("runs", []))
+    return names
+
+
+def finished(c, out, record_dir, prior=()):
+    """The one rule for a finished cell: its result in OUT, its record, or a summarised run."""
+    name = run_name(c)
+    return (name in prior or os.path.exists(os.path.join(out, name, "result.json"))
+            or bool(record_dir) and os.path.exists(os.path.join(record_dir, name + ".json")))
 
 
 def fmt_s(s):
@@ -222,8 +262,16 @@ def main(argv=None):
     ap.add_argument("--nice", type=int, default=0, help="nice level of the trainings (19: only idle CPU)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--only", default="", help="comma-separated groups to run (depth, lr, budget, schemes, embed)")
+    ap.add_argument("--cells", default="", help="comma-separated run names or shell patterns to run (e.g. 'L12_*_lr3*')")
     ap.add_argument("--max_runs", type=int, default=0, help="start at most this many runs (0 = all)")
     ap.add_argument("--list", action="store_true", help="print the grid and what is done, run nothing")
+    ap.add_argument("--record", default="docs/depth_study_runs",
+                    help="keep each finished run's summary here (JSON, no checkpoint; empty: none); a cell "
+                         "with a record is finished")
+    ap.add_argument("--rerun_prior", action="store_true",
+                    help="rerun the cells only summarised in RECORD/prior_*.json (their runs were not kept)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="OpenBLAS threads per run (0: cores / jobs; 1 on a machine busy with other work)")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         raise SystemExit("depth_study: --jobs=%d: expected >= 1" % args.jobs)
@@ -232,12 +280,18 @@ def main(argv=None):
     if args.only:
         groups = set(args.only.split(","))
         cells = [c for c in cells if c["group"] in groups]
+    if args.cells:
+        pats = args.cells.split(",")
+        cells = [c for c in cells if any(fnmatch.fnmatchcase(run_name(c), p) for p in pats)]
     out = os.path.abspath(args.out)
-    todo = [c for c in cells if not os.path.exists(os.path.join(out, run_name(c), "result.json"))]
+    record = os.path.abspath(args.record) if args.record else ""
+    prior = set() if args.rerun_prior else prior_names(record)
+    todo = [c for c in cells if not finished(c, out, record, prior)]
     if args.list:
         for c in cells:
-            done = os.path.exists(os.path.join(out, run_name(c), "result.json"))
-            print("%-8s %-44s %s" % (c["group"], run_name(c), "done" if done else "-"))
+            done = finished(c, out, record, prior)
+            print("%-8s %-44s %s" % (c["group"], run_name(c), ("summarised" if run_name(c) in prior else "done")
+                                     if done else "-"))
         print("depth_study: %d cells, %d to run, cost %.0f block-steps left" % (len(cells), len(todo),
                                                                               sum(cost(c) for c in todo)))
         return 0
@@ -247,7 +301,7 @@ def main(argv=None):
     if args.max_runs:
         todo = todo[:args.max_runs]
     env = dict(os.environ)
-    threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
+    threads = str(args.threads or max(1, (os.cpu_count() or 1) // args.jobs))
     env.update(OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
     t0 = time.time()
     running = {}  # pid -> (cell, popen, start)
@@ -290,7 +344,7 @@ def main(argv=None):
             n_done += 1
             secs = time.time() - start
             run_dir = os.path.join(out, run_name(c))
-            res = finish(c, run_dir, rc, secs) if not stopping[0] else None
+            res = finish(c, run_dir, rc, secs, record, args.jobs) if not stopping[0] else None
             if stopping[0]:
                 sys.stderr.write("\ndepth_study: %s stopped; it resumes from its checkpoint\n" % run_name(c))
             elif res is None:

@@ -76,7 +76,8 @@ def summary(m, flags):
           f"micro-batch {s.B} x {s.T} tokens, {m.num_micro()} micro-batches per step per rank")
     print(f"  GEMM FLOPs per micro-batch      {m.gemm_flops() / 1e12:8.2f} TFLOP")
     print(f"  other traffic per micro-batch   {m.other_bytes() / 1e9:8.2f} GB")
-    print(f"  kernel launches per micro-batch {m.launches():8d}")
+    print(f"  kernel launches per micro-batch {m.launches():8d}   ({m.own_launches()} of our kernels, "
+          f"{m.launches() - m.own_launches()} cuBLASLt)")
     print(f"  micro-batch time bound          {m.micro_batch_time() * 1e3:8.2f} ms   "
           f"MFU bound {100 * m.mfu_micro_batch():.1f}%")
     print(f"  attention core (no projections) {100 * m.share('attention'):8.1f} % of the micro-batch")

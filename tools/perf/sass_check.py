@@ -6,15 +6,16 @@
 FILE: objects or static libraries with device code (build-cuda/liblns_core.a). For every
 kernel and architecture it reads, with `cuobjdump -res-usage` and `cuobjdump -sass`,
 registers, stack, local memory, static shared memory, and counts the 128-bit global
-loads/stores (LDG/STG .128), the 2-byte global stores (STG .U16), and the local-memory
-spill traffic (LDL/STL). It prints a table and fails (exit 1) when:
+loads/stores (LDG/STG .128), the 4-byte and 2-byte global stores (STG, STG .U16), and
+the local-memory spill traffic (LDL/STL). It prints a table and fails (exit 1) when:
   - any kernel spills or uses local memory (none is allowed);
   - a kernel built on the tensor-core wrapper (src/cuda/mma.cuh: the fused attention)
-    holds no HMMA instruction, i.e. its matrix products fell back to plain FMAs;
+    holds no HMMA instruction, i.e. its matrix products fell back to plain FMAs, or
+    has no 4-byte global store (its bf16 outputs would go out 2 bytes at a time);
   - a 16-byte vector variant (first template argument 8 for bf16, the kVec paths,
     or 4 for f32) has no 128-bit global load, or stores bf16 2 bytes at a time;
   - against the baseline: more registers, shared memory or stack, or fewer 128-bit
-    loads/stores than recorded.
+    loads/stores or 4-byte stores than recorded.
 --update rewrites the baseline from FILE (after a deliberate change; review the diff).
 Exit 2: bad arguments; 77: cuobjdump is not installed (tools/install_deps.sh installs
 it from PyPI: nvidia-cuda-cuobjdump), so the check cannot run.
@@ -114,7 +115,8 @@ def read_kernels(cuobjdump, path):
         if m and fn and arch:
             reg, stack, shared, local = map(int, m.groups())
             kernels[(fn, arch)] = {"reg": reg, "stack": stack, "shared": shared, "local": local,
-                                   "ldg128": 0, "stg128": 0, "stg16": 0, "spill": 0, "hmma": 0}
+                                   "ldg128": 0, "stg128": 0, "stg32": 0, "stg16": 0, "spill": 0,
+                                   "hmma": 0}
             fn = None
     sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True)
     if sass.returncode != 0:
@@ -141,6 +143,8 @@ def read_kernels(cuobjdump, path):
             cur["stg128"] += 1
         elif op.startswith("STG") and ".U16" in op:
             cur["stg16"] += 1
+        elif op.startswith("STG") and not re.search(r"\.(64|128|U8|S8|S16)\b", op):
+            cur["stg32"] += 1  # STG.E: 4 bytes, the default width
         if op.startswith("HMMA"):
             cur["hmma"] += 1
         if op.startswith("LDL") or op.startswith("STL"):
@@ -168,6 +172,9 @@ def check(kernels, baseline):
             fails.append(f"{key}: spills ({st['spill']} LDL/STL, {st['local']} B local memory); none allowed")
         if base_name(name) in TENSOR_CORE_KERNELS and st.get("hmma", 0) == 0:
             fails.append(f"{key}: built on mma.sync but its SASS holds no tensor-core HMMA instruction")
+        if base_name(name) in TENSOR_CORE_KERNELS and st.get("stg32", 0) == 0:
+            fails.append(f"{key}: no 4-byte global store: the fused attention's bf16 outputs go out 2 bytes at a "
+                         f"time ({st['stg16']} STG.U16)")
         if is_vector_variant(name):
             if st["ldg128"] == 0:
                 fails.append(f"{key}: 16-byte vector variant without a 128-bit global load (LDG.128)")
@@ -177,8 +184,9 @@ def check(kernels, baseline):
         base = baseline.get(key)
         if base is None:
             continue
-        for field, worse in (("reg", 1), ("shared", 1), ("stack", 1), ("ldg128", -1), ("stg128", -1)):
-            if (st[field] - base[field]) * worse > 0:
+        for field, worse in (("reg", 1), ("shared", 1), ("stack", 1), ("ldg128", -1), ("stg128", -1),
+                             ("stg32", -1)):
+            if field in base and (st.get(field, 0) - base[field]) * worse > 0:
                 fails.append(f"{key}: {field} {base[field]} -> {st[field]} (baseline tools/perf/sass_baseline.json; "
                              f"--update after a deliberate change)")
     return fails
@@ -186,12 +194,12 @@ def check(kernels, baseline):
 
 def table(kernels, baseline):
     print(f"{'kernel':58} {'arch':6} {'reg':>4} {'stack':>5} {'smem':>6} {'LDG128':>6} {'STG128':>6} "
-          f"{'STG16':>5} {'spill':>5}  dynamic smem")
+          f"{'STG32':>5} {'STG16':>5} {'spill':>5}  dynamic smem")
     for key, st in sorted(kernels.items()):
         name, arch = key.split("@")
         mark = "" if key in baseline else "  (new)"
         print(f"{name[:58]:58} {arch:6} {st['reg']:4d} {st['stack']:5d} {st['shared']:6d} {st['ldg128']:6d} "
-              f"{st['stg128']:6d} {st['stg16']:5d} {st['spill'] + st['local']:5d}  "
+              f"{st['stg128']:6d} {st.get('stg32', 0):5d} {st['stg16']:5d} {st['spill'] + st['local']:5d}  "
               f"{DYNAMIC_SMEM.get(base_name(name), '-')}{mark}")
 
 

@@ -43,7 +43,7 @@ class Impl:
 
 BEFORE = Impl()
 # What src/cuda and src/model do in this tree (keep in step with the code).
-PRESENT = Impl(fused_residual=True, causal_softmax_bwd=True, norm_bwd_blocks=512)
+PRESENT = Impl(pad_ld=True, fused_residual=True, causal_softmax_bwd=True, norm_bwd_blocks=512)
 TARGET = Impl(pad_ld=True, fused_residual=True, causal_softmax_bwd=True, sharded_adamw=True,
               norm_bwd_blocks=512)
 # issue 17's fused attention on top of issue 16's target (--attention=fused or auto).
@@ -142,6 +142,7 @@ class Kernel:
     phase: str = "fwd"        # fwd, bwd
     part: str = "other"       # attention (core), qkvo, mlp, norm, residual, head, embedding
     launches: int = 1
+    cublas: bool = False      # a cuBLASLt call, not a kernel of ours (the emulator counts only ours)
 
     def time(self, dev, misaligned_efficiency):
         peak = dev.bf16_tflops * 1e12 * (misaligned_efficiency if self.misaligned else 1.0)
@@ -156,9 +157,12 @@ def _misaligned(*pitches):
 class _Builder:
     def __init__(self, s: ModelShape, impl: Impl):
         self.s, self.impl, self.out = s, impl, []
+        # The code pads the tensor-parallel GEMM dimensions, FFN width and vocabulary
+        # (parallel/shard.h `stored`, gemm_dim_align() = 64 on CUDA); C and the head
+        # widths are multiples of 64 in every paper config and are not padded.
         p = pad64 if impl.pad_ld else (lambda n: n)
-        self.C, self.F, self.V = p(s.C), p(s.F), p(s.V)
-        self.QD, self.KD = p(s.QD), p(s.KD)
+        self.C, self.F, self.V = s.C, p(s.F), p(s.V)
+        self.QD, self.KD = s.QD, s.KD
         self.phase, self.part = "fwd", "other"
 
     def mem(self, name, nbytes, launches=1, flops=0.0):
@@ -167,7 +171,8 @@ class _Builder:
     def gemm(self, name, M, N, K, a=BF16, b=BF16, c=BF16, accumulate=False, pitches=(), batch=1):
         flops = 2.0 * M * N * K * batch
         nbytes = batch * (M * K * a + K * N * b + M * N * c * (2 if accumulate else 1))
-        self.out.append(Kernel(name, flops, nbytes, True, _misaligned(*pitches), self.phase, self.part))
+        self.out.append(Kernel(name, flops, nbytes, True, _misaligned(*pitches), self.phase, self.part,
+                               cublas=True))
 
     # out[N, fo] = x[N, fi] @ W[fo, fi]^T
     def linear_fwd(self, name, fi, fo):
@@ -386,6 +391,12 @@ class StepModel:
     def launches(self):
         return sum(k.launches for k in self.kernels)
 
+    def own_launches(self):
+        """Launches of our kernels (LNS_LAUNCH) per micro-batch: what the emulator counts
+        (its cuBLASLt stand-in runs GEMMs without a launch); tests/perf/test_emulator_counts.py
+        checks it against lns_bench_step under -DLNS_CUDA_SIM."""
+        return sum(k.launches for k in self.kernels if not k.cublas)
+
     def model_flops_micro_batch(self):
         return self.shape.flops_per_token() * self.shape.N
 
@@ -401,7 +412,7 @@ class StepModel:
         s = self.shape
         if not self.impl.pad_ld:
             return s.params()
-        return replace(s, V=pad64(s.V), C=pad64(s.C), F=pad64(s.F)).params()
+        return replace(s, V=pad64(s.V), F=pad64(s.F)).params()
 
     def optimizer_bytes(self):
         P, dp = self.stored_params(), self.dp

@@ -9,7 +9,8 @@ Config keys (a plain dict):
     num_kv_heads, rope_theta, norm_eps,
     norm_type   : "rmsnorm" | "layernorm"
     norm_scheme : "pre" | "lns" | "post" | "mix" | "sandwich" | "deepnorm" | "scaled_init"
-                  | "deeppost" | "scale_post_pre" | "hybrid"
+                  | "deeppost" | "scale_post_pre" | "hybrid" | "scale_res_pre_norm"
+                  | "routed" | "mono" | "mono_reverse"
     post_layers : int (mix / scale_post_pre: blocks with index < post_layers are post-norm)
     layer_schemes : str (hybrid only, optional key otherwise): the per-layer pattern
                   FORM[:COUNT],...[,*] of include/lns/layer_schemes.h
@@ -22,6 +23,18 @@ Sublayer (attention, then MLP) of block i, l = i + 1:
     f2 = N_out(f)          sandwich only, else f
     r  = alpha * x + f2
     y  = N_add(r)          post / deepnorm / mix post-layers, else r
+
+Routed blocks (form "routed"; mono / mono_reverse use it every 4th layer,
+0-based layers 3, 7, ...): the block's input x runs through the whole block twice
+with the same attention and MLP weights, once as a Pre-LN block (input_layernorm,
+post_attention_layernorm) and once as a Post-LN block (post_attention_layernorm,
+post_feedforward_layernorm; the post_attention_layernorm gain is shared), and
+    logits[b] = mean_t(x[b, t] @ router.weight.T)            [B, 2]
+    soft      = softmax((logits + g) / tau), tau = 1         g: Gumbel noise [B, 2]
+    gate      = onehot(argmax soft) - soft.detach() + soft   (straight-through)
+    y[b]      = gate[b, 0] * pre_path(x)[b] + gate[b, 1] * post_path(x)[b]
+g is an input (forward(..., noise={layer: [B, 2]})); without it (evaluation)
+g = 0, i.e. the gate is the router's argmax.
 """
 
 import math
@@ -36,7 +49,11 @@ NORM_TYPES = ("rmsnorm", "layernorm")
 NORM_SCHEMES = ("pre", "lns", "post", "mix", "sandwich", "deepnorm", "scaled_init")
 # The reference repository's other variants (docs/model.md), golden files of their own.
 EXTRA_SCHEMES = ("deeppost", "scale_post_pre", "hybrid", "scale_res_pre_norm")
-BLOCK_FORMS = ("pre", "lns", "post", "deeppost", "sandwich", "scale_res_pre_norm")
+# The Gumbel-routed blocks (added after EXTRA_SCHEMES so no earlier golden seed moves).
+ROUTED_SCHEMES = ("mono", "mono_reverse")
+BLOCK_FORMS = ("pre", "lns", "post", "deeppost", "sandwich", "scale_res_pre_norm", "routed")
+ROUTE_EVERY = 4  # mono / mono_reverse: 0-based layers 3, 7, 11, ... are routed
+GUMBEL_TAU = 1.0
 
 CONFIG_KEYS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -51,7 +68,7 @@ def check_config(cfg):
         raise ValueError(f"config is missing keys: {missing}")
     if cfg["norm_type"] not in NORM_TYPES:
         raise ValueError(f"bad norm_type {cfg['norm_type']!r}")
-    if cfg["norm_scheme"] not in NORM_SCHEMES + EXTRA_SCHEMES:
+    if cfg["norm_scheme"] not in NORM_SCHEMES + EXTRA_SCHEMES + ROUTED_SCHEMES + ("routed",):
         raise ValueError(f"bad norm_scheme {cfg['norm_scheme']!r}")
     if cfg["hidden_size"] % cfg["num_heads"]:
         raise ValueError("hidden_size must be divisible by num_heads")
@@ -114,6 +131,15 @@ def block_plan(cfg, i):
         scheme = "post" if i < cfg["post_layers"] else "pre"
     if scheme == "hybrid":
         scheme = layer_forms(cfg["layer_schemes"], L)[i]
+    if scheme in ROUTED_SCHEMES:
+        if (i + 1) % ROUTE_EVERY == 0:
+            scheme = "routed"
+        else:
+            scheme = "pre" if scheme == "mono" else "post"
+    if scheme == "routed":  # path 0 a Pre-LN block, path 1 a Post-LN block, same weights
+        pre = block_plan(dict(cfg, norm_scheme="pre"), i)
+        post = block_plan(dict(cfg, norm_scheme="post"), i)
+        return {"attn": pre["attn"], "mlp": pre["mlp"], "alt": post, "router": "router.weight"}
 
     s, alpha = 1.0, 1.0
     res = scheme == "scale_res_pre_norm"  # r = a * x + f, a a learned scalar per sublayer
@@ -146,11 +172,12 @@ def block_norm_names(cfg, i):
     """Norm modules owned by block i, in a fixed order (no duplicates)."""
     plan = block_plan(cfg, i)
     names = []
-    for sub in ("attn", "mlp"):
-        for key in ("pre", "out", "add"):
-            n = plan[sub][key]
-            if n is not None and n not in names:
-                names.append(n)
+    for path in (plan, plan.get("alt")):
+        for sub in ("attn", "mlp") if path else ():
+            for key in ("pre", "out", "add"):
+                n = path[sub][key]
+                if n is not None and n not in names:
+                    names.append(n)
     return names
 
 
@@ -170,6 +197,8 @@ def weight_shapes(cfg):
             if ln:
                 shapes[p + n + ".bias"] = (C,)
         plan = block_plan(cfg, i)
+        if plan.get("router"):
+            shapes[p + plan["router"]] = (2, C)
         if plan["attn"]["res"]:  # each residual scale first in its sublayer's module
             shapes[p + plan["attn"]["res"]] = (1,)
         shapes[p + "self_attn.q_proj.weight"] = (Hq * D, C)
@@ -326,13 +355,38 @@ def sublayer(cfg, W, p, plan, fn, x):
     return r
 
 
-def forward(cfg, W, inputs):
-    """inputs: integer [B, T] token ids -> float64 logits [B, T, V]."""
+def route_gate(cfg, W, p, plan, x, g, trace=None, straight_through=True):
+    """The routed block's gate [B, 2] (module docstring); g: Gumbel noise [B, 2] or None.
+    trace: a list that receives the router logits (before noise), or None.
+    straight_through=False: the hard one-hot as a constant, the true derivative of the
+    piecewise-constant gate (0), which central differences can check."""
+    logits = (x @ W[p + plan["router"]].T).mean(dim=1)   # [B, 2]
+    if trace is not None:
+        trace.append(logits.detach().clone())
+    if g is not None:
+        logits = logits + g.to(DTYPE)
+    soft = torch.softmax(logits / GUMBEL_TAU, dim=-1)
+    hard = F.one_hot(soft.argmax(dim=-1), 2).to(DTYPE)
+    return hard - soft.detach() + soft if straight_through else hard
+
+
+def forward(cfg, W, inputs, noise=None, trace=None, straight_through=True):
+    """inputs: integer [B, T] token ids -> float64 logits [B, T, V].
+    noise: {layer index: Gumbel noise [B, 2]} for the routed layers (training);
+    None or a missing layer: no noise (evaluation)."""
     inputs = inputs.long()
     h = W["model.embed_tokens.weight"][inputs]     # [B, T, C]
     for i in range(cfg["num_layers"]):
         p = f"model.layers.{i}."
         plan = block_plan(cfg, i)
+        if plan.get("router"):
+            gate = route_gate(cfg, W, p, plan, h, (noise or {}).get(i), trace, straight_through)
+            ys = []
+            for path in (plan, plan["alt"]):
+                y = sublayer(cfg, W, p, path["attn"], attention, h)
+                ys.append(sublayer(cfg, W, p, path["mlp"], mlp, y))
+            h = gate[:, 0, None, None] * ys[0] + gate[:, 1, None, None] * ys[1]
+            continue
         h = sublayer(cfg, W, p, plan["attn"], attention, h)
         h = sublayer(cfg, W, p, plan["mlp"], mlp, h)
     h = norm(cfg, W, "model.norm", h)
@@ -347,13 +401,14 @@ def loss_fn(logits, targets):
                            ignore_index=IGNORE_INDEX, reduction="mean")
 
 
-def forward_backward(cfg, W, inputs, targets):
+def forward_backward(cfg, W, inputs, targets, noise=None, straight_through=True):
     """Returns (logits, loss, grads) with grads keyed by weight name (float64).
     W must hold float64 leaf tensors with requires_grad (see load_weights)."""
     for t in W.values():
         t.grad = None
-    logits = forward(cfg, W, inputs)
+    logits = forward(cfg, W, inputs, noise, straight_through=straight_through)
     loss = loss_fn(logits, targets)
     loss.backward()
-    grads = {k: t.grad.detach().clone() for k, t in W.items()}
+    grads = {k: t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t.detach())
+             for k, t in W.items()}  # None: a router without the straight-through gradient
     return logits.detach(), loss.detach(), grads

@@ -31,11 +31,12 @@ NUM_IGNORED = 3  # target positions set to -100
 
 def case_config(norm_type, norm_scheme):
     layernorm = norm_type == "layernorm"
+    routed = norm_scheme in ref.ROUTED_SCHEMES
     return {
         "vocab_size": 53,
         "hidden_size": 36,
         "intermediate_size": 45,
-        "num_layers": 3,
+        "num_layers": 4 if routed else 3,  # mono / mono_reverse route 0-based layer 3
         "num_heads": 6,
         "num_kv_heads": 2,
         "rope_theta": 500.0 if layernorm else 10000.0,
@@ -58,7 +59,7 @@ def cases():
     """(seed index, norm_type, norm_scheme): the seven schemes first, then the extra
     ones, so that adding a scheme never changes an existing file's seed."""
     idx = 0
-    for schemes in (ref.NORM_SCHEMES, ref.EXTRA_SCHEMES):
+    for schemes in (ref.NORM_SCHEMES, ref.EXTRA_SCHEMES, ref.ROUTED_SCHEMES):
         for norm_type in ref.NORM_TYPES:
             for norm_scheme in schemes:
                 yield idx, norm_type, norm_scheme
@@ -76,22 +77,54 @@ def make_case(cfg, seed):
     targets.view(-1)[ignored] = ref.IGNORE_INDEX
 
     W = ref.load_weights(cfg, w32)  # float64 copies of exactly the f32 values
-    logits, loss, grads = ref.forward_backward(cfg, W, inputs, targets)
+    noise = route_noise(cfg, W, inputs)
+    logits, loss, grads = ref.forward_backward(cfg, W, inputs, targets, noise)
 
     out = dict(w32)
+    for i, g in noise.items():  # not a weight name: --init_from and load_weights skip it
+        out[f"gate_noise.{i}"] = g.to(torch.float32).contiguous()
     out["inputs"] = inputs.contiguous()
     out["targets"] = targets.contiguous()
     out["logits"] = logits.to(torch.float32).contiguous()
     out["loss"] = loss.to(torch.float32).reshape(())
     for name, g in grads.items():
         out["grad." + name] = g.to(torch.float32).contiguous()
-    return out, W, inputs, targets, loss
+    return out, W, inputs, targets, loss, noise
 
 
-def finite_difference_check(cfg, W, inputs, targets, names, h=1e-5, rtol=1e-6):
+ROUTE_MARGIN = 0.5  # the chosen path's noisy logit leads by at least this much
+
+
+def route_noise(cfg, W, inputs):
+    """Gumbel noise [B, 2] (float32 values) for each routed layer, drawn from the torch
+    generator and then adjusted so that sequence b takes path b % 2: both paths, and the
+    straight-through gradient of both gate entries, are checked. Routed layers are
+    handled in order, each with the gates of the earlier ones fixed."""
+    noise = {}
+    for i in range(cfg["num_layers"]):
+        if not ref.block_plan(cfg, i).get("router"):
+            continue
+        trace = []
+        with torch.no_grad():
+            ref.forward(cfg, W, inputs, noise, trace)
+        logits = trace[len(noise)]  # this layer's router logits [B, 2]
+        u = torch.rand(logits.shape, dtype=torch.float32).clamp_min(1e-6)
+        g = (-torch.log(-torch.log(u))).to(ref.DTYPE)
+        for b in range(logits.shape[0]):
+            want, other = b % 2, 1 - b % 2
+            lead = (logits[b, want] + g[b, want]) - (logits[b, other] + g[b, other])
+            if lead < ROUTE_MARGIN:
+                g[b, want] += ROUTE_MARGIN - lead
+        noise[i] = g.to(torch.float32).to(ref.DTYPE)  # exactly the values the file holds
+    return noise
+
+
+def finite_difference_check(cfg, W, inputs, targets, names, h=1e-5, rtol=1e-6, noise=None):
     """Compare autograd vs central differences (float64) at the largest-|grad|
-    entry of each named weight. Asserts relative agreement within rtol."""
-    _, _, grads = ref.forward_backward(cfg, W, inputs, targets)
+    entry of each named weight. Asserts relative agreement within rtol. A routed gate is
+    piecewise constant, so its straight-through gradient is no derivative: autograd runs
+    without it here (the golden gradients keep it)."""
+    _, _, grads = ref.forward_backward(cfg, W, inputs, targets, noise, straight_through=False)
     worst = 0.0
     with torch.no_grad():
         for name in names:
@@ -100,9 +133,9 @@ def finite_difference_check(cfg, W, inputs, targets, names, h=1e-5, rtol=1e-6):
             w = W[name].view(-1)
             orig = w[flat].item()
             w[flat] = orig + h
-            lp = ref.loss_fn(ref.forward(cfg, W, inputs), targets).item()
+            lp = ref.loss_fn(ref.forward(cfg, W, inputs, noise), targets).item()
             w[flat] = orig - h
-            lm = ref.loss_fn(ref.forward(cfg, W, inputs), targets).item()
+            lm = ref.loss_fn(ref.forward(cfg, W, inputs, noise), targets).item()
             w[flat] = orig
             fd = (lp - lm) / (2 * h)
             ag = g.view(-1)[flat].item()
@@ -125,7 +158,7 @@ def main():
     for idx, norm_type, norm_scheme in cases():
         cfg = case_config(norm_type, norm_scheme)
         seed = 1000 + idx
-        tensors, W, inputs, targets, loss = make_case(cfg, seed)
+        tensors, W, inputs, targets, loss, noise = make_case(cfg, seed)
         meta = {"config": json.dumps(cfg), "generator": GENERATOR, "seed": str(seed)}
         path = os.path.join(args.out_dir, f"{norm_type}_{norm_scheme}.safetensors")
 
@@ -136,11 +169,16 @@ def main():
                     "model.layers.2.mlp.down_proj.weight",
                     "model.norm.weight"]
         fd_names += [n for n in W if n.startswith("model.layers.0.") and ("norm" in n or "residual_scale" in n)]
+        # The routed layer: every norm and the shared weights, both paths. Not the
+        # router: the hard gate makes the loss piecewise constant in it (its gradient is
+        # the straight-through estimate, checked against autograd of the same formula).
+        fd_names += [n for n in W if n.startswith("model.layers.3.") and ("norm" in n or "proj" in n)
+                     and norm_scheme in ref.ROUTED_SCHEMES]
         if norm_type == "layernorm":
             fd_names.append("model.norm.bias")
         else:
             fd_names.append("lm_head.weight")
-        fd_worst = finite_difference_check(cfg, W, inputs, targets, fd_names)
+        fd_worst = finite_difference_check(cfg, W, inputs, targets, fd_names, noise=noise)
 
         if args.check:
             old = load_file(path)

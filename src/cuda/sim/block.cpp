@@ -148,15 +148,12 @@ struct Block {
   std::vector<Thread> threads;
   Thread* current = nullptr;
   void* scheduler_sp = nullptr;
+  std::vector<SharedVar> shared;  // shared_of(grid), when the race check runs
 #if LNS_SIM_ASAN
   void* scheduler_fake_stack = nullptr;
   const void* scheduler_stack_bottom = nullptr;
   size_t scheduler_stack_size = 0;
 #endif
-  // race check: the writer of each shared byte in this barrier epoch, and the
-  // snapshot of shared memory when the running fiber was resumed
-  std::vector<int> writer;
-  std::vector<char> snapshot;
 };
 Block* g_block = nullptr;
 
@@ -185,8 +182,11 @@ size_t static_shared_bytes() {
 
 // Shared memory starts undefined on a GPU: fill it with NaN bytes so that a read
 // before the block wrote it gives NaN instead of the previous block's values.
-void reset_shared(size_t dynamic_bytes) {
+void reset_shared(const Grid& g) {
+  const size_t dynamic_bytes = g.shared_bytes;
   if (static_shared_bytes()) std::memset(__start_lns_sim_shared, 0xff, static_shared_bytes());
+  if (g.template_shared)
+    for (const SharedVar& v : *g.template_shared) std::memset(v.p, 0xff, v.bytes);
   char* d = dynamic_shared_buffer();
 #if LNS_SIM_ASAN
   __asan_unpoison_memory_region(d, kMaxDynamicShared);
@@ -196,47 +196,6 @@ void reset_shared(size_t dynamic_bytes) {
   // an access past the launch's dynamic shared size is an ASan error
   __asan_poison_memory_region(d + dynamic_bytes, kMaxDynamicShared - dynamic_bytes);
 #endif
-}
-
-// Race check: the bytes of shared memory a fiber changed while it ran since the last
-// resume, each attributed to it; a byte written by two threads in one barrier epoch
-// is a write-write race. (Reads are not seen: the reversed-order run catches a
-// read-write race whose value matters; docs/cuda.md.)
-size_t race_bytes(const Grid& g) { return static_shared_bytes() + g.shared_bytes; }
-void race_copy(std::vector<char>& out, const Grid& g) {
-  out.resize(race_bytes(g));
-  if (static_shared_bytes()) std::memcpy(out.data(), __start_lns_sim_shared, static_shared_bytes());
-  if (g.shared_bytes) std::memcpy(out.data() + static_shared_bytes(), dynamic_shared_buffer(), g.shared_bytes);
-}
-// The region [lo, lo + n) of shared memory against its snapshot `snap`: the bytes
-// that changed are attributed to `t`.
-void race_scan(Block& b, const Thread& t, const char* lo, char* snap, size_t n, size_t offset) {
-  constexpr size_t kChunk = 64;
-  for (size_t c = 0; c < n; c += kChunk) {
-    const size_t len = std::min(kChunk, n - c);
-    if (std::memcmp(lo + c, snap + c, len) == 0) continue;
-    for (size_t i = c; i < c + len; ++i) {
-      if (lo[i] == snap[i]) continue;
-      int& w = b.writer[offset + i];
-      if (w >= 0 && w != t.linear) {
-        const Thread& other = b.threads[w];
-        const bool dyn = offset + i >= static_shared_bytes();
-        fail_at(b, const_cast<Thread&>(t),
-                "shared-memory race: " + thread_str(t) + " and " + thread_str(other) + " both wrote " +
-                    (dyn ? "dynamic shared byte " + std::to_string(offset + i - static_shared_bytes())
-                         : "a static __shared__ byte (offset " + std::to_string(offset + i) + ")") +
-                    " with no __syncthreads between them (" + thread_str(t) + " last waited at " +
-                    site_str(t.file, t.line) + ")");
-      }
-      w = t.linear;
-      snap[i] = lo[i];
-    }
-  }
-}
-void race_after_slice(Block& b, const Thread& t) {
-  const size_t s = static_shared_bytes();
-  if (s) race_scan(b, t, __start_lns_sim_shared, b.snapshot.data(), s, 0);
-  if (b.grid->shared_bytes) race_scan(b, t, dynamic_shared_buffer(), b.snapshot.data() + s, b.grid->shared_bytes, s);
 }
 
 // ---- switching ----------------------------------------------------------------------
@@ -413,7 +372,16 @@ void complete_barrier(Block& b) {
     fail_at(b, *first, "__syncthreads at " + site_str(first->file, first->line) + " is not reached by every thread: " +
                            thread_str(*exited) + " has already returned");
   for (Thread& t : b.threads) t.wait = Wait::Running;
-  if (options().race_check) std::fill(b.writer.begin(), b.writer.end(), -1);
+  if (options().race_check) race_barrier();
+}
+
+// Every stretch of shared memory the grid's blocks have, for the race check.
+std::vector<SharedVar> shared_of(const Grid& g) {
+  std::vector<SharedVar> out;
+  if (static_shared_bytes()) out.push_back({__start_lns_sim_shared, static_shared_bytes(), ""});
+  if (g.shared_bytes) out.push_back({dynamic_shared_buffer(), g.shared_bytes, "dynamic"});
+  if (g.template_shared) out.insert(out.end(), g.template_shared->begin(), g.template_shared->end());
+  return out;
 }
 
 void run_block(Block& b, uint3 block_idx, bool reversed) {
@@ -431,25 +399,30 @@ void run_block(Block& b, uint3 block_idx, bool reversed) {
 #endif
     start_fiber(t);
   }
-  reset_shared(g.shared_bytes);
+  reset_shared(g);
   const bool race = options().race_check;
-  if (race) {
-    b.writer.assign(race_bytes(g), -1);
-    race_copy(b.snapshot, g);
-  }
+  if (race) race_begin_block(b.shared);
   for (;;) {
     bool ran = false;
     for (int k = 0; k < n; ++k) {
       Thread& t = b.threads[reversed ? n - 1 - k : k];
       if (t.wait != Wait::Running) continue;
+      if (race) race_resume(t.linear);
       resume(b, t);
-      if (race) race_after_slice(b, t);
+      if (race) {
+        b.current = &t;  // a report names this thread
+        race_after_slice(t.file, t.line);
+        b.current = nullptr;
+      }
       ran = true;
     }
     if (complete_warp_ops(b)) continue;
     bool all_exited = true;
     for (const Thread& t : b.threads) all_exited &= t.wait == Wait::Exited;
-    if (all_exited) return;
+    if (all_exited) {
+      if (race) race_end_block();
+      return;
+    }
     (void)ran;
     complete_barrier(b);
   }
@@ -463,6 +436,7 @@ void run_grid(const Grid& g, bool reversed) {
   Block* outer = g_block;
   if (outer) fail("a kernel launched from inside a kernel");
   g_block = &b;
+  if (options().race_check) b.shared = shared_of(g);
   gridDim = g.grid;
   blockDim = g.block;
   const uint64_t nx = g.grid.x, ny = g.grid.y, nz = g.grid.z, count = nx * ny * nz;

@@ -6,6 +6,12 @@
 // first agree that they run the same call (number, kind, count, type, op, root) and
 // then move the data with MPI. Reductions go to rank 0 and back, so every rank gets
 // the same bits (as NCCL's ring gives); their association order is MPI's, not NCCL's.
+//
+// The ordering rule: NCCL documents concurrent work on several communicators as
+// unsafe (it can hang), so at most one communicator of a device may have work in
+// flight. A collective that runs while a collective of another communicator, issued
+// before it, has not run yet is reported: nothing ordered the two (the emulator runs
+// the newest ready work first, so an unordered pair always shows up this way).
 #include <mpi.h>
 #include <nccl.h>
 #include <unistd.h>
@@ -18,8 +24,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -70,14 +79,29 @@ void need_mpi(const char* call) {
   if (!init || fin) fail(std::string(call) + ": the emulated NCCL runs over MPI, which is not initialised");
 }
 
+struct State;
+// Every live communicator of this process, for the ordering rule.
+std::mutex g_states_mu;
+std::set<State*> g_states;
+
 struct State {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1, device = 0;
   uint64_t issued = 0, executed = 0;  // collectives queued / run, in call order
+  // Process-wide issue numbers of the collectives queued and not yet run (oldest first).
+  std::deque<uint64_t> in_flight;
 #ifdef LNS_CUDA_SIM
   cudaEvent_t last = nullptr;  // recorded behind the latest collective queued
 #endif
+  State() {
+    std::lock_guard<std::mutex> lock(g_states_mu);
+    g_states.insert(this);
+  }
   ~State() {
+    {
+      std::lock_guard<std::mutex> lock(g_states_mu);
+      g_states.erase(this);
+    }
 #ifdef LNS_CUDA_SIM
     if (last) cudaEventDestroy(last);
 #endif
@@ -150,6 +174,7 @@ struct Coll {
   ncclRedOp_t op;
   int root;
   uint64_t seq;
+  uint64_t issue;  // process-wide issue number (all communicators)
 };
 
 bool overlap(const void* p, size_t pb, const void* q, size_t qb) {
@@ -205,6 +230,18 @@ void execute(State& s, const Coll& c) {
     fail(std::string(name) + ": collective #" + std::to_string(c.seq) + " of this communicator runs before #" +
          std::to_string(s.executed) + " (internal: submit() orders them as NCCL does)");
   ++s.executed;
+  {
+    // The ordering rule (top of the file): an older collective of another
+    // communicator of this device that has not run is still in flight beside this one.
+    std::lock_guard<std::mutex> lock(g_states_mu);
+    for (const State* o : g_states)
+      if (o != &s && o->device == s.device && !o->in_flight.empty() && o->in_flight.front() < c.issue)
+        fail(std::string(name) + ": collective #" + std::to_string(c.seq) + " of one communicator runs while " +
+             "collective #" + std::to_string(o->executed) + " of another communicator (of " +
+             std::to_string(o->size) + " ranks), issued before it, is still in flight: nothing orders the two " +
+             "(NCCL: work on several communicators at once may hang; order them by stream or event)");
+    s.in_flight.pop_front();
+  }
   if (s.size > 1) agree(s, c);
   const Type t = type_of(c.type, name);
   const int n = int(c.count);
@@ -278,7 +315,14 @@ ncclResult_t submit(Kind kind, const void* send, void* recv, size_t count, ncclD
   if (reads_send && !is_in_place && overlap(send, send_bytes, recv, recv_bytes))
     fail(name + ": sendbuff and recvbuff overlap without being NCCL's in-place form");
   auto state = comm->state;
-  const Coll c{kind, send, recv, count, type, op, root, s.issued++};
+  static uint64_t issue = 0;  // the host thread that queues collectives; under g_states_mu
+  uint64_t mine;
+  {
+    std::lock_guard<std::mutex> lock(g_states_mu);
+    mine = issue++;
+    s.in_flight.push_back(mine);
+  }
+  const Coll c{kind, send, recv, count, type, op, root, s.issued++, mine};
 #ifdef LNS_CUDA_SIM
   // NCCL runs a communicator's collectives one after the other whatever streams they
   // were queued on (its kernel waits for the communicator's previous one): the same

@@ -407,6 +407,7 @@ void launch_grid(const LaunchSite& site, const void* func, dim3 grid, dim3 block
   g->site = site, g->grid = grid, g->block = block, g->shared_bytes = shared_bytes;
   g->body = std::move(thread_body);
   g->pointers = std::move(pointers);
+  g->template_shared = &template_static_shared(func);
   push(s, site.kernel, [g] { run_checked(*g); });
 }
 

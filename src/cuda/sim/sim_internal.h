@@ -14,6 +14,17 @@
 
 namespace lns::sim {
 
+// A stretch of shared memory: the static section, the launch's dynamic bytes, or one
+// static __shared__ variable of a template kernel (template_shared.cpp).
+struct SharedVar {
+  char* p = nullptr;
+  size_t bytes = 0;
+  std::string name;  // for reports: "" (the section), "dynamic", or the variable's name
+};
+// The static __shared__ variables of kernel `func` that GCC left outside the
+// lns_sim_shared section (those of template kernels), found in the symbol table.
+const std::vector<SharedVar>& template_static_shared(const void* func);
+
 // One queued kernel launch.
 struct Grid {
   LaunchSite site;
@@ -21,12 +32,13 @@ struct Grid {
   size_t shared_bytes = 0;
   std::function<void()> body;          // one CUDA thread
   std::vector<const void*> pointers;   // its pointer arguments (for the two-order check)
+  const std::vector<SharedVar>* template_shared = nullptr;  // template_static_shared(kernel)
 };
 
 // Which checks run (environment LNS_SIM_CHECKS, a comma list; tests set them directly):
 //   reverse: every grid runs twice, threads and blocks in opposite orders, and the
 //            device memory it can reach must come out bitwise equal;
-//   race:    shared-memory write-write race detection (docs/cuda.md).
+//   race:    shared-memory race detection (race.cpp, docs/cuda.md).
 struct Options {
   bool reverse_check = false;
   bool race_check = false;
@@ -36,6 +48,18 @@ Options& options();
 // Executes every block of `g` on the calling OS thread, one block at a time, threads
 // in increasing (or, reversed, decreasing) linear order between synchronisations.
 void run_grid(const Grid& g, bool reversed);
+
+// The shared-memory race check (race.cpp), driven by the engine while a block runs
+// with options().race_check: the block's shared memory (every stretch of it), the
+// fiber about to run, the end of its slice (where it waits: for the
+// report of the snapshot mode), each completed __syncthreads.
+void race_begin_block(const std::vector<SharedVar>& shared);
+void race_resume(int linear_thread);
+void race_after_slice(const char* waited_file, int waited_line);
+void race_barrier();
+void race_end_block();
+// Whether the kernels were built with the access hooks, so that reads are seen too.
+bool race_sees_reads();
 
 // The sentence fail() prefixes inside a kernel: "kernel K (launched at F:L) block
 // (x,y,z) thread (x,y,z)"; empty outside kernels.
