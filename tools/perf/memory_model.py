@@ -35,9 +35,11 @@ BF16, F32, I32 = 2, 4, 4
 MODES = ("none", "selective", "full")
 
 
-def shard(n, parts):
-    """Local size of a dimension split over `parts` ranks, padded (parallel/shard.h)."""
-    return (n + parts - 1) // parts
+def shard(n, parts, align=1):
+    """Rows a rank stores of a dimension split over `parts` ranks (parallel/shard.h):
+    the padded share, rounded up to `align` (64 on CUDA: gemm_dim_align)."""
+    size = (n + parts - 1) // parts
+    return (size + align - 1) // align * align
 
 
 def sublayer_norms(s, layer):
@@ -90,13 +92,16 @@ class Account:
 
 
 def activation_account(s, tp, first, last, has_embedding, has_head, slots, mode="none",
-                       recompute_layers=0, dev="cuda"):
-    """src/model/activation_memory.cpp, term by term. s: step_model.ModelShape."""
+                       recompute_layers=0, dev="cuda", align=None):
+    """src/model/activation_memory.cpp, term by term. s: step_model.ModelShape. align:
+    the device's padding of FFN and vocabulary shards (default: lns's, 64 on CUDA)."""
     a = BF16 if dev == "cuda" else F32
     N, C, D = s.B * s.T, s.C, s.C // s.Hq
     Hq = s.Hq // tp
     QD, KD = Hq * D, s.Hkv // tp * D
-    F, V = shard(s.F, tp), shard(s.V, tp)
+    if align is None:
+        align = 64 if dev == "cuda" else 1
+    F, V = shard(s.F, tp, align), shard(s.V, tp, align)
     NC = N * C * a
     stat = N * F32 * (2 if s.norm_type == "layernorm" else 1)
     saved = s.B * Hq * s.T * (s.T if dev == "cpu" else 1) * F32  # probabilities or log-sum-exp
@@ -136,7 +141,7 @@ def activation_account(s, tp, first, last, has_embedding, has_head, slots, mode=
 def stage_params(s, tp, first, last, has_embedding, has_head):
     """Parameters one rank of a stage stores (its tensor-parallel shard, padded)."""
     D = s.C // s.Hq
-    QD, KD, F, V = s.Hq // tp * D, s.Hkv // tp * D, shard(s.F, tp), shard(s.V, tp)
+    QD, KD, F, V = s.Hq // tp * D, s.Hkv // tp * D, shard(s.F, tp, 64), shard(s.V, tp, 64)
     norm = s.C * (2 if s.norm_type == "layernorm" else 1)
     norms = {"sandwich": 4}.get(s.scheme, 2)
     per_layer = 2 * s.C * QD + 2 * s.C * KD + 3 * s.C * F + norms * norm

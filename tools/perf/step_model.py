@@ -450,7 +450,8 @@ class StepModel:
         b = _Builder(s, self.impl)
         N, C, QD, KD = s.N, b.C, b.QD, b.KD
         shard = P / dp if self.impl.sharded_adamw and dp > 1 else P
-        acc = activation_account(replace(s, C=C, F=b.F, V=b.V), 1, 0, s.L, True, True, 1)
+        acc = activation_account(replace(s, C=C, F=b.F, V=b.V), 1, 0, s.L, True, True, 1,
+                                 align=64 if self.impl.pad_ld else 1)
         G, T = s.Hq // s.Hkv, s.T
         per_entry = G * T * T * 12
         chunk = max(1, min(s.B * s.Hkv, (256 << 20) // per_entry)) * per_entry
