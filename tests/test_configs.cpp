@@ -2,6 +2,7 @@
 // paper (or the quickstart) specifies.
 #include <gflags/gflags.h>
 
+#include "lns/activation_memory.h"
 #include "lns/model_flags.h"
 #include "lns/train_flags.h"
 #include "test_util.h"
@@ -70,6 +71,52 @@ TEST(Configs, OneBillionAtSequence4096) {
   EXPECT_EQ(t.seq_len, 4096);
   EXPECT_EQ(int64_t{t.seq_len} * t.global_batch, 256 * 512);
   EXPECT_EQ(t.device, Device::CUDA);
+}
+
+// The LLaMA-2 7B and 13B shapes, with the layout, recomputation and micro-batch of
+// tools/perf/memory_model.py (tests/perf/test_memory_model.py checks that the files
+// hold its choice). The activation account of the chosen layout's rank, by hand:
+// per layer u, f, r of both sublayers [N,C], q k v ctx [N, C/tp], gate up act
+// [N, F/tp] in bf16, the log-sum-exp [B, H/tp, T] and two rstd [N] in f32.
+TEST(Configs, LlamaTwoSevenAndThirteenBillion) {
+  struct Big {
+    const char* name;
+    int hidden, layers, heads, inter, tp;
+  };
+  for (const Big& e : {Big{"7b", 4096, 32, 32, 11008, 2}, Big{"13b", 5120, 40, 40, 13824, 4}}) {
+    gflags::FlagSaver restore;
+    const std::string path = std::string(LNS_SOURCE_DIR) + "/configs/" + e.name + "_lns.flags";
+    ASSERT_TRUE(gflags::ReadFromFlagsFile(path, "lns_tests", true)) << path;
+    SCOPED_TRACE(path);
+    const LlamaConfig m = config_from_flags();
+    const TrainConfig t = train_config_from_flags();
+    EXPECT_EQ(m.hidden_size, e.hidden);
+    EXPECT_EQ(m.num_layers, e.layers);
+    EXPECT_EQ(m.num_heads, e.heads);
+    EXPECT_EQ(m.num_kv_heads, e.heads);
+    EXPECT_EQ(m.intermediate_size, e.inter);
+    EXPECT_EQ(m.vocab_size, 32000);
+    EXPECT_EQ(m.norm_scheme, NormScheme::LNS);
+    EXPECT_EQ(t.seq_len, 4096);
+    EXPECT_EQ(t.global_batch, 1024);
+    EXPECT_EQ(t.device, Device::CUDA);
+    EXPECT_TRUE(t.zero);
+    ASSERT_EQ(tp_flag(), e.tp);
+    ASSERT_EQ(pp_flag(), 1);
+    EXPECT_EQ(m.recompute, RecomputeMode::None);
+    ASSERT_EQ(t.micro_batch, 1);
+    const int64_t N = 4096, C = e.hidden, F = e.inter / e.tp, H = e.heads / e.tp;
+    const ActivationAccount acc = activation_account(m, StageSpec::whole(m), 1, 4096, 1,
+                                                     TensorParallel{0, e.tp, nullptr}, Device::CUDA);
+    const int64_t layer = 2 * (6 * N * C + 4 * N * C / e.tp + 3 * N * F) + 4 * (H * 4096 + 2 * N);
+    EXPECT_EQ(acc.layers.at(0).kept_bytes, layer);
+    // selective drops ctx, the log-sum-exp and act: about 13% of a layer here
+    LlamaConfig sel = m;
+    sel.recompute = RecomputeMode::Selective;
+    const ActivationAccount s = activation_account(sel, StageSpec::whole(m), 1, 4096, 1,
+                                                   TensorParallel{0, e.tp, nullptr}, Device::CUDA);
+    EXPECT_EQ(s.layers.at(0).kept_bytes, layer - 2 * (N * C / e.tp + N * F) - 4 * H * 4096);
+  }
 }
 
 }  // namespace

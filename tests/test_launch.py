@@ -46,6 +46,33 @@ class Launch(unittest.TestCase):
                 self.assertIn("--tp=8", cmd)
             self.assertIn("srun --ntasks=%d --ntasks-per-node=8" % (8 * nodes), r.stdout)
 
+    def test_slurm_7b_and_13b_at_4_and_16_nodes(self):
+        # The LLaMA-2-shaped flagfiles as a user submits them: one rank per GPU, the
+        # flagfile (which holds --tp, --pp, --recompute) passed through, and a layout
+        # that divides the world (tp x pp x dp).
+        for name in ("7b_lns", "13b_lns"):
+            flags = {}
+            with open(os.path.join(ROOT, "configs", name + ".flags")) as f:
+                for line in f:
+                    if line.startswith("--") and "=" in line:
+                        k, v = line.strip()[2:].split("=", 1)
+                        flags[k] = v
+            for nodes in (4, 16):
+                r = dry_run("launch/slurm/train.sbatch", {"SLURM_NNODES": str(nodes), "SLURM_JOB_ID": "7"},
+                            "configs/%s.flags" % name)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                world = 8 * nodes
+                self.assertIn("nodes %d x 8 GPUs = %d ranks; out_dir runs/%s" % (nodes, world, name), r.stdout)
+                self.assertIn("srun --ntasks=%d --ntasks-per-node=8" % world, r.stdout)
+                rows = ranks(r.stdout)
+                self.assertEqual(len(rows), world)
+                self.assertEqual({h for _, h, _, _, _ in rows}, {"node%d" % n for n in range(nodes)})
+                for rank, host, local, gpu, cmd in rows:
+                    self.assertEqual(gpu, str(int(rank) % 8))
+                    self.assertIn("--flagfile=configs/%s.flags" % name, cmd)
+                    self.assertIn("--resume=auto", cmd)
+                self.assertEqual(world % (int(flags["tp"]) * int(flags["pp"])), 0)
+
     def test_mpirun_multinode(self):
         d = tempfile.mkdtemp()
         hosts = os.path.join(d, "hosts")

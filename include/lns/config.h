@@ -8,6 +8,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "lns/ops.h"
+#include "lns/recompute.h"
 
 namespace lns {
 
@@ -65,6 +66,10 @@ struct LlamaConfig {
   // How attention runs on CUDA (--attention): an execution choice, not a property of
   // the weights, so not in to_json(); the stage resolves it once (choose_attention_impl).
   AttentionImpl attention = AttentionImpl::Auto;
+  // Activation recomputation (--recompute, --recompute_layers; lns/recompute.h): also an
+  // execution choice, not in to_json(). recompute_layers: full only, 0 = every layer.
+  RecomputeMode recompute = RecomputeMode::None;
+  int recompute_layers = 0;
 
   int head_dim() const { return hidden_size / num_heads; }
   int depth_of(int layer) const { return layer_depths.empty() ? layer : layer_depths[layer]; }

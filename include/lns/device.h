@@ -52,8 +52,16 @@ std::vector<float> to_host_f32(Tensor src);
 void guard_device_padding(Tensor padding);
 // Waits for every kernel queued on the CUDA stream (no-op on the CPU).
 void device_synchronize(Device d);
-// Peak bytes allocated by Buffers on the CUDA device since start (0 on the CPU).
+// Peak bytes allocated by Buffers on the CUDA device since start (0 on the CPU), and
+// the bytes they hold now.
 size_t cuda_peak_allocated_bytes();
+size_t cuda_allocated_bytes();
+// Bytes held by host Buffers now and at most since start or the last reset (each
+// allocation rounded up to its 64-byte alignment): the CPU path's memory high-water
+// mark (activation recomputation's account is checked against it).
+size_t host_allocated_bytes();
+size_t host_peak_allocated_bytes();
+void reset_host_peak_allocated_bytes();
 // Bytes in use on the current GPU (total - free: every allocation of the process,
 // scratch and library workspaces included, plus the CUDA context); 0 without a GPU.
 size_t cuda_memory_in_use();

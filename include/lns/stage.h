@@ -193,12 +193,17 @@ class LlamaStage {
   struct NormUse;
   struct Slot;
   struct Scratch;
+  struct Workspace;
   struct Stream;
 
   struct ParamsOnly {};
   LlamaStage(const LlamaConfig& cfg, StageSpec spec, TensorParallel tp, ParamsOnly);
   void init_dims();
   void register_params();
+  void bind_layer_acts(int local, Slot& slot);
+  // Binds one path's activations (the layer's, or a routed block's twin's) by `mode`.
+  void bind_path_acts(const Layer& path, RecomputeMode mode, Slot& slot);
+  void recompute_path(Layer& path, Slot& s, Tensor in);
   void norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x);
   void norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x);
   void settle(Stream& x);
@@ -244,6 +249,7 @@ class LlamaStage {
   std::vector<int> chunk_begin_;  // chunk c holds layers_[chunk_begin_[c], chunk_begin_[c+1])
   std::vector<std::vector<std::unique_ptr<Slot>>> slots_;  // [chunk][slot]
   std::unique_ptr<Scratch> scratch_;
+  std::unique_ptr<Workspace> ws_;  // recompute buffers (lns/recompute.h)
   int embed_ = -1, final_gain_ = -1, final_bias_ = -1, head_ = -1;
   float final_fixed_[2] = {0.0f, 0.0f};  // LN-free divisors of the final norm (0: live)
   int32_t final_eot_ = -1;               // its end-of-text id (-1: none)

@@ -133,6 +133,8 @@ class Trainer {
 
  private:
   bool is_root() const { return grid_->rank == 0; }
+  void log_activation_accounts() const;
+  double peak_memory_bytes();  // collective
   // Samples the next global batch and runs it through the pipeline: gradients
   // accumulate (zeroed first); returns the batch's mean loss and unmasked targets.
   struct BatchResult {

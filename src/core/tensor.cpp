@@ -1,6 +1,7 @@
 #include "lns/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -17,9 +18,17 @@ namespace lns {
 namespace {
 // Bytes held by CUDA Buffers now and at most (peak memory in benchmarks and logs).
 size_t g_cuda_bytes = 0, g_cuda_peak = 0;
+// The same for host Buffers (what an allocation really holds: rounded to 64 bytes).
+// Atomic: tools may build buffers on several threads.
+std::atomic<size_t> g_host_bytes{0}, g_host_peak{0};
+size_t host_alloc_size(size_t nbytes) { return (nbytes + 63) / 64 * 64; }
 }  // namespace
 
 size_t cuda_peak_allocated_bytes() { return g_cuda_peak; }
+size_t cuda_allocated_bytes() { return g_cuda_bytes; }
+size_t host_allocated_bytes() { return g_host_bytes.load(); }
+size_t host_peak_allocated_bytes() { return g_host_peak.load(); }
+void reset_host_peak_allocated_bytes() { g_host_peak.store(g_host_bytes.load()); }
 
 size_t dtype_size(DType t) {
   switch (t) {
@@ -94,9 +103,13 @@ Buffer::Buffer(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) 
   if (nbytes == 0) return;
   if (device == Device::CPU) {
     // 64-byte alignment: whole cache lines, and what AVX-512 loads like.
-    data_ = std::aligned_alloc(64, (nbytes + 63) / 64 * 64);
+    data_ = std::aligned_alloc(64, host_alloc_size(nbytes));
     LNS_CHECK(data_ != nullptr) << "out of host memory allocating " << nbytes << " bytes";
     std::memset(data_, 0, nbytes);
+    const size_t now = g_host_bytes += host_alloc_size(nbytes);
+    size_t peak = g_host_peak.load();
+    while (now > peak && !g_host_peak.compare_exchange_weak(peak, now)) {
+    }
   } else {
 #ifdef LNS_WITH_CUDA
     if (cudaMalloc(&data_, nbytes) != cudaSuccess) {
@@ -121,6 +134,7 @@ Buffer::~Buffer() {
   if (!data_) return;
   if (device_ == Device::CPU) {
     std::free(data_);
+    g_host_bytes -= host_alloc_size(nbytes_);
   } else {
 #ifdef LNS_WITH_CUDA
     cudaFree(data_);

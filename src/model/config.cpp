@@ -88,6 +88,10 @@ void LlamaConfig::validate() const {
               "layer_depths has ", layer_depths.size(), " entries for ", num_layers, " layers");
   for (int d : layer_depths)
     LNS_REQUIRE(d >= 0 && d < depth_layers(), "layer depth ", d, " outside [0, ", depth_layers(), ")");
+  LNS_REQUIRE(recompute_layers >= 0 && recompute_layers <= num_layers, "--recompute_layers=",
+              recompute_layers, " must be in [0, --num_layers=", num_layers, "]");
+  LNS_REQUIRE(recompute_layers == 0 || recompute == RecomputeMode::Full, "--recompute_layers=",
+              recompute_layers, " needs --recompute=full (got ", recompute_mode_name(recompute), ")");
   if (norm_scheme == NormScheme::Hybrid)
     resolve_layer_schemes(layer_schemes, depth_layers());  // throws on a bad pattern
   else

@@ -15,6 +15,12 @@ DEFINE_string(attention, "auto",
               "Attention on CUDA: fused (tensor-core FlashAttention-style kernels, head dim 64 or 128, "
               "memory linear in T), materialized (cuBLASLt through score chunks, any head dim) or auto "
               "(fused where it applies). Chosen once per model and logged.");
+DEFINE_string(recompute, "none",
+              "Activation recomputation: none, selective (the attention core and the SwiGLU product "
+              "are recomputed in backward) or full (a layer keeps only its output and re-runs its "
+              "forward in backward). Exact: the step is unchanged. docs/parallelism.md.");
+DEFINE_int32(recompute_layers, 0,
+             "--recompute=full: only the first N layers of each pipeline stage recompute; 0 = all.");
 DEFINE_string(norm_scheme, "lns",
               "pre, lns (LayerNorm Scaling), post, mix (Mix-LN), sandwich, deepnorm, scaled_init, deeppost "
               "(post, residual x 2*sqrt(2)), scale_post_pre (mix with scaled_init's init) or hybrid "
@@ -44,6 +50,8 @@ LlamaConfig config_from_flags() {
   c.norm_type = parse_norm_type(FLAGS_norm_type);
   c.norm_scheme = parse_norm_scheme(FLAGS_norm_scheme);
   c.attention = parse_attention_impl(FLAGS_attention);
+  c.recompute = parse_recompute_mode(FLAGS_recompute);
+  c.recompute_layers = FLAGS_recompute_layers;
   c.post_layers = FLAGS_post_layers;
   c.layer_schemes = FLAGS_layer_schemes;
   c.tie_embeddings = FLAGS_tie_embeddings;

@@ -56,18 +56,21 @@ struct LlamaStage::Layer {
   std::unique_ptr<Layer> alt;
 };
 
-// The activations of one micro-batch in flight.
+// The activations of one micro-batch in flight: views into the slot's own buffers
+// (`kept`) or, for what the layer's recompute mode drops, into the stage's shared
+// Workspace, rewritten by each layer's forward and again by its backward's recompute.
 struct LlamaStage::Slot {
   struct SubActs {
     Tensor x;                   // sublayer input (a view of the previous output)
-    OwnedTensor u, f, f2, r, y; // [N,C]; u/f2/y only where the norm exists
-    OwnedTensor uv;             // [N,C] v's normalised input, once pre_v is active
+    Tensor u, f, f2, r, y;      // [N,C]; u/f2/y only where the norm exists
+    OwnedTensor uv;             // [N,C] v's normalised input, once pre_v is active (LN-free, late)
   };
   struct LayerActs {
+    RecomputeMode mode = RecomputeMode::None;
     SubActs sub[2];
-    OwnedTensor q, k, v, ctx;         // [N,Hq*D], [N,Hkv*D] x2, [N,Hq*D]
-    OwnedTensor attn_saved;           // f32 attention_saved_shape(): [B,Hq,T,T] or [B,Hq,T]
-    OwnedTensor gate, up, act;        // [N,F]
+    Tensor q, k, v, ctx;        // [N,Hq*D], [N,Hkv*D] x2, [N,Hq*D]
+    Tensor attn_saved;          // f32 attention_saved_shape(): [B,Hq,T,T] or [B,Hq,T]
+    Tensor gate, up, act;       // [N,F]
     // Routed blocks: path 1's activations, the gate and the mixed output.
     std::unique_ptr<LayerActs> alt;
     OwnedTensor route_gate, route_soft, route_dgate;  // [B,2] f32
@@ -75,10 +78,11 @@ struct LlamaStage::Slot {
     OwnedTensor route_out;                            // [N,C] the block's output
     Tensor route_path[2];                             // each path's output (views)
   };
+  std::vector<OwnedTensor> kept;  // the buffers of this micro-batch's layer activations
   OwnedTensor ids;        // [B,T] i32: first stage, or set_token_ids()
   OwnedTensor h0;         // [N,C] stage input
   std::vector<LayerActs> layers;
-  std::vector<OwnedTensor> mean, rstd;  // [N] per NormUse::stat
+  std::vector<Tensor> mean, rstd;  // [N] f32 per NormUse::stat (mean: LayerNorm only)
   OwnedTensor hf;         // [N,C] final-norm output, last stage
   OwnedTensor logits;     // [N,V], overwritten by dlogits in backward
   OwnedTensor losses;     // [N]
@@ -89,6 +93,15 @@ struct LlamaStage::Slot {
   bool loss_pending = false;  // loss() ran, so backward() may
   Tensor out;             // what forward returned
   int first_local = 0;    // layers[j] belongs to layers_[first_local + j] (its chunk's)
+};
+
+// What recomputing layers write instead of a slot: one layer's worth of the buffers
+// their modes drop (allocated where some layer needs them), shared by every slot,
+// layer and routed path, since each backward recomputes them just before reading them.
+struct LlamaStage::Workspace {
+  std::vector<OwnedTensor> buffers;
+  Slot::LayerActs acts;
+  std::vector<Tensor> mean, rstd;  // [N] per norm position in a layer (3 * sublayer + k)
 };
 
 // Gradient buffers for backward, reused by every layer and slot.
@@ -198,13 +211,16 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   // Activations in the device's activation dtype; statistics always f32.
   const auto act = [&](Shape s) { return OwnedTensor(act_, s, device_); };
   const auto f32 = [&](Shape s) { return OwnedTensor(DType::F32, s, device_); };
+  const bool ln = cfg_.norm_type == NormType::LayerNorm;
   int num_stats = 0;
   for (auto& l : layers_)
     for (Layer* path : {&l, l.alt.get()})
       for (auto& s : path ? path->sub : l.sub)
         for (NormUse* n : {&s.pre, &s.out, &s.add})
           if (n->active()) num_stats = std::max(num_stats, n->stat + 1);
-  final_stat_ = num_stats;  // the final norm's (allocated on every stage, used on the last)
+  final_stat_ = num_stats;  // the final norm's (allocated where the head is)
+  ws_ = std::make_unique<Workspace>();
+  ws_->mean.resize(6), ws_->rstd.resize(6);
   // A slot of chunk c holds the activations of chunk c's layers only.
   slots_.resize(chunk_slots.size());
   std::vector<int> slot_chunks;  // the chunk of every slot, in order
@@ -215,42 +231,16 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
     slot->first_local = chunk_begin_[c];
     slot->ids = OwnedTensor(DType::I32, Shape{B_, T_}, device_);  // every stage: LN-free end-of-text rows
     slot->h0 = act({NL, C});
-    const auto layer_acts = [&](const Layer& l) {
-      Slot::LayerActs a;
-      for (int w = 0; w < 2; ++w) {
-        const Sublayer& s = l.sub[w];
-        if (s.pre.active()) a.sub[w].u = act({NL, C});
-        a.sub[w].f = act({NL, C});
-        if (s.out.active()) a.sub[w].f2 = act({NL, C});
-        a.sub[w].r = act({NL, C});
-        if (s.add.active()) a.sub[w].y = act({NL, C});
-      }
-      a.q = act({N, QD});
-      a.k = act({N, KD});
-      a.v = act({N, KD});
-      a.attn_saved = f32(lns::attention_saved_shape(device_, B_, T_, Hq_));
-      a.ctx = act({N, QD});
-      a.gate = act({N, F});
-      a.up = act({N, F});
-      a.act = act({N, F});
-      return a;
-    };
-    for (int j = chunk_begin_[c]; j < chunk_begin_[c + 1]; ++j) {
-      const Layer& l = layers_[j];
-      Slot::LayerActs a = layer_acts(l);
-      if (l.alt) {
-        a.alt = std::make_unique<Slot::LayerActs>(layer_acts(*l.alt));
-        for (OwnedTensor* t : {&a.route_gate, &a.route_soft, &a.route_dgate, &a.route_noise, &a.route_zero})
-          *t = f32({B_, 2});
-        a.route_out = act({N, C});
-      }
-      slot->layers.push_back(std::move(a));
-    }
-    for (int k = 0; k < num_stats + 1; ++k) {  // +1: the final norm's, final_stat_
-      slot->mean.push_back(f32({NL}));
-      slot->rstd.push_back(f32({NL}));
-    }
+    slot->mean.resize(num_stats + 1), slot->rstd.resize(num_stats + 1);  // +1: the final norm's
+    slot->layers.resize(chunk_begin_[c + 1] - chunk_begin_[c]);
+    for (int j = chunk_begin_[c]; j < chunk_begin_[c + 1]; ++j) bind_layer_acts(j, *slot);
     if (heads) {
+      slot->kept.emplace_back(f32({NL}));
+      slot->rstd[num_stats] = slot->kept.back();
+      if (ln) {
+        slot->kept.emplace_back(f32({NL}));
+        slot->mean[num_stats] = slot->kept.back();
+      }
       slot->hf = act({NL, C});
       slot->logits = act({B_, T_, V});
       slot->targets = OwnedTensor(DType::I32, Shape{N}, device_);
@@ -271,6 +261,74 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   sc.dgate = act({N, F}), sc.dup = act({N, F}), sc.dact = act({N, F});
   for (const Layer& l : layers_)
     if (l.alt && sc.route_d[0].t.empty()) sc.route_d[0] = act({N, C}), sc.route_d[1] = act({N, C});
+}
+
+// Binds layer `local`'s activations in `slot` to buffers of the slot, or, for those
+// its recompute mode drops, to the workspace's (lns/recompute.h). A full layer keeps
+// only its output, the next layer's input (r, or y after an N_add); its input is the
+// previous layer's kept output or h0.
+void LlamaStage::bind_layer_acts(int local, Slot& slot) {
+  const Layer& l = layers_[local];
+  Slot::LayerActs& a = slot.layers[local - slot.first_local];
+  bind_path_acts(l, layer_recompute(cfg_.recompute, cfg_.recompute_layers, local), slot);
+  if (!l.alt) return;
+  // A routed block: path 1 in the same mode (the workspace serves both paths in turn,
+  // block_backward recomputes each before its backward); gate and mix kept.
+  a.alt = std::make_unique<Slot::LayerActs>();
+  bind_path_acts(*l.alt, a.mode, slot);
+  for (OwnedTensor* t : {&a.route_gate, &a.route_soft, &a.route_dgate, &a.route_noise, &a.route_zero})
+    *t = OwnedTensor(DType::F32, Shape{B_, 2}, device_);
+  a.route_out = OwnedTensor(act_, Shape{B_ * T_, cfg_.hidden_size}, device_);
+}
+
+// One path of a layer (the layer, or a routed block's twin): its activations by `mode`.
+void LlamaStage::bind_path_acts(const Layer& l, RecomputeMode mode, Slot& slot) {
+  Slot::LayerActs& own = slot.layers[l.local - slot.first_local];  // a slot holds its chunk's layers
+  Slot::LayerActs& a = l.is_alt ? *own.alt : own;
+  Slot::LayerActs& w = ws_->acts;
+  a.mode = mode;
+  const bool full = a.mode == RecomputeMode::Full, none = a.mode == RecomputeMode::None;
+  const int64_t N = B_ * T_, C = cfg_.hidden_size, F = fshard_.stored;
+  auto bind = [&](Tensor& dst, Tensor& shared, DType dtype, Shape shape, bool keep) {
+    if (keep) {
+      slot.kept.emplace_back(dtype, shape, device_);
+      dst = slot.kept.back();
+      return;
+    }
+    if (shared.empty()) {  // first layer that needs this workspace buffer
+      ws_->buffers.emplace_back(dtype, shape, device_);
+      shared = ws_->buffers.back();
+    }
+    dst = shared;
+  };
+  for (int s = 0; s < 2; ++s) {
+    const Sublayer& sl = l.sub[s];
+    Slot::SubActs &x = a.sub[s], &wx = w.sub[s];
+    // The split regions (norms, residual stream) hold the rank's NL tokens (N / tp under
+    // --sequence_parallel); the tensor-parallel interiors below all N.
+    if (sl.pre.active()) bind(x.u, wx.u, act_, {NL_, C}, !full);
+    bind(x.f, wx.f, act_, {NL_, C}, !full);
+    if (sl.out.active()) bind(x.f2, wx.f2, act_, {NL_, C}, !full);
+    bind(x.r, wx.r, act_, {NL_, C}, !full || (s == 1 && !sl.add.active()));
+    if (sl.add.active()) bind(x.y, wx.y, act_, {NL_, C}, !full || s == 1);
+    const NormUse* uses[3] = {&sl.pre, &sl.out, &sl.add};
+    for (int k = 0; k < 3; ++k) {
+      if (!uses[k]->active()) continue;
+      const int stat = uses[k]->stat;
+      bind(slot.rstd[stat], ws_->rstd[3 * s + k], DType::F32, {NL_}, !full);
+      if (cfg_.norm_type == NormType::LayerNorm)
+        bind(slot.mean[stat], ws_->mean[3 * s + k], DType::F32, {NL_}, !full);
+    }
+  }
+  bind(a.q, w.q, act_, {N, QD_}, !full);
+  bind(a.k, w.k, act_, {N, KD_}, !full);
+  bind(a.v, w.v, act_, {N, KD_}, !full);
+  // The attention core and the SwiGLU product: what selective recomputes.
+  bind(a.ctx, w.ctx, act_, {N, QD_}, none);
+  bind(a.attn_saved, w.attn_saved, DType::F32, lns::attention_saved_shape(device_, B_, T_, Hq_), none);
+  bind(a.gate, w.gate, act_, {N, F}, !full);
+  bind(a.up, w.up, act_, {N, F}, !full);
+  bind(a.act, w.act, act_, {N, F}, none);
 }
 
 void LlamaStage::register_params() {
@@ -378,7 +436,7 @@ Tensor LlamaStage::layer_output(int local, const Slot& s) const {
   const Layer& l = layers_[local];
   if (l.alt) return s.layers[local - s.first_local].route_out;
   const Slot::SubActs& a = s.layers[local - s.first_local].sub[1];
-  return l.sub[1].add.active() ? a.y.t : a.r.t;
+  return l.sub[1].add.active() ? a.y : a.r;
 }
 
 LlamaStage::Slot& LlamaStage::slot_at(int i, int chunk) const {
@@ -447,9 +505,19 @@ LlamaStage::Stream LlamaStage::block_forward(Layer& l, Slot& s, Stream x) {
   return Stream{a.route_out};
 }
 
+// Under --recompute=full, a path's forward again from its kept input `in`, into the
+// workspace, just before its backward. Its output is not needed (a pre-norm path's
+// stays pending; an N_add rewrites the kept y with the same values), only what its
+// backward reads. A no-op in the other modes.
+void LlamaStage::recompute_path(Layer& path, Slot& s, Tensor in) {
+  if (acts(path, s).mode != RecomputeMode::Full) return;
+  sublayer_forward(path, 1, s, sublayer_forward(path, 0, s, Stream{in}));
+}
+
 // dy: gradient of the block's output, overwritten with that of its input; dx scratch.
 void LlamaStage::block_backward(Layer& l, Slot& s, Tensor dy, Tensor dx) {
   if (!l.alt) {
+    recompute_path(l, s, acts(l, s).sub[0].x);
     sublayer_backward(l, 1, s, dy, dx);
     sublayer_backward(l, 0, s, dx, dy);
     return;
@@ -458,8 +526,10 @@ void LlamaStage::block_backward(Layer& l, Slot& s, Tensor dy, Tensor dx) {
   Slot::LayerActs& a = acts(l, s);
   const Tensor d0 = sc.route_d[0], d1 = sc.route_d[1];
   route_mix_backward(d0, d1, a.route_dgate, dy, a.route_path[0], a.route_path[1], a.route_gate);
+  recompute_path(l, s, a.sub[0].x);
   sublayer_backward(l, 1, s, d0, dx);  // path 0 into dy
   sublayer_backward(l, 0, s, dx, dy);
+  recompute_path(*l.alt, s, a.sub[0].x);
   sublayer_backward(*l.alt, 1, s, d1, dx);  // path 1 into d0
   sublayer_backward(*l.alt, 0, s, dx, d0);
   axpby(dy, 1.0f, d0, 1.0f);
@@ -595,17 +665,20 @@ void LlamaStage::split_value_norm(Layer& l) {
   sl.pre_v = sl.pre;
   sl.pre_v.stat = -1;
   const int64_t N = B_ * T_, C = cfg_.hidden_size;
-  for (auto& chunk_slots : slots_)
-    for (auto& slot : chunk_slots) {
-      // Statistics in every slot (all slots keep the same stat numbering); the copy only
-      // in the slots of l's chunk (--virtual_stages: a slot holds its chunk's layers).
-      sl.pre_v.stat = static_cast<int>(slot->rstd.size());
-      slot->mean.emplace_back(DType::F32, Shape{N}, device_);
-      slot->rstd.emplace_back(DType::F32, Shape{N}, device_);
-      const int j = l.local - slot->first_local;
-      if (j >= 0 && j < static_cast<int>(slot->layers.size()))
-        acts(l, *slot).sub[0].uv = OwnedTensor(act_, Shape{N, C}, device_);
-    }
+  for (auto& chunk : slots_)
+  for (auto& slot : chunk) {
+    // Statistics in every slot (all slots keep the same stat numbering); the copy only in
+    // the slots of l's chunk (--virtual_stages: a slot holds its own chunk's layers).
+    // Kept with the slot in every recompute mode (outside the activation account).
+    sl.pre_v.stat = static_cast<int>(slot->rstd.size());
+    slot->kept.emplace_back(DType::F32, Shape{N}, device_);
+    slot->mean.push_back(slot->kept.back());
+    slot->kept.emplace_back(DType::F32, Shape{N}, device_);
+    slot->rstd.push_back(slot->kept.back());
+    const int j = l.local - slot->first_local;
+    if (j >= 0 && j < static_cast<int>(slot->layers.size()))
+      acts(l, *slot).sub[0].uv = OwnedTensor(act_, Shape{N, C}, device_);
+  }
   if (scratch_ && scratch_->du_v.t.empty()) scratch_->du_v = OwnedTensor(act_, Shape{N, C}, device_);
 }
 
@@ -628,6 +701,9 @@ void LlamaStage::add_divisor_sums(std::vector<std::array<double, 4>>& sums, int 
   LNS_CHECK(num_chunks() == 1) << "LN-free calibration runs on one stage";
   LNS_REQUIRE(!tp_.sequence_parallel, "--ln_free calibration does not run with --sequence_parallel; drop one of them");
   const Slot& s = slot_at(slot, 0);
+  // A full layer's second sublayer input lives in the recompute workspace, overwritten.
+  LNS_REQUIRE(cfg_.recompute != RecomputeMode::Full,
+              "--ln_free calibration needs --recompute=none or selective, not full");
   const size_t n = 2 * layers_.size() + (spec_.has_head ? 1 : 0);
   if (sums.size() < n) sums.resize(n, {0.0, 0.0, 0.0, 0.0});
   for (size_t j = 0; j < layers_.size(); ++j)
@@ -663,7 +739,7 @@ void LlamaStage::reduce_tokens(Tensor local) {
 
 void LlamaStage::norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x) {
   const Tensor bias = n.bias >= 0 ? params_.param(n.bias) : Tensor{};
-  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat] : Tensor{};
   if (n.fixed > 0.0f)
     return norm_forward_fixed(cfg_.norm_type, out, mean, s.rstd[n.stat], x,
                               params_.param(n.gain), bias, n.scale,
@@ -674,7 +750,7 @@ void LlamaStage::norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x) {
 
 void LlamaStage::norm_bwd(const NormUse& n, Slot& s, Tensor dx, Tensor dres, Tensor dout, Tensor x) {
   const Tensor dbias = n.bias >= 0 ? params_.grad(n.bias) : Tensor{};
-  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat] : Tensor{};
   if (n.fixed > 0.0f)
     return norm_backward_fixed(cfg_.norm_type, dx, params_.grad(n.gain), dbias, dres, dout, x,
                                mean, s.rstd[n.stat], params_.param(n.gain), n.scale);
@@ -697,7 +773,7 @@ void LlamaStage::stream_norm_fwd(const NormUse& n, Slot& s, Tensor out, Stream& 
     return;
   }
   const Tensor bias = n.bias >= 0 ? params_.param(n.bias) : Tensor{};
-  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+  const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat] : Tensor{};
   residual_norm_forward(cfg_.norm_type, st.x, out, mean, s.rstd[n.stat], st.base, st.delta, st.alpha,
                         params_.param(n.gain), bias, n.scale, cfg_.norm_eps);
   st.base = st.delta = Tensor{};
@@ -736,7 +812,7 @@ LlamaStage::Stream LlamaStage::sublayer_forward(Layer& l, int w, Slot& s, Stream
   if (sl.add.active()) {
     const NormUse& n = sl.add;
     const Tensor bias = n.bias >= 0 ? params_.param(n.bias) : Tensor{};
-    const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat].t : Tensor{};
+    const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat] : Tensor{};
     residual_norm_forward(cfg_.norm_type, a.r, a.y, mean, s.rstd[n.stat], x, f2, alpha,
                           params_.param(n.gain), bias, n.scale, cfg_.norm_eps);
     return Stream{a.y};
@@ -792,9 +868,9 @@ void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor uv, Tensor f)
   linear_forward(a.q, u, params_.compute(l.wq));  // [N, Hq*D]
   linear_forward(a.k, u, params_.compute(l.wk));  // [N, Hkv*D]
   linear_forward(a.v, uv, params_.compute(l.wv));  // [N, Hkv*D] (uv: u unless LN-free split it)
-  rope_forward(a.q.t.view(qs), rope_cos_, rope_sin_);
-  rope_forward(a.k.t.view(ks), rope_cos_, rope_sin_);
-  attention_forward(a.ctx.t.view(qs), a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks), attn_);
+  rope_forward(a.q.view(qs), rope_cos_, rope_sin_);
+  rope_forward(a.k.view(ks), rope_cos_, rope_sin_);
+  attention_forward(a.ctx.view(qs), a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), attn_);
   linear_forward(partial_out(f), a.ctx, params_.compute(l.wo));  // [N, C], partial over tp (row-parallel)
   reduce_tokens(f);
 }
@@ -802,14 +878,16 @@ void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor uv, Tensor f)
 void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   Slot::LayerActs& a = acts(l, s);
   const Slot::SubActs& sa = a.sub[0];
-  const Tensor u = l.sub[0].pre.active() ? sa.u.t : sa.x;
+  const Tensor u = l.sub[0].pre.active() ? sa.u : sa.x;
   Scratch& sc = *scratch_;
   const int64_t D = cfg_.head_dim();
   const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};
   df = gather_tokens(df);  // [N, C]
+  if (a.mode == RecomputeMode::Selective)  // the attention core again, from the kept q, k, v
+    attention_forward(a.ctx.view(qs), a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), attn_);
   linear_backward(sc.dctx, params_.grad(l.wo), df, a.ctx, params_.compute(l.wo), false);
   attention_backward(sc.dq.t.view(qs), sc.dk.t.view(ks), sc.dv.t.view(ks), sc.dctx.t.view(qs),
-                     a.attn_saved, a.q.t.view(qs), a.k.t.view(ks), a.v.t.view(ks), a.ctx.t.view(qs), attn_);
+                     a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), a.ctx.view(qs), attn_);
   rope_backward(sc.dq.t.view(qs), rope_cos_, rope_sin_);
   rope_backward(sc.dk.t.view(ks), rope_cos_, rope_sin_);
   const Tensor ug = gather_tokens(u), dug = partial_out(du);  // gathered again: not kept since forward
@@ -837,9 +915,10 @@ void LlamaStage::mlp_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
 void LlamaStage::mlp_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   Slot::LayerActs& a = acts(l, s);
   const Slot::SubActs& sa = a.sub[1];
-  const Tensor u = l.sub[1].pre.active() ? sa.u.t : sa.x;
+  const Tensor u = l.sub[1].pre.active() ? sa.u : sa.x;
   Scratch& sc = *scratch_;
   df = gather_tokens(df);  // [N, C]
+  if (a.mode == RecomputeMode::Selective) swiglu_forward(a.act, a.gate, a.up);  // [N, F] again
   linear_backward(sc.dact, params_.grad(l.wd), df, a.act, params_.compute(l.wd), false);
   swiglu_backward(sc.dgate, sc.dup, sc.dact, a.gate, a.up);
   const Tensor ug = gather_tokens(u), dug = partial_out(du);  // gathered again: not kept since forward

@@ -12,6 +12,7 @@
 
 #include <atomic>
 
+#include "lns/activation_memory.h"
 #include "lns/checkpoint.h"
 #include "lns/device.h"
 #include "lns/errors.h"
@@ -106,6 +107,30 @@ void TrainConfig::validate() const {
 
 Trainer::~Trainer() = default;
 
+// Rank 0 prints every stage's activation-memory account (a pure function of the
+// layout, lns/activation_memory.h), so one log shows what each pipeline rank holds.
+void Trainer::log_activation_accounts() const {
+  if (!is_root()) return;
+  const Layout& layout = grid_->layout;
+  for (int p = 0; p < layout.pp; ++p) {
+    const StageSpec spec = stage_spec(layout, p);
+    const ActivationAccount acc = activation_account(
+        model_cfg_, spec, cfg_.micro_batch, cfg_.seq_len, chunk_slots(num_micro_, p, layout.pp, layout.virtual_stages),
+        TensorParallel{0, layout.tp, nullptr}, cfg_.device);
+    LOG(INFO) << "stage " << p << " (--recompute=" << recompute_mode_name(model_cfg_.recompute)
+              << "): " << acc.str();
+  }
+}
+
+// The most bytes any rank's Buffers held so far on the device the model computes on
+// (host allocator on the CPU, device high-water mark on CUDA). Collective.
+double Trainer::peak_memory_bytes() {
+  double peak = static_cast<double>(cfg_.device == Device::CPU ? host_peak_allocated_bytes()
+                                                              : cuda_peak_allocated_bytes());
+  grid_->world().all_reduce(&peak, 1, ReduceOp::Max);
+  return peak;
+}
+
 Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGrid* grid)
     : model_cfg_(model_cfg), cfg_(cfg) {
   if (!grid) {
@@ -153,6 +178,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
       model_cfg_, spec, cfg_.micro_batch, cfg_.seq_len,
       chunk_slots(num_micro_, grid_->coords.pp, layout.pp, layout.virtual_stages), grid_->tensor_parallel(),
       cfg_.device);
+  log_activation_accounts();
   if (cfg_.init_from.empty()) {
     model_->init_weights(cfg_.seed);
   } else {
@@ -585,6 +611,12 @@ bool Trainer::run() {
         LOG(INFO) << absl::StrFormat(
             "step %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s%s | %.1f s", s.step,
             cfg_.steps, s.loss, s.lr, s.grad_norm, avg_tps, mfu, now_seconds() - start);
+      if (s.step == 1 || s.step == cfg_.steps) {  // all ranks: the peak is a collective max
+        const double peak = peak_memory_bytes();
+        if (is_root())
+          LOG(INFO) << absl::StrFormat("memory: peak %.2f MiB held by lns buffers on the busiest rank (%s)",
+                                       peak / 1048576.0, cfg_.device == Device::CPU ? "host allocator" : "device high-water mark");
+      }
       window_time = 0;
       window_tokens = 0;
     }

@@ -273,6 +273,43 @@ TEST(SequenceParallel, RefusesSeqLenNotDivisibleByTp) {
   }
 }
 
+// Activation recomputation under this layout: two steps give, bitwise on the CPU, the
+// losses, gradient norms and weights (each rank's shard) of the same layout without it;
+// with the tests above, so the single rank's. Hybrid: every block form, split unevenly.
+TEST(Recompute, LayoutStepsAreBitwiseTheStepsWithout) {
+  auto run = [&](RecomputeMode mode, int layers) {
+    LlamaConfig c = model(NormScheme::Hybrid, false);
+    c.recompute = mode, c.recompute_layers = layers;
+    TrainConfig tc = train(SampleMode::Packed);
+    tc.steps = 2;
+    Trainer t(c, tc, g_grid);
+    std::vector<float> out;
+    for (int i = 0; i < 2; ++i) {
+      const StepStats s = t.train_step();
+      out.push_back(static_cast<float>(s.loss)), out.push_back(static_cast<float>(s.grad_norm));
+    }
+    for (int i = 0; i < t.model().params().size(); ++i) {
+      const std::vector<float> w = to_host_f32(t.model().params().param(i));
+      out.insert(out.end(), w.begin(), w.end());
+    }
+    return out;
+  };
+  const std::vector<float> want = run(RecomputeMode::None, 0);
+  for (auto [mode, layers] : {std::pair{RecomputeMode::Selective, 0}, std::pair{RecomputeMode::Full, 0},
+                              std::pair{RecomputeMode::Full, 1}}) {
+    const std::vector<float> got = run(mode, layers);
+    ASSERT_EQ(got.size(), want.size());
+    if (g_device == Device::CPU) {
+      EXPECT_EQ(got, want) << recompute_mode_name(mode) << " " << layers;
+    } else {
+      double err = 0, scale = 1e-30;
+      for (size_t i = 0; i < got.size(); ++i)
+        err = std::max(err, std::abs(double(got[i]) - want[i])), scale = std::max(scale, std::abs(double(want[i])));
+      EXPECT_LE(err / scale, kTol) << recompute_mode_name(mode) << " " << layers;
+    }
+  }
+}
+
 // Starting each data-parallel bucket inside the last backward, as soon as the stage
 // reports its gradients final, gives the bits of reducing after backward: a bucket
 // started one layer too early would miss that layer's gradient.

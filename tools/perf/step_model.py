@@ -26,6 +26,7 @@ CUDA code of this tree does, and must be updated together with it.
 """
 from dataclasses import dataclass, field, replace
 from flags import get_bool, get_int
+from memory_model import activation_account
 
 BF16, F32, I32 = 2, 4, 4
 
@@ -443,19 +444,14 @@ class StepModel:
 
     # ---- device memory ----
     def memory(self):
-        """Bytes on one rank by category (the planned buffers of LlamaStage and the optimizer)."""
+        """Bytes on one rank by category (the planned buffers of LlamaStage and the optimizer).
+        Activations: memory_model.activation_account, the one copy of the stage's account."""
         s, P, dp = self.shape, self.stored_params(), self.dp
         b = _Builder(s, self.impl)
-        N, C, F, V, QD, KD = s.N, b.C, b.F, b.V, b.QD, b.KD
+        N, C, QD, KD = s.N, b.C, b.QD, b.KD
         shard = P / dp if self.impl.sharded_adamw and dp > 1 else P
-        pre, out_norm, add = _sublayer_norms(s, s.L - 1)
-        # per sublayer: f, r always; u / f2 / y where the norm exists
-        per_sub = BF16 * N * C * (2 + pre + out_norm + add)
-        norms = 2 * (pre + out_norm + add)
-        per_layer = (2 * per_sub + BF16 * N * (2 * QD + 2 * KD) + F32 * N * s.Hq + 3 * BF16 * N * F
-                     + norms * F32 * N * (2 if s.norm_type == "layernorm" else 1))
-        head = BF16 * N * C * 2 + BF16 * N * V + 6 * F32 * N + 2 * I32 * N  # h0, hf, logits, stats
-        grads_scratch = BF16 * (6 * N * C + 2 * N * QD + 2 * N * KD + 3 * N * F)
+        acc = activation_account(replace(s, C=C, F=b.F, V=b.V), 1, 0, s.L, True, True, 1,
+                                 align=64 if self.impl.pad_ld else 1)
         G, T = s.Hq // s.Hkv, s.T
         per_entry = G * T * T * 12
         chunk = max(1, min(s.B * s.Hkv, (256 << 20) // per_entry)) * per_entry
@@ -466,8 +462,8 @@ class StepModel:
             "weights (f32 master + bf16 copy)": F32 * shard + BF16 * P,
             "gradients (f32)": F32 * P,
             "optimizer state (m, v)": 2 * F32 * shard,
-            "activations": s.L * per_layer + head,
-            "workspace": grads_scratch + attention_scratch + (32 << 20) + 256 * 2 * C * F32,
+            "activations": acc.slots * acc.per_micro_batch(),
+            "workspace": acc.gradients + acc.workspace + attention_scratch + (32 << 20) + 256 * 2 * C * F32,
         }
 
     def fits(self, reserve_gib=2.0):
