@@ -37,15 +37,16 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   # 2. Release (build-sim-rel/): the kernels carry the access hooks, so the race check
   #    sees reads too (GCC's -fsanitize=thread instrumentation, which excludes ASan);
   #    every `gpu` kernel test under it, then the two long runs without checks:
-  #    gpu_tiny_run at 20 steps (LNS_TINY_RUN_STEPS; 80 on a GPU) and gpu_nccl_dp2.
-  #    The T=4096 fused attention case (label slow) stays a by-hand run.
+  #    gpu_tiny_run at 20 steps (LNS_TINY_RUN_STEPS; 80 on a GPU), gpu_nccl_dp2, the
+  #    emulator-vs-model counts and the T=4096 fused attention case (label slow).
   SIM_REL_BUILD_DIR=${SIM_REL_BUILD_DIR:-build-sim-rel}
   cmake -S . -B "$SIM_REL_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA_SIM=ON >/dev/null
   cmake --build "$SIM_REL_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \
         lns_bench_step
   LNS_SIM_CHECKS=race ctest --test-dir "$SIM_REL_BUILD_DIR" -L gpu -LE 'slow|mpi' -E "$SIM_EXCLUDE|gpu_mpi_tp2_pp2" \
     --output-on-failure -j"$(nproc)"
-  LNS_TINY_RUN_STEPS=20 ctest --test-dir "$SIM_REL_BUILD_DIR" -R "^($SIM_EXCLUDE)\$" --output-on-failure \
+  LNS_TINY_RUN_STEPS=20 ctest --test-dir "$SIM_REL_BUILD_DIR" -R "^($SIM_EXCLUDE|gpu_flash_attention_t4096)\$" \
+    --output-on-failure \
     -j"$(nproc)"
 fi
 
