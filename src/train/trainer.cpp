@@ -116,7 +116,7 @@ void Trainer::log_activation_accounts() const {
     const StageSpec spec = stage_spec(layout, p);
     const ActivationAccount acc = activation_account(
         model_cfg_, spec, cfg_.micro_batch, cfg_.seq_len, chunk_slots(num_micro_, p, layout.pp, layout.virtual_stages),
-        TensorParallel{0, layout.tp, nullptr}, cfg_.device);
+        TensorParallel{0, layout.tp, nullptr, layout.sequence_parallel_on()}, cfg_.device);
     LOG(INFO) << "stage " << p << " (--recompute=" << recompute_mode_name(model_cfg_.recompute)
               << "): " << acc.str();
   }
