@@ -79,6 +79,54 @@ def slots_for(num_micro, stage, stages):
     return min(num_micro, stages - stage)
 
 
+@dataclass(frozen=True)
+class Terms:
+    """The sizes activation_account adds up, in bytes, for one micro-batch."""
+    N: int            # tokens of the micro-batch
+    NC: int           # one split-region buffer [NL, C] (NL = N / tp under sequence parallelism)
+    stat: int         # one norm's statistics [NL] f32 (rstd, and mean for LayerNorm)
+    core: int         # what selective drops: ctx [N, QD], the attention's saved statistics, act [N, F]
+    qkv_gate_up: int  # q [N, QD], k v [N, KD], gate up [N, F]
+    a: int            # bytes of an activation element
+    C: int
+    QD: int
+    KD: int
+    F: int            # FFN and vocabulary shards as stored (padded to the device's alignment)
+    V: int
+
+
+def terms(s, tp, dev="cuda", align=None, sp=False):
+    """activation_account's sizes (its arguments' meaning there)."""
+    a = BF16 if dev == "cuda" else F32
+    N, C, D = s.B * s.T, s.C, s.C // s.Hq
+    NL = shard(N, tp) if sp and tp > 1 else N
+    Hq = s.Hq // tp
+    QD, KD = Hq * D, s.Hkv // tp * D
+    if align is None:
+        align = 64 if dev == "cuda" else 1
+    F, V = shard(s.F, tp, align), shard(s.V, tp, align)
+    saved = s.B * Hq * s.T * (s.T if dev == "cpu" else 1) * F32  # probabilities or log-sum-exp
+    return Terms(N=N, NC=NL * C * a, stat=NL * F32 * (2 if s.norm_type == "layernorm" else 1),
+                 core=N * QD * a + saved + N * F * a, qkv_gate_up=N * (QD + 2 * KD) * a + 2 * N * F * a,
+                 a=a, C=C, QD=QD, KD=KD, F=F, V=V)
+
+
+def split_regions(t, norms):
+    """Bytes a kept (not full) layer holds between the tensor-parallel linears: per
+    sublayer f, r and one [NL, C] per norm (u / f2 / y), and the norms' statistics."""
+    return 2 * ((2 + norms) * t.NC + norms * t.stat)
+
+
+def layer_regions(s, tp, layer, dev="cuda", align=None, sp=False):
+    """(split regions, tensor-parallel region): the bytes global layer `layer` keeps per
+    micro-batch under --recompute=none, in the regions sequence parallelism splits and in
+    the one tp already splits (q, k, v, context, the attention's saved statistics, gate,
+    up and the SwiGLU product). Their sum is activation_account's per-layer bytes; the
+    communication model (comm_model.py) reports the two apart."""
+    t = terms(s, tp, dev, align, sp)
+    return split_regions(t, sum(sublayer_norms(s, layer))), t.qkv_gate_up + t.core
+
+
 @dataclass
 class Account:
     layers: list          # (global layer, mode, bytes kept per micro-batch)
@@ -101,20 +149,10 @@ def activation_account(s, tp, first, last, has_embedding, has_head, slots, mode=
     sp: --sequence_parallel (with tp > 1): the split regions (norms, residual stream,
     norm statistics, h0, the final norm) hold NL = N / tp tokens (Layout::sequence_shard),
     the tensor-parallel regions, logits and ids all N."""
-    a = BF16 if dev == "cuda" else F32
-    N, C, D = s.B * s.T, s.C, s.C // s.Hq
     sp = sp and tp > 1
-    NL = shard(N, tp) if sp else N
-    Hq = s.Hq // tp
-    QD, KD = Hq * D, s.Hkv // tp * D
-    if align is None:
-        align = 64 if dev == "cuda" else 1
-    F, V = shard(s.F, tp, align), shard(s.V, tp, align)
-    NC = NL * C * a  # one split-region [NL, C] buffer
-    stat = NL * F32 * (2 if s.norm_type == "layernorm" else 1)
-    saved = s.B * Hq * s.T * (s.T if dev == "cpu" else 1) * F32  # probabilities or log-sum-exp
-    core = N * QD * a + saved + N * F * a
-    qkv_gate_up = N * (QD + 2 * KD) * a + 2 * N * F * a
+    t = terms(s, tp, dev, align, sp)
+    N, NC, stat, core, qkv_gate_up, a = t.N, t.NC, t.stat, t.core, t.qkv_gate_up, t.a
+    C, QD, KD, F, V = t.C, t.QD, t.KD, t.F, t.V
     layers, any_sel, any_full = [], False, False
     u, f2, add, stats = [False] * 2, [False] * 2, [False] * 2, [False] * 6
     for g in range(first, last):
@@ -129,8 +167,7 @@ def activation_account(s, tp, first, last, has_embedding, has_head, slots, mode=
                 for j, has in enumerate((pre, out, ad)):
                     stats[3 * k + j] |= has
         else:
-            norms = pre + out + ad
-            kept = 2 * ((2 + norms) * NC + norms * stat) + qkv_gate_up + (core if m == "none" else 0)
+            kept = split_regions(t, pre + out + ad) + qkv_gate_up + (core if m == "none" else 0)
             any_sel |= m == "selective"
         layers.append((g, m, kept))
     ws = core if (any_sel or any_full) else 0
