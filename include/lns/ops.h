@@ -53,7 +53,7 @@ struct FixedDivisor {
   float pos0 = 1.0f, rest = 1.0f;
   int64_t T = 1;     // sequence length; rows N must be a multiple
   int32_t eot = -1;  // end-of-text id; -1: no end-of-text case (ids unused)
-  Tensor ids;        // [N] i32 token ids of the rows, on the device of x, when eot >= 0
+  Tensor ids{};      // [N] i32 token ids of the rows, on the device of x, when eot >= 0
   bool uses_pos0(int64_t n) const;  // host rows (CPU): position 0 or an end-of-text token
 };
 // out[N,C] = scale * ((x - mean)/d * gain + bias); saves mean[N] (LayerNorm) and rstd[N]=1/d.

@@ -124,7 +124,7 @@ struct LlamaStage::Scratch {
 // instead of 7 (copy, axpby, norm). The same arithmetic, so the same values.
 struct LlamaStage::Stream {
   Tensor x;            // the buffer that holds the value (or will, once settled)
-  Tensor base, delta;  // pending: x = alpha * base + delta, not computed yet
+  Tensor base{}, delta{};  // pending: x = alpha * base + delta, not computed yet
   float alpha = 1.0f;
   bool pending() const { return !delta.empty(); }
 };
