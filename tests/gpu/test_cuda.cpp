@@ -187,9 +187,7 @@ TEST_P(NormFixed, ForwardBackwardAndDivisorSumsMatchCpu) {
   EXPECT_EQ(rstd.get(), wr) << "1/d exactly, as on the CPU";
   EXPECT_EQ(wr[0], 1.0f / 0.7f);
   EXPECT_EQ(wr[1], 1.0f / 1.9f);
-  if (ln) {
-    EXPECT_LE(rel(mean.get(), wm), kF32);
-  }
+  if (ln) EXPECT_LE(rel(mean.get(), wm), kF32);
 
   Dev dx = zeros({N, C}, DType::BF16, mis);
   std::vector<float> dg0 = randn(C, 26), db0 = randn(C, 27);
@@ -203,9 +201,7 @@ TEST_P(NormFixed, ForwardBackwardAndDivisorSumsMatchCpu) {
                       scale);
   EXPECT_LE(rel(dx.get(), wdx), kOut);
   EXPECT_LE(rel(dgain.get(), wdg), kF32);
-  if (ln) {
-    EXPECT_LE(rel(dbias.get(), wdb), kF32);
-  }
+  if (ln) EXPECT_LE(rel(dbias.get(), wdb), kF32);
   // The live backward differs (it has the divisor term): the flag reaches the kernel.
   Dev dx_live = zeros({N, C}, DType::BF16, mis), dg_live(dg0, {C}, DType::F32), db_live(db0, {C}, DType::F32);
   norm_backward(type, dx_live, dg_live, ln ? Tensor(db_live) : Tensor{}, dres, dy, x, ln ? Tensor(mcpu) : Tensor{},
