@@ -15,6 +15,7 @@
 #include "lns/errors.h"
 #include "lns/fold_norms.h"
 #include "lns/hf_llama.h"
+#include "lns/manifest.h"
 #include "lns/safetensors.h"
 #include "lns/trainer.h"
 #include "test_util.h"
@@ -236,6 +237,42 @@ TEST(FoldNorms, RefusesWhatCannotBeFoldedNamingTheNorm) {
                  "layer 0 runs as --norm_scheme=post, whose post_attention_layernorm is not a pre-norm");
   // A folded model has nothing left to fold.
   expect_refused(fold(ln_free_checkpoint(lns, "twice"), "twice_folded"), "is already folded");
+}
+
+void expect_config_refused(const nlohmann::json& j, const std::string& message) {
+  try {
+    LlamaConfig::from_json(j, "m.json: model");
+    ADD_FAILURE() << j.dump() << ": accepted, expected '" << message << "'";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+  }
+}
+
+// A manifest that claims folded norms it does not have (or cannot have) is refused.
+TEST(FoldNorms, HostileFoldedManifestsAreRefused) {
+  expect_config_refused({{"folded_norms", "yes"}}, "m.json: model: folded_norms");
+  expect_config_refused({{"folded_norms", true}, {"norm_type", "layernorm"}},
+                        "--folded_norms needs --norm_type=rmsnorm");
+  expect_config_refused({{"folded_norms", true}, {"tie_embeddings", true}},
+                        "--folded_norms needs --tie_embeddings=false");
+  expect_config_refused({{"folded_norms", true}, {"norm_scheme", "mix"}, {"post_layers", 1}},
+                        "--folded_norms: layer 0 of --norm_scheme=mix runs as post, which has norms other than "
+                        "pre-norms");
+  // An LN-free checkpoint relabelled as folded: its norm tensors are not the folded model's.
+  const std::string ck = ln_free_checkpoint(small_model(NormScheme::LNS), "relabel");
+  nlohmann::json m = nlohmann::json::parse(slurp(ck + "/manifest.json"));
+  m["model"]["folded_norms"] = true;
+  m.erase("manifest_crc32");
+  m["manifest_crc32"] = manifest_crc(m);
+  spit(ck + "/manifest.json", m.dump(1));
+  try {
+    Checkpoint bad(ck);
+    ADD_FAILURE() << "a relabelled LN-free checkpoint opened as folded";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("layernorm.weight', which the model of its config does not have"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // The tool: --out inside --in and a non-empty --out are refused, the input untouched.

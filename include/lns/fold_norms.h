@@ -17,6 +17,8 @@
 // post-, sandwich- or routed norms (LN-free replaces pre-norms only), and any norm whose
 // divisor is not one constant for every row (still live, position 0 or end-of-text case).
 #pragma once
+#include <map>
+#include <set>
 #include <string>
 
 #include "lns/checkpoint.h"
@@ -48,11 +50,11 @@ class FoldedNorms : public TensorSource {
     std::string gain;
     double factor = 1.0;
   };
-  const Fold* fold_of(const std::string& name) const;
   const Checkpoint& src_;
   LlamaConfig cfg_;
   RunState state_;
-  std::vector<std::pair<std::string, Fold>> folds_;
+  std::map<std::string, Fold> folds_;
+  std::set<std::string> names_;  // the folded model's parameters
 };
 
 }  // namespace lns

@@ -2,8 +2,6 @@
 
 #include <absl/strings/str_cat.h>
 
-#include <algorithm>
-
 #include "lns/block_plan.h"
 #include "lns/errors.h"
 #include "lns/ln_free.h"
@@ -81,13 +79,15 @@ FoldedNorms::FoldedNorms(const Checkpoint& ck) : src_(ck) {
     const std::string ga = layer_tensor(l, norm_slot_name(*p.attn.pre_norm)) + ".weight",
                       gm = layer_tensor(l, norm_slot_name(*p.mlp.pre_norm)) + ".weight";
     const double sa = p.attn.pre_scale, sm = p.mlp.pre_scale;
-    folds_.push_back({layer_tensor(l, "self_attn.q_proj.weight"), {ga, sa / divisor(l, DivisorSlot::AttnQK)}});
-    folds_.push_back({layer_tensor(l, "self_attn.k_proj.weight"), {ga, sa / divisor(l, DivisorSlot::AttnQK)}});
-    folds_.push_back({layer_tensor(l, "self_attn.v_proj.weight"), {ga, sa / divisor(l, DivisorSlot::AttnV)}});
-    folds_.push_back({layer_tensor(l, "mlp.gate_proj.weight"), {gm, sm / divisor(l, DivisorSlot::Mlp)}});
-    folds_.push_back({layer_tensor(l, "mlp.up_proj.weight"), {gm, sm / divisor(l, DivisorSlot::Mlp)}});
+    folds_.insert({layer_tensor(l, "self_attn.q_proj.weight"), {ga, sa / divisor(l, DivisorSlot::AttnQK)}});
+    folds_.insert({layer_tensor(l, "self_attn.k_proj.weight"), {ga, sa / divisor(l, DivisorSlot::AttnQK)}});
+    folds_.insert({layer_tensor(l, "self_attn.v_proj.weight"), {ga, sa / divisor(l, DivisorSlot::AttnV)}});
+    folds_.insert({layer_tensor(l, "mlp.gate_proj.weight"), {gm, sm / divisor(l, DivisorSlot::Mlp)}});
+    folds_.insert({layer_tensor(l, "mlp.up_proj.weight"), {gm, sm / divisor(l, DivisorSlot::Mlp)}});
   }
-  folds_.push_back({"lm_head.weight", {"model.norm.weight", 1.0 / divisor(in.num_layers, DivisorSlot::Final)}});
+  folds_.insert({"lm_head.weight", {"model.norm.weight", 1.0 / divisor(in.num_layers, DivisorSlot::Final)}});
+
+  for (const ParamInfo& p : LlamaStage::model_params(cfg_)) names_.insert(p.name);
 
   state_ = ck.run_state();
   state_.ln_free = {};
@@ -99,23 +99,16 @@ FoldedNorms::FoldedNorms(const Checkpoint& ck) : src_(ck) {
                     "; same function, no norms; the optimizer state was dropped")});
 }
 
-const FoldedNorms::Fold* FoldedNorms::fold_of(const std::string& name) const {
-  for (const auto& [n, f] : folds_)
-    if (n == name) return &f;
-  return nullptr;
-}
-
 bool FoldedNorms::has(const std::string& name, const std::string& kind) const {
-  if (kind != "param") return false;  // no moments: they belonged to the unfolded weights
-  const auto params = LlamaStage::model_params(cfg_);
-  return std::any_of(params.begin(), params.end(), [&](const ParamInfo& p) { return p.name == name; });
+  return kind == "param" && names_.count(name) > 0;  // no moments: they belonged to the unfolded weights
 }
 
 std::vector<float> FoldedNorms::logical(const std::string& name, const std::string& kind) const {
   LNS_REQUIRE(has(name, kind), src_.where(), ": the folded model has no ", kind, " '", name, "'");
   std::vector<float> w = src_.logical(source_name(src_, name), "param");
-  const Fold* f = fold_of(name);
-  if (!f) return w;
+  const auto it = folds_.find(name);
+  if (it == folds_.end()) return w;
+  const Fold* f = &it->second;
   // W'[o, c] = W[o, c] * g[c] * s / d, rounded once from f64.
   const std::vector<float> g = src_.logical(f->gain, "param");
   const size_t C = g.size();
