@@ -16,6 +16,7 @@
 #include "lns/fold_norms.h"
 #include "lns/hf_llama.h"
 #include "lns/manifest.h"
+#include "lns/retrofit.h"
 #include "lns/safetensors.h"
 #include "lns/trainer.h"
 #include "test_util.h"
@@ -235,8 +236,15 @@ TEST(FoldNorms, RefusesWhatCannotBeFoldedNamingTheNorm) {
   expect_refused(ln_free_checkpoint(ln, "ln"), "uses --norm_type=layernorm, which is not folded");
   expect_refused(ln_free_checkpoint(small_model(NormScheme::Mix), "mix", "mlp@1", 2),
                  "layer 0 runs as --norm_scheme=post, whose post_attention_layernorm is not a pre-norm");
-  // A folded model has nothing left to fold.
-  expect_refused(fold(ln_free_checkpoint(lns, "twice"), "twice_folded"), "is already folded");
+  // A folded model has nothing left to fold, and no norm output for the LNS retrofit to scale.
+  const std::string folded = fold(ln_free_checkpoint(small_model(NormScheme::Pre), "twice"), "twice_folded");
+  expect_refused(folded, "is already folded");
+  try {
+    plan_lns_retrofit(Checkpoint(folded).config(), "lns", "retrofit", folded);
+    ADD_FAILURE() << "retrofitted a folded model";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("has its norms folded away"), std::string::npos) << e.what();
+  }
 }
 
 void expect_config_refused(const nlohmann::json& j, const std::string& message) {
