@@ -636,9 +636,9 @@ void LlamaStage::set_fixed_divisor(int global_layer, DivisorSlot slot, float pos
   LNS_REQUIRE(!tp_.sequence_parallel, "--ln_free does not run with --sequence_parallel; drop one of them");
   LNS_REQUIRE(pos0 > 0.0f && rest > 0.0f && std::isfinite(pos0) && std::isfinite(rest),
               "--ln_free: fixed divisors must be finite and > 0, got ", pos0, " and ", rest);
-  LNS_REQUIRE(!cfg_.folded_norms, "--ln_free: the model's norms are folded into its linears (folded_norms); ",
-              "there is no norm left to fix");
   if (slot == DivisorSlot::Final) {
+    LNS_REQUIRE(!cfg_.folded_norms, "--ln_free: the model's norms are folded into its linears (folded_norms); ",
+                "there is no final norm left to fix");
     LNS_REQUIRE(global_layer == cfg_.num_layers && spec_.has_head, "--ln_free: the final norm (layer ",
                 global_layer, ") is not on this stage");
     final_fixed_[0] = pos0, final_fixed_[1] = rest;
@@ -715,8 +715,7 @@ void LlamaStage::add_divisor_sums(std::vector<std::array<double, 4>>& sums, int 
       if (layers_[j].sub[w].pre.active())
         norm_divisor_sums(cfg_.norm_type, s.layers[j].sub[w].x, T_, cfg_.norm_eps,
                           sums[2 * j + w].data());
-  if (spec_.has_head && !cfg_.folded_norms)
-    norm_divisor_sums(cfg_.norm_type, s.out, T_, cfg_.norm_eps, sums[n - 1].data());
+  if (spec_.has_head) norm_divisor_sums(cfg_.norm_type, s.out, T_, cfg_.norm_eps, sums[n - 1].data());
 }
 
 // The boundaries of the tensor-parallel region. Without sequence parallelism every
