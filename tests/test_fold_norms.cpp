@@ -90,14 +90,17 @@ std::vector<float> logits(const Checkpoint& ck, bool live = false) {
 struct Case {
   NormScheme scheme;
   bool tied;
+  std::string layer_schemes;  // hybrid: a pattern of pre-norm forms only
 };
 
 TEST(FoldNorms, FoldedModelComputesTheLnFreeModel) {
-  for (const Case& k : {Case{NormScheme::LNS, false}, Case{NormScheme::Pre, true},
-                        Case{NormScheme::ScaleResPre, false}}) {
+  for (const Case& k : {Case{NormScheme::LNS, false, ""}, Case{NormScheme::Pre, true, ""},
+                        Case{NormScheme::ScaleResPre, false, ""},
+                        Case{NormScheme::Hybrid, false, "lns,scale_res_pre_norm,pre,*"}}) {
     const std::string tag = std::string(norm_scheme_name(k.scheme)) + (k.tied ? "_tied" : "");
     LlamaConfig c = small_model(k.scheme);
     c.tie_embeddings = k.tied;
+    if (!k.layer_schemes.empty()) c.layer_schemes = k.layer_schemes;
     const Checkpoint ck(ln_free_checkpoint(c, "lf_" + tag));
     const LnFreeState& lf = ck.run_state().ln_free;
     ASSERT_TRUE(lf.fully_constant(ln_free_slots(c))) << tag;
