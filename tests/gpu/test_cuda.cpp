@@ -640,6 +640,18 @@ TEST(ModelStep, FfnOf5461StoredAs5504MatchesCpuStep) {
   gpu_step_matches_cpu_step(c, "lns, F = 5461");
 }
 
+// A model whose norms lns_convert fold-norms folded away (docs/ln_free.md): blocks without
+// pre-norms, a head that reads the residual stream, an untied lm_head; the same stage
+// code on both devices.
+TEST(ModelStep, FoldedNormsMatchCpuStep) {
+  REQUIRE_GPU();
+  for (NormScheme s : {NormScheme::LNS, NormScheme::ScaleResPre}) {
+    LlamaConfig c = test::small_model(s);
+    c.hidden_size = 64, c.num_heads = 4, c.num_kv_heads = 2, c.folded_norms = true;
+    gpu_step_matches_cpu_step(c, (std::string("folded ") + norm_scheme_name(s)).c_str());
+  }
+}
+
 // A checkpoint written from the GPU's padded storage has the bytes of the CPU's: the
 // same weights and moments (AdamW state set from the same values) give identical rank
 // files, so checkpoints do not depend on the device (docs/checkpoints.md).
