@@ -730,7 +730,9 @@ TEST(ModelStep, LnFreeCalibrationAndFixedStepMatchCpu) {
   // The recipe's final state before its drops: the MLP and q/k at the calibrated
   // constants, v and the final norm with the end-of-text case (token ids[3], at position
   // 3; the kernel reads the ids on the device), v's position-0 constant tripled so that
-  // the case moves the loss by far more than the tolerance (checked below).
+  // the case moves the loss by more than twice the tolerance (checked below). Measured
+  // under emulation (2026-11-25): the loss 67.176 (CPU) vs 67.164 (GPU), 1.8e-4
+  // relative; without v's end-of-text case 68.700; worst gradient 2.7e-2.
   const int32_t eot = ids[3];
   auto fix = [&](LlamaStage& st, int32_t v_eot) {
     for (int l = 0; l <= c.num_layers; ++l)
@@ -745,13 +747,14 @@ TEST(ModelStep, LnFreeCalibrationAndFixedStepMatchCpu) {
   fix(host, eot), fix(gpu, eot);
   host.forward(cpu(ids, {B, T})), gpu.forward(cpu(ids, {B, T}));
   const double lc = host.loss(cpu(tg, {B * T})), lg = gpu.loss(cpu(tg, {B * T}));
-  EXPECT_NEAR(lg, lc, 2e-2 * std::abs(lc));
+  const double kLoss = 5e-3;  // bf16 activations; measured 1.8e-4 (above)
+  EXPECT_NEAR(lg, lc, kLoss * std::abs(lc));
   {  // without v's end-of-text case the loss is another: the comparison above can fail
     LlamaStage other(c, StageSpec::whole(c), B, T);
     other.init_weights(11);
     fix(other, -1);
     other.forward(cpu(ids, {B, T}));
-    EXPECT_GT(std::abs(other.loss(cpu(tg, {B * T})) - lc), 1e-1 * std::abs(lc));
+    EXPECT_GT(std::abs(other.loss(cpu(tg, {B * T})) - lc), 2 * kLoss * std::abs(lc));
   }
   host.backward({}, 1.0f / (B * T)), gpu.backward({}, 1.0f / (B * T));
   gpu.params().download(/*grads=*/true);
