@@ -220,6 +220,59 @@ class RecordTest(unittest.TestCase):
             self.assertTrue(depth_study.finished(lns2, os.path.join(t, "none"), rec, set()))
             self.assertFalse(depth_study.finished(dict(lns2, seed=4), study, rec, prior))
 
+    def test_prior_seed_joins_new_seeds(self):
+        """A single-seed summary of an earlier session (24 blocks seed 1 on the real grid)
+        and this study's seeds 2 and 3 of the same configuration make one 3-seed cell."""
+        with tempfile.TemporaryDirectory() as t:
+            study, rec = os.path.join(t, "study"), os.path.join(t, "records")
+            os.makedirs(rec)
+            for scheme, seed, loss, var in (("pre", 2, 4.6, [0.2] * 4), ("pre", 3, 4.7, [0.3, 0.3, 0.3, 0.6]),
+                                            ("lns", 2, 4.3, [0.1] * 4), ("lns", 3, 4.5, [0.1, 0.1, 0.1, 0.3])):
+                write_run(study, scheme, seed, loss, [0.1] * 4, var, lr=8e-3)
+            prior = json.loads(json.dumps(PRIOR))
+            prior["cells"][0].update(drop_pct=[50.0, 10.0, 10.0, 10.0], angular=[0.1] * 4, variance=[0.1, 0.1, 0.1, 0.4])
+            with open(os.path.join(rec, "prior_x.json"), "w") as f:
+                json.dump(prior, f)
+            report = depth_report.build_report(depth_report.find_runs(study), depth_report.load_prior(rec))
+            cells = {(c["scheme"], c["lr"]): c for c in report["cells"]}
+            pre, lns = cells[("pre", 8e-3)], cells[("lns", 8e-3)]
+            self.assertEqual((pre["n"], pre["seeds"], pre["prior_seeds"]), (3, [1, 2, 3], [1]))
+            self.assertNotIn("prior", pre)  # partly summarised: computed from the seeds, not the prior's comparison
+            self.assertAlmostEqual(pre["mean"], 4.6, places=12)  # 4.5 (summary), 4.6, 4.7
+            self.assertAlmostEqual(pre["std"], 0.1, places=12)
+            self.assertEqual(pre["n_diag"], 3)
+            self.assertAlmostEqual(pre["variance_growth"], 7.0 / 3, places=12)  # 4, 1, 2
+            self.assertAlmostEqual(pre["drop_pct"][0], (50.0 + 10.0 + 10.0) / 3, places=12)
+            self.assertEqual(lns["n_diag"], 2)  # the lns summary has no per-block lists
+            self.assertAlmostEqual(lns["variance_growth"], 2.0, places=12)  # 1, 3
+            self.assertEqual(sorted(pre["curves"]), ["2", "3"])  # a summary has no curve
+            cmp = {c["b"]: c for c in report["comparisons"]}[lns["name"]]
+            self.assertAlmostEqual(cmp["diff"], -0.2, places=12)  # 4.4 mean: 4.4, 4.3, 4.5
+            self.assertAlmostEqual(cmp["paired"]["mean"], -0.2, places=12)  # -0.1, -0.3, -0.2
+            self.assertAlmostEqual(cmp["paired"]["std"], 0.1, places=12)
+            self.assertTrue(cmp["paired"]["same_sign"])
+            self.assertFalse(cmp["beyond_spread"])  # lns [4.3, 4.5] overlaps pre [4.5, 4.7]
+            self.assertEqual(report["runs"], 4)  # the summaries are not runs of this study
+            self.assertEqual(report["timing"]["runs"], 4)
+            md = depth_doc.tables(report)
+            self.assertIn("| 0.008 | 4.6000 +- 0.1000 (3, 1 *) | 4.4000 +- 0.1000 (3, 1 *) | -0.2000 | no |", md)
+            # this study's own run of the summarised seed wins over the summary
+            write_run(study, "pre", 1, 4.8, [0.1] * 4, [0.1] * 4, lr=8e-3)
+            report = depth_report.build_report(depth_report.find_runs(study), depth_report.load_prior(rec))
+            pre = {(c["scheme"], c["lr"]): c for c in report["cells"]}[("pre", 8e-3)]
+            self.assertAlmostEqual(pre["mean"], 4.7, places=12)
+            self.assertNotIn("prior_seeds", pre)
+            # a one-seed summary must name its seed
+            prior["cells"][1]["seeds"] = []
+            with open(os.path.join(rec, "prior_x.json"), "w") as f:
+                json.dump(prior, f)
+            p = subprocess.run([sys.executable, os.path.join(EXP, "depth_report.py"), study, "--records", rec,
+                                "--json", os.path.join(t, "r.json")], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 1)
+            self.assertTrue(p.stderr.startswith("depth_report: prior_x.json: the cell 4 blocks lns lr 0.008")
+                            and p.stderr.count("\n") == 1, p.stderr)
+            self.assertIn("n = 1 needs 'seeds' with one seed", p.stderr)
+
     def test_bad_records_are_refused(self):
         cli = [sys.executable, os.path.join(EXP, "depth_report.py")]
         with tempfile.TemporaryDirectory() as t:
@@ -262,6 +315,16 @@ class GridTest(unittest.TestCase):
         self.assertEqual(sorted(lrs), [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2])  # past the best rate of 8e-3
         self.assertEqual(depth_study.lr_name(1.6e-2), "1.6e-02")
         self.assertEqual(depth_study.lr_name(2e-3), "2e-03")  # the first session's names unchanged
+        # then (issue 20's order for the third session) 24 blocks' seeds 2 and 3, the budget
+        # axis, 48 blocks, scaled_init alone, each scheme's best rate with seeds 2 and 3
+        names = [depth_study.run_name(c) for c in session]
+        order = [names.index(n) for n in ("L24_lns_lr2e-03_s400_seed1", "L24_pre_lr2e-03_s400_seed2",
+                                          "L24_lns_lr2e-03_s400_seed3", "L06_pre_lr2e-03_s1600_seed1",
+                                          "L48_lns_lr2e-03_s400_seed1", "L12_scaled_init_lr2e-03_s400_seed1",
+                                          "L12_pre_lr8e-03_s400_seed2", "L12_lns_lr1.6e-02_s400_seed3")]
+        self.assertEqual(order, sorted(order))
+        self.assertEqual(names[-4:], ["L12_pre_lr8e-03_s400_seed2", "L12_lns_lr1.6e-02_s400_seed2",
+                                      "L12_pre_lr8e-03_s400_seed3", "L12_lns_lr1.6e-02_s400_seed3"])
         self.assertGreater(len(depth_study.grid("full")), len(session))
         with self.assertRaises(SystemExit):
             depth_study.grid("huge")

@@ -4,6 +4,8 @@
 #include <array>
 #include <cstring>
 
+#include <absl/strings/str_cat.h>
+
 #include "lns/activation_memory.h"
 #include "lns/device.h"
 #include "lns/stage.h"
@@ -147,17 +149,18 @@ TEST(Recompute, TrainerStepsLeaveBitwiseTheSameWeights) {
 // The stage's activations, measured by the host allocator: bytes held after building
 // it, less its parameters and gradients (a ParamSet of the same layout, built alone)
 // and its RoPE tables.
+// tp: the tensor-parallel rank's shard (no communicator: building a stage sends nothing).
 int64_t measured_activation_bytes(const LlamaConfig& cfg, StageSpec spec, int64_t B, int64_t T,
-                                  const std::vector<int>& slots) {
+                                  const std::vector<int>& slots, TensorParallel tp = {}) {
   int64_t params = 0;
   {
     const size_t before = host_allocated_bytes();
-    ParamSet p = LlamaStage::stage_params(cfg, spec, {});
+    ParamSet p = LlamaStage::stage_params(cfg, spec, tp);
     p.finalize(Device::CPU);
     params = static_cast<int64_t>(host_allocated_bytes() - before);
   }
   const size_t before = host_allocated_bytes();
-  LlamaStage st(cfg, spec, B, T, slots, {}, Device::CPU);
+  LlamaStage st(cfg, spec, B, T, slots, tp, Device::CPU);
   const int64_t rope = 2 * ((T * cfg.head_dim() / 2 * 4 + 63) / 64 * 64);
   return static_cast<int64_t>(host_allocated_bytes() - before) - params - rope;
 }
@@ -182,6 +185,48 @@ TEST(ActivationAccount, EveryModeHoldsWhatTheAccountPredicts) {
               << norm_scheme_name(scheme) << " " << norm_type_name(type) << " "
               << recompute_mode_name(m.mode) << " " << m.layers << " stage " << spec.first_layer;
         }
+}
+
+// Sequence parallelism: the split regions (norm inputs, outputs and statistics, residual
+// stream, h0, the final norm) hold the rank's N / tp tokens, the tensor-parallel regions
+// and the logits all N, and backward adds two full-token [N,C] buffers. Measured on the
+// shards of tp = 2 and 3 (every rank's: the sequence split is even), for the non-routed
+// schemes (routed blocks refuse --sequence_parallel). N = 96 puts every [N/tp] buffer on
+// the 64-byte granule, so the account must match to the byte.
+TEST(ActivationAccount, SequenceParallelHoldsWhatTheAccountPredicts) {
+  const int64_t B = 4, T = 24, N = B * T, C = 36;
+  for (NormScheme scheme : {NormScheme::LNS, NormScheme::Post, NormScheme::Sandwich, NormScheme::Mix})
+    for (NormType type : {NormType::RMSNorm, NormType::LayerNorm})
+      for (Mode m : {Mode{RecomputeMode::None, 0}, Mode{RecomputeMode::Selective, 0},
+                     Mode{RecomputeMode::Full, 0}, Mode{RecomputeMode::Full, 2}})
+        for (StageSpec spec : {StageSpec{0, 4, true, true}, StageSpec{1, 3, false, false}})
+          for (int size : {2, 3})
+            for (int rank = 0; rank < size; ++rank) {
+              LlamaConfig cfg = tiny(scheme, type);
+              cfg.num_kv_heads = 6;  // heads divisible by 2 and 3
+              cfg.recompute = m.mode, cfg.recompute_layers = m.layers;
+              const TensorParallel sp{rank, size, nullptr, true}, plain{rank, size, nullptr, false};
+              const ActivationAccount acc = activation_account(cfg, spec, B, T, 3, sp, Device::CPU);
+              const std::string what = absl::StrCat(norm_scheme_name(scheme), " ", norm_type_name(type), " ",
+                                                    recompute_mode_name(m.mode), " ", m.layers, " stage ",
+                                                    spec.first_layer, " tp ", rank, "/", size);
+              EXPECT_EQ(measured_activation_bytes(cfg, spec, B, T, {3}, sp), acc.total()) << what;
+              // What the split saves, by hand: h0 of each slot, and per layer every
+              // split-region buffer a slot keeps (full: the output alone) shrink from
+              // N to N / tp tokens; backward's six split gradients too, less the two
+              // full-token buffers it adds.
+              const ActivationAccount full = activation_account(cfg, spec, B, T, 3, plain, Device::CPU);
+              const int64_t row = 4 * C * (N - N / size);  // one [N,C] f32 less its [N/tp,C]
+              EXPECT_EQ(full.gradient_bytes - acc.gradient_bytes, 6 * row - 2 * 4 * N * C) << what;
+              for (size_t i = 0; i < acc.layers.size(); ++i) {
+                const int64_t saved = full.layers[i].kept_bytes - acc.layers[i].kept_bytes;
+                if (acc.layers[i].mode == RecomputeMode::Full) {
+                  EXPECT_EQ(saved, row) << what;  // its output alone
+                } else {
+                  EXPECT_GT(saved, 4 * row) << what;  // f and r of both sublayers, and more
+                }
+              }
+            }
 }
 
 // --virtual_stages: a stage of two chunks (layers 0 and 2-3 of 4, the head after the

@@ -6,6 +6,13 @@
 //   lns_convert import-hf     --in=HFDIR --out=DIR [--tp=T --pp=P] [--norm_scheme=lns]
 //   lns_convert retrofit      --in=CKPT --out=DIR --norm_scheme=lns [--tp=T --pp=P]
 //   lns_convert remove-layers --in=CKPT --out=DIR --layers=3,7 [--tp=T --pp=P]
+//   lns_convert fold-norms    --in=CKPT --out=DIR [--tp=T --pp=P]
+//   lns_convert export-folded --in=CKPT --out=DIR
+//
+// fold-norms multiplies the constant norms of an LN-free checkpoint into the linears
+// they feed and writes the model without norms (lns/fold_norms.h, docs/ln_free.md);
+// export-folded writes such a model for tools/reference/llama_nonorm.py (export-hf
+// refuses it: a Hugging Face LLaMA always normalises).
 //
 // retrofit and import-hf --norm_scheme=lns turn a Pre-LN model into an LNS one with the
 // same weights (lns/retrofit.h): a different function, so they warn and record it in
@@ -13,12 +20,13 @@
 //
 // Every subcommand reads any layout and prints what it wrote. Checkpoint outputs are
 // complete checkpoints (manifest, CRC32s) that lns_train --resume=DIR and lns_eval read.
-// --out must not exist or be empty: the output is staged next to it and moved into
+// --out must not exist or be empty, and may not lie inside --in: the output is staged next to it and moved into
 // place whole. --overwrite replaces an existing checkpoint (or an earlier export-hf
 // output) there atomically, and nothing else.
 #include <gflags/gflags.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <set>
 
 #include <absl/strings/numbers.h>
@@ -28,6 +36,7 @@
 
 #include "lns/checkpoint.h"
 #include "lns/errors.h"
+#include "lns/fold_norms.h"
 #include "lns/hf_llama.h"
 #include "lns/layer_removal.h"
 #include "lns/ln_free_schedule.h"
@@ -75,8 +84,47 @@ std::string norm_scheme_flag() {
   return gflags::GetCommandLineFlagInfoOrDie("norm_scheme").is_default ? "" : FLAGS_norm_scheme;
 }
 
+// A tool never writes into its input: --out (resolved, links included) may not lie
+// inside --in. (--out=--in itself is StagedDir's case: refused unless --overwrite
+// finds nothing but a replaceable output there.)
+void check_out_outside_in() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto resolve = [&](const std::string& p) {
+    fs::path r = fs::weakly_canonical(fs::absolute(p, ec), ec).lexically_normal();
+    return r.has_filename() ? r : r.parent_path();  // "dir/" is "dir"
+  };
+  const fs::path in = resolve(FLAGS_in), out = resolve(FLAGS_out);
+  if (ec) return;  // the reader / writer names the bad path
+  const auto mismatch = std::mismatch(in.begin(), in.end(), out.begin(), out.end());
+  LNS_REQUIRE(mismatch.first != in.end() || mismatch.second == out.end(), "--out=", FLAGS_out, " lies inside --in=", FLAGS_in,
+              "; write the output elsewhere (a tool never writes into its input)");
+}
+
 int run(const std::string& cmd) {
   LNS_REQUIRE(!FLAGS_in.empty() && !FLAGS_out.empty(), cmd, ": --in and --out are required");
+  check_out_outside_in();
+  if (cmd == "fold-norms") {
+    const Checkpoint ck(FLAGS_in);
+    const FoldedNorms folded(ck);
+    const auto lines = write_checkpoint_from_source(folded, folded.config(), target_layout(), FLAGS_pp_layers,
+                                                    folded.run_state(), AdamWConfig{}, 0, FLAGS_out,
+                                                    FLAGS_overwrite);
+    print(absl::StrFormat("wrote %s: %s with its %d constant norms folded into the linears they feed (no norms, "
+                          "no optimizer state; lns_eval --checkpoint=%s evaluates it, lns_train --resume=%s "
+                          "--folded_norms fine-tunes it, export-folded exports it)",
+                          FLAGS_out, FLAGS_in, ck.run_state().ln_free.norms.size(), FLAGS_out, FLAGS_out),
+          lines);
+    return 0;
+  }
+  if (cmd == "export-folded") {
+    const Checkpoint ck(FLAGS_in);
+    const auto lines = export_folded(ck, ck.config(), FLAGS_out, FLAGS_overwrite);
+    print(absl::StrFormat("exported %s (%d layers, folded norms) for tools/reference/llama_nonorm.py to %s",
+                          FLAGS_in, ck.config().num_layers, FLAGS_out),
+          lines);
+    return 0;
+  }
   if (cmd == "reshard" || cmd == "merge") {
     const Checkpoint ck(FLAGS_in);
     const Layout l = cmd == "merge" ? Layout{} : target_layout();
@@ -163,7 +211,8 @@ int run(const std::string& cmd) {
           lines);
     return 0;
   }
-  fail("unknown subcommand '", cmd, "'; expected reshard, merge, export-hf, import-hf, retrofit or remove-layers");
+  fail("unknown subcommand '", cmd, "'; expected reshard, merge, export-hf, import-hf, retrofit, remove-layers, ",
+       "fold-norms or export-folded");
 }
 
 }  // namespace
@@ -171,13 +220,14 @@ int run(const std::string& cmd) {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
-      "lns_convert reshard|merge|export-hf|import-hf|retrofit|remove-layers --in=... --out=... [flags]");
+      "lns_convert reshard|merge|export-hf|import-hf|retrofit|remove-layers|fold-norms|export-folded --in=... "
+      "--out=... [flags]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   if (argc != 2) {
     std::fprintf(stderr, "lns_convert: error: expected one subcommand (reshard, merge, export-hf, "
-                         "import-hf, retrofit, remove-layers); see --help\n");
+                         "import-hf, retrofit, remove-layers, fold-norms, export-folded); see --help\n");
     return 1;
   }
   return lns::main_guard("lns_convert", [&] { return lns::run(argv[1]); });

@@ -150,6 +150,10 @@ Result evaluate_all(ProcessGrid& grid) {
   if (!std::isfinite(intact.loss) || !std::isfinite(intact.ppl))
     fail("the perplexity on ", FLAGS_data, " is not finite (loss ", intact.loss, "): the model's outputs overflow on ",
          "this data; no perplexity to report");
+  if (cfg.folded_norms) {
+    r.json["folded_norms"] = true;
+    r.lines.push_back("folded: no norms, their constants are in the linears (lns_convert fold-norms, docs/ln_free.md)");
+  }
   if (ck && !ck->run_state().ln_free.norms.empty()) {
     const size_t n = ck->run_state().ln_free.norms.size();
     r.json["ln_free_fixed_norms"] = n;

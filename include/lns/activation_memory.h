@@ -35,7 +35,9 @@ struct ActivationAccount {
 };
 
 // Device bytes of the stage LlamaStage(cfg, spec, B, T, chunk_slots, tp, device) plans
-// for activations (parameters, RoPE tables and kernel scratch not included). Excluded:
+// for activations (parameters, RoPE tables and kernel scratch not included). With
+// tp.sequence_parallel the split regions count the rank's tokens (tp.token_shard, as
+// LlamaStage::hidden_tokens()), the tensor-parallel regions all B*T. Excluded:
 // LN-free's late allocations (v's normalised copy and statistics, allocated when the
 // --ln_free schedule splits a value norm, after start-up).
 ActivationAccount activation_account(const LlamaConfig& cfg, StageSpec spec, int64_t B, int64_t T,

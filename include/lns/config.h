@@ -63,6 +63,12 @@ struct LlamaConfig {
   // 0: the identity and num_layers.
   std::vector<int> layer_depths;
   int trained_num_layers = 0;
+  // The norms are folded away (lns_convert fold-norms, docs/ln_free.md): an LN-free
+  // model whose every pre-norm and final norm divided by one constant had each norm's
+  // gain, depth scale and constant multiplied into the linears it feeds. The blocks run
+  // their pre-norm scheme without the norms (block_plan: no pre-norm, scale 1) and the
+  // head reads the residual stream directly. Only pre-norm schemes, RMSNorm, untied.
+  bool folded_norms = false;
   // How attention runs on CUDA (--attention): an execution choice, not a property of
   // the weights, so not in to_json(); the stage resolves it once (choose_attention_impl).
   AttentionImpl attention = AttentionImpl::Auto;

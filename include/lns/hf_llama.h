@@ -36,6 +36,15 @@ std::vector<std::string> export_hf(const TensorSource& src, const LlamaConfig& c
                                    const std::string& out_dir, const std::string& tokenizer,
                                    int max_position_embeddings, bool overwrite = false);
 
+// A model with folded norms (folded_norms, lns_convert fold-norms; docs/ln_free.md) has
+// no Hugging Face form: LlamaForCausalLM always normalises. export-folded writes it for
+// the small PyTorch model tools/reference/llama_nonorm.py instead: model.safetensors
+// (f32, our tensor names) and config.json (folded_config_from: model_type
+// "lns_llama_nonorm", the shapes, rope_theta, residual_scales). out_dir as export_hf's.
+nlohmann::json folded_config_from(const LlamaConfig& cfg);  // UserError unless cfg.folded_norms
+std::vector<std::string> export_folded(const TensorSource& src, const LlamaConfig& cfg, const std::string& out_dir,
+                                       bool overwrite = false);
+
 // A Hugging Face LLaMA directory as a source of logical weights (no optimizer state).
 // Opening validates config.json (types, ranges), the index's shard names (plain file
 // names in the directory) and that the weights are exactly the config's model with

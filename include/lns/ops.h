@@ -65,7 +65,7 @@ struct FixedDivisor {
   float pos0 = 1.0f, rest = 1.0f;
   int64_t T = 1;     // sequence length
   int32_t eot = -1;  // end-of-text id; -1: no end-of-text case (ids unused)
-  Tensor ids;        // [N] i32 token ids of x's rows, on the device of x, when eot >= 0
+  Tensor ids{};      // [N] i32 token ids of x's rows, on the device of x, when eot >= 0
   int64_t row0 = 0;  // x's first row in the micro-batch (its rows' positions start there)
   bool uses_pos0(int64_t n) const;  // host rows (CPU): fixed_uses_pos0 of x's row n
 };

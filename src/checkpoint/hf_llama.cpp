@@ -22,6 +22,10 @@ namespace fs = std::filesystem;
 namespace lns {
 
 void check_hf_exportable(const LlamaConfig& cfg) {
+  if (cfg.folded_norms)
+    fail("export-hf: the model's norms are folded into its linears (folded_norms); a Hugging Face LLaMA always ",
+         "normalises (RMSNorm before every sublayer and the head), so it cannot express this model; use ",
+         "lns_convert export-folded (tools/reference/llama_nonorm.py loads it)");
   if (cfg.norm_type != NormType::RMSNorm)
     fail("export-hf: LlamaForCausalLM has RMSNorm only; this model uses --norm_type=layernorm ",
          "(mean subtraction and norm biases would be lost)");
@@ -175,7 +179,7 @@ std::optional<std::set<std::string>> hf_export_inventory(const std::string& dir,
     if (!fs::exists(weights)) throw UserError("no model.safetensors");
     const SafetensorsReader r(weights);
     const auto it = r.metadata().find(kExportMarker);
-    if (it == r.metadata().end()) throw UserError(weights + " was not written by lns_convert export-hf");
+    if (it == r.metadata().end()) throw UserError(weights + " was not written by lns_convert export-hf or export-folded");
     std::set<std::string> names;
     const std::vector<std::string> listed = absl::StrSplit(it->second, ',', absl::SkipEmpty());
     for (const std::string& n : listed) {
@@ -191,15 +195,14 @@ std::optional<std::set<std::string>> hf_export_inventory(const std::string& dir,
 
 }  // namespace
 
-std::vector<std::string> export_hf(const TensorSource& src, const LlamaConfig& cfg,
-                                   const std::string& out_dir, const std::string& tokenizer,
-                                   int max_position_embeddings, bool overwrite) {
-  // Every input first: nothing is written before all of them are known to be good.
-  check_hf_exportable(cfg);
-  LNS_REQUIRE(max_position_embeddings > 0, "--max_position_embeddings must be positive, got ",
-              max_position_embeddings);
-  const std::vector<fs::path> tok_files = tokenizer_files(tokenizer);
-  StagedDir out(out_dir, "--out", overwrite, hf_export_inventory, "a Hugging Face export of lns_convert");
+namespace {
+
+// The weights of `cfg` (f32, LNS scales folded into the pre-norm gains), `config` as
+// config.json and the tokenizer files, staged and moved into place whole.
+std::vector<std::string> write_export(const TensorSource& src, const LlamaConfig& cfg, const std::string& out_dir,
+                                      const nlohmann::json& config, const std::vector<fs::path>& tok_files,
+                                      bool overwrite, const std::string& what) {
+  StagedDir out(out_dir, "--out", overwrite, hf_export_inventory, what);
   std::vector<std::string> names = {"model.safetensors", "config.json"};
   for (const fs::path& f : tok_files) names.push_back(f.filename().string());
   SafetensorsWriter w;
@@ -214,7 +217,7 @@ std::vector<std::string> export_hf(const TensorSource& src, const LlamaConfig& c
   w.set_metadata("format", "pt");
   w.set_metadata(kExportMarker, absl::StrJoin(names, ","));
   w.write(out.path() + "/model.safetensors");
-  write_file_atomically(out.path() + "/config.json", hf_config_from(cfg, max_position_embeddings).dump(2) + "\n");
+  write_file_atomically(out.path() + "/config.json", config.dump(2) + "\n");
   for (const fs::path& f : tok_files) {
     std::error_code ec;
     fs::copy_file(f, fs::path(out.path()) / f.filename(), ec);
@@ -227,6 +230,42 @@ std::vector<std::string> export_hf(const TensorSource& src, const LlamaConfig& c
       out_dir + "/config.json"};
   for (const fs::path& f : tok_files) wrote.push_back((fs::path(out_dir) / f.filename()).string());
   return wrote;
+}
+
+}  // namespace
+
+std::vector<std::string> export_hf(const TensorSource& src, const LlamaConfig& cfg,
+                                   const std::string& out_dir, const std::string& tokenizer,
+                                   int max_position_embeddings, bool overwrite) {
+  // Every input first: nothing is written before all of them are known to be good.
+  check_hf_exportable(cfg);
+  LNS_REQUIRE(max_position_embeddings > 0, "--max_position_embeddings must be positive, got ",
+              max_position_embeddings);
+  return write_export(src, cfg, out_dir, hf_config_from(cfg, max_position_embeddings), tokenizer_files(tokenizer),
+                      overwrite, "a Hugging Face export of lns_convert");
+}
+
+nlohmann::json folded_config_from(const LlamaConfig& cfg) {
+  LNS_REQUIRE(cfg.folded_norms, "export-folded: the model has norms (no folded_norms in its manifest); fold them ",
+              "first with lns_convert fold-norms, or use export-hf");
+  bool residual_scales = false;  // scale_res_pre_norm layers: r = a * x + F(x), a learned
+  for (int l = 0; l < cfg.num_layers; ++l) residual_scales = residual_scales || block_plan(cfg, l).attn.learnable_alpha;
+  return {{"model_type", "lns_llama_nonorm"},
+          {"vocab_size", cfg.vocab_size},
+          {"hidden_size", cfg.hidden_size},
+          {"intermediate_size", cfg.intermediate_size},
+          {"num_hidden_layers", cfg.num_layers},
+          {"num_attention_heads", cfg.num_heads},
+          {"num_key_value_heads", cfg.num_kv_heads},
+          {"rope_theta", cfg.rope_theta},
+          {"residual_scales", residual_scales},
+          {"norm_scheme", norm_scheme_name(cfg.norm_scheme)},
+          {"torch_dtype", "float32"}};
+}
+
+std::vector<std::string> export_folded(const TensorSource& src, const LlamaConfig& cfg, const std::string& out_dir,
+                                       bool overwrite) {
+  return write_export(src, cfg, out_dir, folded_config_from(cfg), {}, overwrite, "an export-folded output of lns_convert");
 }
 
 HfDirectory::HfDirectory(const std::string& dir) : dir_(dir) {

@@ -17,6 +17,9 @@ Retrofit plan_lns_retrofit(const LlamaConfig& from, const std::string& to, const
   LNS_REQUIRE(from.norm_scheme == NormScheme::Pre || from.norm_scheme == NormScheme::ScaledInit, command, ": ",
               source, " is a --norm_scheme=", norm_scheme_name(from.norm_scheme),
               " model; the LNS retrofit takes a Pre-LN model (pre or scaled_init)");
+  // A folded model has no norm outputs to scale (its LNS scales are in its linears).
+  LNS_REQUIRE(!from.folded_norms, command, ": ", source, " has its norms folded away (folded_norms); the LNS retrofit ",
+              "scales pre-norm outputs, which it no longer has");
   Retrofit r;
   r.config = from;
   r.config.norm_scheme = NormScheme::LNS;

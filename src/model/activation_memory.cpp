@@ -68,8 +68,14 @@ ActivationAccount activation_account(const LlamaConfig& cfg, StageSpec spec, int
   const int64_t align = gemm_dim_align(device);
   const int64_t F = shard_range(cfg.intermediate_size, tp.size, tp.rank, align).stored;
   const int64_t V = shard_range(cfg.vocab_size, tp.size, tp.rank, align).stored;
-  const int64_t NC = N * C * a;
-  const int64_t stat = N * 4 * (cfg.norm_type == NormType::LayerNorm ? 2 : 1);  // rstd (+ mean)
+  // The split regions (norm inputs and outputs, residual stream, norm statistics, the
+  // hidden states between stages) hold the rank's NL tokens: N / tp under
+  // --sequence_parallel (the layout's sequence_shard, asked through tp.token_shard, the
+  // same call that sizes LlamaStage::hidden_tokens()), N otherwise. The tensor-parallel
+  // interiors (q/k/v, attention, FFN), the logits and the token ids hold all N.
+  const int64_t NL = tp.token_shard(N).size;
+  const int64_t NC = NL * C * a;  // one split-region [NL, C] buffer
+  const int64_t stat = NL * 4 * (cfg.norm_type == NormType::LayerNorm ? 2 : 1);  // rstd (+ mean)
   const int64_t core = N * QD * a + attention_saved_shape(device, B, T, Hq).numel() * 4 + N * F * a;
   const int64_t qkv_gate_up = N * (QD + 2 * KD) * a + 2 * N * F * a;
 
@@ -108,8 +114,9 @@ ActivationAccount activation_account(const LlamaConfig& cfg, StageSpec spec, int
       const BlockPlan p = block_plan(cfg, g);
       ActivationAccount::Layer l{g, layer_recompute(cfg.recompute, cfg.recompute_layers, local), 0};
       l.kept_bytes = path(p.attn, p.mlp, l.mode);
-      if (p.route) {  // path 1, the gate's five [B,2] f32 and the mixed output
-        l.kept_bytes += path(p.route->attn, p.route->mlp, l.mode) + 5 * B * 2 * 4 + NC;
+      if (p.route) {  // path 1, the gate's five [B,2] f32 and the mixed output [N,C]
+        // (routed blocks never run with --sequence_parallel: NL = N here)
+        l.kept_bytes += path(p.route->attn, p.route->mlp, l.mode) + 5 * B * 2 * 4 + N * C * a;
         any_routed = true;
       }
       acc.layers.push_back(l);
@@ -126,14 +133,20 @@ ActivationAccount activation_account(const LlamaConfig& cfg, StageSpec spec, int
     }
     for (bool st : stats) acc.workspace_bytes += st ? stat : 0;
   }
-  // Every slot: ids (every stage: LN-free's end-of-text rows) and h0; the last chunk's
-  // slots on the last stage: final norm, hf, logits, loss.
+  // Every slot: ids [B,T] (every stage: LN-free's end-of-text rows) and h0 [NL,C]; the
+  // last chunk's slots on the last stage: final norm statistics and output hf [NL,C],
+  // logits [N,V], the loss's five [N] f32 (targets, losses, row max, sum-exp, target logit).
   for (size_t c = 0; c < ranges.size(); ++c) {
     int64_t b = N * 4 + NC;
     if (spec.has_head && c + 1 == ranges.size()) b += stat + NC + N * V * a + N * 4 * 5;
     acc.chunk_bytes[c] += b, acc.stage_bytes += b;
   }
-  acc.gradient_bytes = 6 * NC + 2 * N * (QD + KD) * a + 3 * N * F * a + (any_routed ? 2 * NC : 0);
+  // Backward: six split-region [NL,C] gradients, and under --sequence_parallel two
+  // full-token [N,C] buffers of the tensor-parallel region (a gathered input, a partial
+  // result before its reduce-scatter); dq dctx [N,QD], dk dv [N,KD], dgate dup dact [N,F];
+  // routed blocks each path's [N,C] output gradient.
+  acc.gradient_bytes = 6 * NC + (tp.sequence_parallel ? 2 * N * C * a : 0) + 2 * N * (QD + KD) * a +
+                       3 * N * F * a + (any_routed ? 2 * N * C * a : 0);
   return acc;
 }
 

@@ -69,6 +69,10 @@ BlockPlan block_plan(const LlamaConfig& cfg, int global_layer) {
       p.mlp.pre_norm = NormSlot::PostAttentionLayernorm;  // Hugging Face's name for it
       p.attn.pre_scale = p.mlp.pre_scale = scale;
       p.attn.learnable_alpha = p.mlp.learnable_alpha = s == NormScheme::ScaleResPre;
+      if (cfg.folded_norms) {  // gain, scale and constant live in the linears (lns_convert fold-norms)
+        p.attn.pre_norm = p.mlp.pre_norm = std::nullopt;
+        p.attn.pre_scale = p.mlp.pre_scale = 1.0f;
+      }
       break;
     }
     case NormScheme::Post:

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "lns/block_plan.h"
 #include "lns/errors.h"
 #include "lns/files.h"
 #include "lns/json_in.h"
@@ -92,11 +93,24 @@ void LlamaConfig::validate() const {
               recompute_layers, " must be in [0, --num_layers=", num_layers, "]");
   LNS_REQUIRE(recompute_layers == 0 || recompute == RecomputeMode::Full, "--recompute_layers=",
               recompute_layers, " needs --recompute=full (got ", recompute_mode_name(recompute), ")");
+  if (folded_norms) {
+    LNS_REQUIRE(norm_type == NormType::RMSNorm, "--folded_norms needs --norm_type=rmsnorm (a folded LayerNorm would ",
+                "need biases in the linears it feeds; docs/ln_free.md)");
+    LNS_REQUIRE(!tie_embeddings, "--folded_norms needs --tie_embeddings=false (the final norm is folded into "
+                "lm_head, which then differs from the embedding)");
+  }
   if (norm_scheme == NormScheme::Hybrid)
     resolve_layer_schemes(layer_schemes, depth_layers());  // throws on a bad pattern
   else
     LNS_REQUIRE(layer_schemes.empty(), "--layer_schemes=", printable(layer_schemes),
                 " needs --norm_scheme=hybrid (got ", norm_scheme_name(norm_scheme), ")");
+  if (folded_norms)  // only pre-norms were folded: no block may keep a norm of another kind
+    for (int l = 0; l < num_layers; ++l) {
+      const BlockPlan p = block_plan(*this, l);
+      LNS_REQUIRE(!p.route && !p.attn.out_norm && !p.mlp.out_norm && !p.attn.add_norm && !p.mlp.add_norm,
+                  "--folded_norms: layer ", l, " of --norm_scheme=", norm_scheme_name(norm_scheme), " runs as ",
+                  norm_scheme_name(p.effective), ", which has norms other than pre-norms; only pre-norm schemes fold");
+    }
 }
 
 nlohmann::json LlamaConfig::to_json() const {
@@ -117,6 +131,7 @@ nlohmann::json LlamaConfig::to_json() const {
   if (!layer_depths.empty()) j["layer_depths"] = layer_depths;
   if (trained_num_layers > 0) j["trained_num_layers"] = trained_num_layers;
   if (!layer_schemes.empty()) j["layer_schemes"] = layer_schemes;
+  if (folded_norms) j["folded_norms"] = true;  // absent: the norms are there (every older file)
   return j;
 }
 
@@ -145,6 +160,7 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& j, const std::string& s
     for (int64_t d : in["layer_depths"].integers(0, kMaxLayers, 0, kMaxLayers - 1))
       c.layer_depths.push_back(static_cast<int>(d));
   }
+  if (in.has("folded_norms")) c.folded_norms = in["folded_norms"].boolean();
   if (in.has("layer_schemes")) c.layer_schemes = in["layer_schemes"].string();
   if (in.has("norm_type")) c.norm_type = parse_norm_type(in["norm_type"].string(), source + ": norm_type");
   if (in.has("norm_scheme"))

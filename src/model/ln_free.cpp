@@ -50,7 +50,7 @@ std::vector<std::pair<int, DivisorSlot>> ln_free_slots(const LlamaConfig& cfg) {
     }
     if (p.mlp.pre_norm) out.push_back({l, DivisorSlot::Mlp});
   }
-  out.push_back({cfg.num_layers, DivisorSlot::Final});
+  if (!cfg.folded_norms) out.push_back({cfg.num_layers, DivisorSlot::Final});  // folded: no norm left
   return out;
 }
 

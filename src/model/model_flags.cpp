@@ -32,6 +32,9 @@ DEFINE_string(layer_schemes, "",
               "--norm_scheme=hybrid: block form per layer, FORM[:COUNT],...[,*], e.g. pre:7,post or "
               "pre:3,post,* (every 4th layer post); docs/model.md.");
 DEFINE_bool(tie_embeddings, false, "Share the embedding matrix with the LM head.");
+DEFINE_bool(folded_norms, false,
+            "The model has no norms: an LN-free model whose constant norms lns_convert fold-norms folded into "
+            "its linears (docs/ln_free.md). Set it to fine-tune such a checkpoint (--resume).");
 DEFINE_double(init_std, 0.02, "Std of the normal init of linear weights (schemes may rescale).");
 DEFINE_double(embed_init_std, 0.02, "Std of the normal init of the token embedding.");
 
@@ -55,6 +58,7 @@ LlamaConfig config_from_flags() {
   c.post_layers = FLAGS_post_layers;
   c.layer_schemes = FLAGS_layer_schemes;
   c.tie_embeddings = FLAGS_tie_embeddings;
+  c.folded_norms = FLAGS_folded_norms;
   c.init_std = static_cast<float>(FLAGS_init_std);
   c.embed_init_std = static_cast<float>(FLAGS_embed_init_std);
   c.validate();

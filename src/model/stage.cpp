@@ -124,7 +124,7 @@ struct LlamaStage::Scratch {
 // instead of 7 (copy, axpby, norm). The same arithmetic, so the same values.
 struct LlamaStage::Stream {
   Tensor x;            // the buffer that holds the value (or will, once settled)
-  Tensor base, delta;  // pending: x = alpha * base + delta, not computed yet
+  Tensor base{}, delta{};  // pending: x = alpha * base + delta, not computed yet
   float alpha = 1.0f;
   bool pending() const { return !delta.empty(); }
 };
@@ -419,8 +419,10 @@ void LlamaStage::register_params() {
     layers_.push_back(std::move(l));
   }
   if (spec_.has_head) {
-    final_gain_ = p.add("model.norm.weight", {C}, ParamKind::NormGain, -1);
-    if (ln) final_bias_ = p.add("model.norm.bias", {C}, ParamKind::NormBias, -1);
+    if (!cfg_.folded_norms) {  // folded: model.norm's gain and constant live in lm_head
+      final_gain_ = p.add("model.norm.weight", {C}, ParamKind::NormGain, -1);
+      if (ln) final_bias_ = p.add("model.norm.bias", {C}, ParamKind::NormBias, -1);
+    }
     if (!cfg_.tie_embeddings) {
       head_ = rows("lm_head.weight", V, C, vshard_, ParamKind::LmHead, -1);
     } else if (embed_ >= 0) {
@@ -632,6 +634,8 @@ void LlamaStage::set_fixed_divisor(int global_layer, DivisorSlot slot, float pos
   LNS_REQUIRE(pos0 > 0.0f && rest > 0.0f && std::isfinite(pos0) && std::isfinite(rest),
               "--ln_free: fixed divisors must be finite and > 0, got ", pos0, " and ", rest);
   if (slot == DivisorSlot::Final) {
+    LNS_REQUIRE(!cfg_.folded_norms, "--ln_free: the model's norms are folded into its linears (folded_norms); ",
+                "there is no final norm left to fix");
     LNS_REQUIRE(global_layer == cfg_.num_layers && spec_.has_head, "--ln_free: the final norm (layer ",
                 global_layer, ") is not on this stage");
     final_fixed_[0] = pos0, final_fixed_[1] = rest;
@@ -963,8 +967,12 @@ Tensor LlamaStage::forward(Tensor input, int slot, int chunk) {
 
 Tensor LlamaStage::head_forward(Slot& s, Stream x) {
   const int64_t N = B_ * T_;
-  const NormUse fin = final_use();
-  stream_norm_fwd(fin, s, s.hf, x);
+  if (cfg_.folded_norms) {  // no final norm: the head reads the residual stream
+    settle(x);
+    copy(s.hf, x.x);
+  } else {
+    stream_norm_fwd(final_use(), s, s.hf, x);
+  }
   linear_forward(s.logits.t.view({N, vshard_.stored}), gather_tokens(s.hf), params_.compute(head_));
   s.out = x.x;  // the input of the final norm, kept for its backward
   return s.logits;
@@ -1017,9 +1025,13 @@ Tensor LlamaStage::backward(Tensor dout, float grad_scale, int slot, int chunk) 
     linear_backward(partial_out(sc.dhf), params_.grad(head_), dlogits, gather_tokens(s.hf), params_.compute(head_),
                     false);
     reduce_tokens(sc.dhf);  // column-parallel head: input gradient summed over tp
-    const NormUse fin = final_use();
-    norm_bwd(fin, s, dy, {}, sc.dhf, s.out);
-    if (grad_ready_) grad_ready_(params_.info(final_gain_).offset);
+    if (cfg_.folded_norms) {
+      copy(dy, sc.dhf);
+      if (grad_ready_) grad_ready_(params_.info(head_).offset);
+    } else {
+      norm_bwd(final_use(), s, dy, {}, sc.dhf, s.out);
+      if (grad_ready_) grad_ready_(params_.info(final_gain_).offset);
+    }
   } else {
     LNS_CHECK(dout.numel() == NL_ * C);
     copy(dy, dout);

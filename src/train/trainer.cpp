@@ -113,7 +113,7 @@ void Trainer::log_activation_accounts() const {
     const StageSpec spec = stage_spec(layout, p);
     const ActivationAccount acc = activation_account(
         model_cfg_, spec, cfg_.micro_batch, cfg_.seq_len, chunk_slots(num_micro_, p, layout.pp, layout.virtual_stages),
-        TensorParallel{0, layout.tp, nullptr}, cfg_.device);
+        TensorParallel{0, layout.tp, nullptr, layout.sequence_parallel_on()}, cfg_.device);
     LOG(INFO) << "stage " << p << " (--recompute=" << recompute_mode_name(model_cfg_.recompute)
               << "): " << acc.str();
   }
@@ -242,6 +242,10 @@ void Trainer::resume_from(const std::string& dir) {
     if (!have.contains(key) || have[key] != value)
       fail(dir, "/manifest.json: the checkpoint's ", key, " is ",
            have.contains(key) ? have[key].dump() : "absent", " but the flags say ", value.dump());
+  const auto text = [](bool b) { return b ? "true" : "false"; };
+  LNS_REQUIRE(ck.config().folded_norms == model_cfg_.folded_norms, dir, "/manifest.json: the checkpoint's ",
+              "folded_norms is ", text(ck.config().folded_norms), " but the flags say --folded_norms=",
+              text(model_cfg_.folded_norms));
   ck.load_into(model_->params(), optim_.get());
   const RunState st = ck.run_state();
   train_sampler_->set_consumed(st.consumed_samples);

@@ -199,7 +199,9 @@ TEST_P(NormFixed, ForwardBackwardAndDivisorSumsMatchCpu) {
     ASSERT_EQ(wr[n], first ? 1.0f / 0.7f : 1.0f / 1.9f) << "row " << n;
   }
   EXPECT_GT(eot_rows, 10);
-  if (ln) EXPECT_LE(rel(mean.get(), wm), kF32);
+  if (ln) {
+    EXPECT_LE(rel(mean.get(), wm), kF32);
+  }
 
   Dev dx = zeros({N, C}, DType::BF16, mis);
   std::vector<float> dg0 = randn(C, 26), db0 = randn(C, 27);
@@ -213,7 +215,9 @@ TEST_P(NormFixed, ForwardBackwardAndDivisorSumsMatchCpu) {
                       scale);
   EXPECT_LE(rel(dx.get(), wdx), kOut);
   EXPECT_LE(rel(dgain.get(), wdg), kF32);
-  if (ln) EXPECT_LE(rel(dbias.get(), wdb), kF32);
+  if (ln) {
+    EXPECT_LE(rel(dbias.get(), wdb), kF32);
+  }
   // The live backward differs (it has the divisor term): the flag reaches the kernel.
   Dev dx_live = zeros({N, C}, DType::BF16, mis), dg_live(dg0, {C}, DType::F32), db_live(db0, {C}, DType::F32);
   norm_backward(type, dx_live, dg_live, ln ? Tensor(db_live) : Tensor{}, dres, dy, x, ln ? Tensor(mcpu) : Tensor{},
@@ -650,6 +654,18 @@ TEST(ModelStep, FfnOf5461StoredAs5504MatchesCpuStep) {
   EXPECT_EQ(down.logical, Shape({64, 5461}));
   EXPECT_EQ(down.shard_size, 5461);
   gpu_step_matches_cpu_step(c, "lns, F = 5461");
+}
+
+// A model whose norms lns_convert fold-norms folded away (docs/ln_free.md): blocks without
+// pre-norms, a head that reads the residual stream, an untied lm_head; the same stage
+// code on both devices.
+TEST(ModelStep, FoldedNormsMatchCpuStep) {
+  REQUIRE_GPU();
+  for (NormScheme s : {NormScheme::LNS, NormScheme::ScaleResPre}) {
+    LlamaConfig c = test::small_model(s);
+    c.hidden_size = 64, c.num_heads = 4, c.num_kv_heads = 2, c.folded_norms = true;
+    gpu_step_matches_cpu_step(c, (std::string("folded ") + norm_scheme_name(s)).c_str());
+  }
 }
 
 // A checkpoint written from the GPU's padded storage has the bytes of the CPU's: the

@@ -83,23 +83,27 @@ TEST(RecomputeCuda, FusedAttentionSelectiveIsBitwiseNone) {
 }
 
 // Device bytes held by a stage = its parameter buffers (f32, f32 gradients, bf16 copy)
-// + RoPE tables + the account, to the byte (device Buffers are not rounded).
+// + RoPE tables + the account, to the byte (device Buffers are not rounded); on one
+// rank, and on tp rank 1 of 2 with --sequence_parallel (split regions at N/2 tokens,
+// bf16, shards padded to the GEMM alignment; no communicator: building sends nothing).
 TEST(RecomputeCuda, DeviceBytesAreTheAccount) {
   REQUIRE_GPU();
-  for (RecomputeMode m : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
-    LlamaConfig c = test::small_model(NormScheme::Sandwich);
-    c.recompute = m;
-    const int64_t B = 2, T = 8;
-    const size_t before = cuda_allocated_bytes();
-    LlamaStage s(c, StageSpec::whole(c), B, T, 3, {}, Device::CUDA);
-    // the flat buffers as the device stores them (GEMM dims padded): f32 weights and
-    // gradients (each with kSlack zero floats for the in-place ZeRO collectives), the
-    // bf16 compute copy
-    const int64_t params = (s.params().numel() + ParamSet::kSlack) * (4 + 4) + s.params().numel() * 2;
-    const int64_t held = static_cast<int64_t>(cuda_allocated_bytes() - before) - params;
-    const int64_t rope = 2 * T * (c.head_dim() / 2) * 4;
-    const ActivationAccount acc = activation_account(c, StageSpec::whole(c), B, T, 3, {}, Device::CUDA);
-    EXPECT_EQ(held - rope, acc.total()) << recompute_mode_name(m);
+  for (const TensorParallel tp : {TensorParallel{}, TensorParallel{1, 2, nullptr, true}}) {
+    for (RecomputeMode m : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
+      LlamaConfig c = test::small_model(NormScheme::Sandwich);
+      c.recompute = m;
+      const int64_t B = 2, T = 8;
+      const size_t before = cuda_allocated_bytes();
+      LlamaStage s(c, StageSpec::whole(c), B, T, 3, tp, Device::CUDA);
+      // the flat buffers as the device stores them (GEMM dims padded): f32 weights and
+      // gradients (each with kSlack zero floats for the in-place ZeRO collectives), the
+      // bf16 compute copy
+      const int64_t params = (s.params().numel() + ParamSet::kSlack) * (4 + 4) + s.params().numel() * 2;
+      const int64_t held = static_cast<int64_t>(cuda_allocated_bytes() - before) - params;
+      const int64_t rope = 2 * T * (c.head_dim() / 2) * 4;
+      const ActivationAccount acc = activation_account(c, StageSpec::whole(c), B, T, 3, tp, Device::CUDA);
+      EXPECT_EQ(held - rope, acc.total()) << recompute_mode_name(m) << " tp " << tp.size;
+    }
   }
 }
 

@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "tools", "perf"))
 
 from comm_model import Layout, split_region_bytes, step_bytes  # noqa: E402
+from memory_model import activation_account  # noqa: E402
 from step_model import ModelShape  # noqa: E402
 
 SMALL = ModelShape(V=53, C=32, L=7, Hq=4, Hkv=2, F=45, T=8, B=2, global_batch=8, scheme="lns")
@@ -55,6 +56,15 @@ class MeasuredOnTheCpu(unittest.TestCase):
         # LNS: per sublayer u, f, r of [N, C] f32 and one rstd [N]: 2 * (3*16*32*4 + 16*4)
         self.assertEqual(split_region_bytes(SMALL, Layout(tp=2), 3)[0], 2 * (3 * 16 * 32 * 4 + 16 * 4))
         self.assertEqual(split_region_bytes(SMALL, Layout(tp=2, sp=True), 3)[0], 2 * (3 * 8 * 32 * 4 + 8 * 4))
+
+    def test_split_regions_are_the_activation_accounts(self):
+        # the two regions add up to what the activation account (memory_model.py, itself
+        # held to lns_train's) says a layer keeps under --recompute=none, with and without SP
+        for sp in (False, True):
+            for act_bytes, dev in ((4, "cpu"), (2, "cuda")):
+                split, tp_region = split_region_bytes(SMALL, Layout(tp=2, sp=sp, act_bytes=act_bytes), 3)
+                acc = activation_account(SMALL, 2, 0, 7, True, True, 1, dev=dev, sp=sp)
+                self.assertEqual(split + tp_region, acc.layers[3][2], (sp, dev))
 
     def test_cli_refuses_seq_len_not_divisible(self):
         r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "perf", "comm_model.py"), "--tp=4",

@@ -20,13 +20,16 @@ from memory_model import (Layout, activation_account, candidates, choose, rank_m
 from step_model import ModelShape, shape_from_flags  # noqa: E402
 
 TRAIN = os.environ.get("LNS_TRAIN_BIN")
+MPIRUN = os.environ.get("MPIRUN")
 TOOL = [sys.executable, os.path.join(ROOT, "tools", "perf", "memory_model.py")]
 H100 = device("h100")
 
 
-def printed_account(extra):
-    """(per-layer bytes, stage, workspace, gradients, total) from lns_train's start-up line."""
-    args = [TRAIN, "--vocab_size=29", "--hidden_size=36", "--intermediate_size=45", "--num_layers=4",
+def printed_account(extra, np=1):
+    """(per-layer bytes, stage, workspace, gradients, total) from lns_train's start-up line
+    (stage 0's; np > 1: under mpirun, rank 0 prints it)."""
+    mpi = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(np)] if np > 1 else []
+    args = [*mpi, TRAIN, "--vocab_size=29", "--hidden_size=36", "--intermediate_size=45", "--num_layers=4",
             "--num_heads=6", "--num_kv_heads=3", "--seq_len=7", "--micro_batch_size=2",
             "--global_batch_size=2", "--steps=1", "--data=random", "--log_every=1", *extra]
     r = subprocess.run(args, capture_output=True, text=True, timeout=120)
@@ -56,6 +59,51 @@ class MemoryModel(unittest.TestCase):
                         self.assertEqual(acc.layers[g][1:], (m, nb), what)
                 self.assertEqual((acc.stage, acc.per_micro_batch(), acc.workspace, acc.gradients, acc.total()),
                                  (stage, per_mb, ws, grads, total), what)
+
+    @unittest.skipUnless(TRAIN and MPIRUN, "LNS_TRAIN_BIN or MPIRUN not set (ctest sets them)")
+    def test_sequence_parallel_account_equals_what_lns_train_prints(self):
+        # tp = 2 with --sequence_parallel (2 ranks): the split regions at N / 2 tokens.
+        # Multi-head (6 kv heads) so tp = 2 divides them; seq_len 8 so it divides that.
+        for scheme, norm, mode, n in (("lns", "rmsnorm", "none", 0), ("sandwich", "layernorm", "selective", 0),
+                                      ("post", "rmsnorm", "full", 3)):
+            extra = [f"--norm_scheme={scheme}", f"--norm_type={norm}", f"--recompute={mode}",
+                     f"--recompute_layers={n}", "--num_kv_heads=6", "--seq_len=8", "--tp=2",
+                     "--sequence_parallel"]
+            layers, (stage, per_mb, ws, grads, total) = printed_account(extra, np=2)
+            s = ModelShape(V=29, C=36, L=4, Hq=6, Hkv=6, F=45, T=8, B=2, global_batch=2,
+                           scheme=scheme, norm_type=norm)
+            acc = activation_account(s, 2, 0, 4, True, True, 1, mode, n, dev="cpu", sp=True)
+            what = f"{scheme} {norm} {mode} {n} sp"
+            for a, b, m, nb in layers:
+                for g in range(a, b + 1):
+                    self.assertEqual(acc.layers[g][1:], (m, nb), what)
+            self.assertEqual((acc.stage, acc.per_micro_batch(), acc.workspace, acc.gradients, acc.total()),
+                             (stage, per_mb, ws, grads, total), what)
+            # and it is not the plain tp account: the split regions did shrink
+            plain = activation_account(s, 2, 0, 4, True, True, 1, mode, n, dev="cpu")
+            self.assertLess(total, plain.total(), what)
+
+    def test_sequence_parallel_terms_by_hand(self):
+        # 7B at tp = 2, bf16, none: the split regions (u f r of both sublayers, two rstd,
+        # h0) at N / 2 tokens, the tensor-parallel ones (q k v ctx, gate up act, lse) at N
+        s = shape_from_flags(read_flagfile(os.path.join(ROOT, "configs", "7b_lns.flags")), 1)
+        N, C, F, NL = 4096, 4096, 11008, 2048
+        acc = activation_account(s, 2, 0, 32, True, False, 1, sp=True)
+        self.assertEqual(acc.layers[0][2], 2 * (6 * NL * C + 4 * N * C // 2 + 3 * N * F // 2) + 4 * (16 * 4096 + 2 * NL))
+        self.assertEqual(acc.stage, 4 * N + 2 * NL * C)
+        self.assertEqual(acc.gradients, 2 * (6 * NL * C + 2 * N * C + 4 * N * C // 2 + 3 * N * F // 2))
+        full = activation_account(s, 2, 0, 32, True, False, 1, "full", sp=True)
+        self.assertEqual(full.layers[5][2], 2 * NL * C)
+        # tp = 1: nothing to split, the flag changes nothing
+        self.assertEqual(activation_account(s, 1, 0, 32, True, False, 1, sp=True),
+                         activation_account(s, 1, 0, 32, True, False, 1))
+        # the rule with --sequence_parallel: every tp > 1 candidate runs it, and the
+        # chosen layout needs no more memory than without
+        c = candidates(s, 32, 8, sp=True)
+        self.assertTrue(all(l.sp == (l.tp > 1) for l in c))
+        lay, mem = choose(s, 32, H100, sp=True)
+        plain, plain_mem = choose(s, 32, H100)
+        self.assertLessEqual(sum(mem.values()), sum(plain_mem.values()))
 
     def test_layer_terms_by_hand(self):
         # 7B at tp = 2, bf16: u f r x 2 [N,C]; q k v ctx [N,C/2]; gate up act [N,F/2];

@@ -42,7 +42,9 @@ def loss_cell(c):
         return "diverged (%d)" % len(c["diverged_seeds"])
     std = " +- %.4f" % c["std"] if c.get("std") is not None else ""
     div = ", %d diverged" % len(c["diverged_seeds"]) if c.get("diverged_seeds") else ""
-    return "%.4f%s (%d%s)%s" % (c["mean"], std, c["n"], div, PRIOR_MARK if c.get("prior") else "")
+    # all seeds summarised: '(1) *'; some: '(3, 1 *)'
+    part = ", %d%s" % (len(c["prior_seeds"]), PRIOR_MARK) if c.get("prior_seeds") and not c.get("prior") else ""
+    return "%.4f%s (%d%s%s)%s" % (c["mean"], std, c["n"], part, div, PRIOR_MARK if c.get("prior") else "")
 
 
 def comparison(report, a, b):
@@ -86,8 +88,8 @@ def tables(report, missing=(), jobs=2):
     w("### Depth, shared learning rate %g, %d steps\n" % (SHARED_LR, STEPS))
     w("Validation loss: mean +- sample std over seeds (seeds). Difference = LNS - Pre-LN; "
       "\"beyond spread\": the seed ranges do not overlap; paired: the per-seed differences. "
-      "`%s`: a configuration of an earlier session, summarised from its tables (its runs were not kept).\n"
-      % PRIOR_MARK.strip())
+      "`%s`: a configuration of an earlier session, summarised from its tables (its runs were not kept); "
+      "`(3, 1 %s)`: 3 seeds, 1 of them such a summary.\n" % (PRIOR_MARK.strip(), PRIOR_MARK.strip()))
     w("| blocks | pre | lns | lns - pre | std error | beyond spread | paired by seed | ppl pre | ppl lns |"
       " variance growth pre | lns | skip cost deep half pre (%) | lns |")
     w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -170,9 +172,10 @@ def tables(report, missing=(), jobs=2):
 
     for L in depths:
         p, l = find(cells, L, "pre"), find(cells, L, "lns")
-        if not (p and p["n"] and l and l["n"]):
+        if not (p and p.get("drop_pct") and l and l.get("drop_pct")):
             continue
-        w("### Per block, %d blocks (mean over seeds: pre %d, lns %d)\n" % (L, p["n"], l["n"]))
+        w("### Per block, %d blocks (mean over seeds: pre %d, lns %d)\n" % (L, p.get("n_diag", p["n"]),
+                                                                          l.get("n_diag", l["n"])))
         w("| block | skip cost pre (%) | lns | angular distance pre (pi) | lns | residual variance pre | lns |")
         w("|---|---|---|---|---|---|---|")
         for b in range(L):

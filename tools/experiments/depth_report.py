@@ -180,6 +180,32 @@ def load_prior(records):
     return out
 
 
+def prior_seed_runs(prior):
+    """The single-seed summaries of earlier sessions (n = 1: the summary is that seed's run)
+    as run records, so that new seeds of the same configuration join them in one cell
+    instead of replacing them. Their per-block lists are kept when the summary has them;
+    they have no curve and no wall time. Summaries over several seeds cannot be split and
+    stay cells of their own (build_report)."""
+    out = []
+    for p in prior:
+        for c in p.get("cells", []):
+            if c["n"] != 1:
+                continue
+            where = "%s: the cell %s" % (p["file"], key_name(key_of(c)))
+            seeds = c.get("seeds")
+            if not isinstance(seeds, list) or len(seeds) != 1 or not isinstance(seeds[0], int):
+                raise ReportError("%s: n = 1 needs 'seeds' with one seed, got %r" % (where, seeds))
+            run = dict(cell=dict({k: c[k] for k in KEY}, seed=seeds[0]), status="ok", seconds=None, curve=[],
+                       loss=finite(c["mean"], where + ": mean"), prior=p["file"], dir=p["file"])
+            for k in ("drop_pct", "angular", "variance"):
+                if k in c:
+                    if not isinstance(c[k], list) or len(c[k]) != c["layers"]:
+                        raise ReportError("%s: '%s' must have one number per block (%d)" % (where, k, c["layers"]))
+                    run[k] = [finite(x, "%s: %s" % (where, k)) for x in c[k]]
+            out.append(run)
+    return out
+
+
 def mean(xs):
     return sum(xs) / len(xs)
 
@@ -210,15 +236,25 @@ def summarize_cell(k, runs):
     c["std"] = sample_std(losses)
     c["min"], c["max"] = min(losses), max(losses)
     c["ppl"] = math.exp(c["mean"])
-    c["drop_pct"] = per_block_mean([r["drop_pct"] for r in ok])
-    c["angular"] = per_block_mean([r["angular"] for r in ok])
-    c["variance"] = per_block_mean([r["variance"] for r in ok])
-    c["variance_growth"] = mean([r["variance"][-1] / r["variance"][0] for r in ok])
+    prior = [r for r in ok if r.get("prior")]
+    if prior:  # seeds summarised by an earlier session (prior_seed_runs)
+        c["prior_seeds"] = sorted(r["cell"]["seed"] for r in prior)
+        if len(prior) == len(ok):
+            c["prior"] = prior[0]["prior"]
+    c["curves"] = {str(r["cell"]["seed"]): r["curve"] for r in ok if r["curve"]}
+    # Per block: over the seeds that have the lists (an earlier session's summary may not)
+    diag = [r for r in ok if "drop_pct" in r]
+    c["n_diag"] = len(diag)
+    if not diag:
+        return c
+    c["drop_pct"] = per_block_mean([r["drop_pct"] for r in diag])
+    c["angular"] = per_block_mean([r["angular"] for r in diag])
+    c["variance"] = per_block_mean([r["variance"] for r in diag])
+    c["variance_growth"] = mean([r["variance"][-1] / r["variance"][0] for r in diag])
     L = k[0]
     half = L // 2
     c["drop_shallow_half"] = mean(c["drop_pct"][:half])
     c["drop_deep_half"] = mean(c["drop_pct"][half:])
-    c["curves"] = {str(r["cell"]["seed"]): r["curve"] for r in ok}
     return c
 
 
@@ -250,19 +286,21 @@ def build_report(runs, prior=()):
     """runs: read_run/read_record dicts (one per run name; the first of a name counts);
     prior: load_prior's summaries, used for the configurations no run covers."""
     groups, seen, uniq = {}, set(), []
-    for r in runs:  # a run both in the study directory and in the records counts once
+    # a run both in the study directory and in the records counts once; a run of this study
+    # wins over an earlier session's summary of the same seed (--rerun_prior)
+    for r in list(runs) + prior_seed_runs(prior):
         name = run_name(r["cell"])
         if name not in seen:
             seen.add(name)
             uniq.append(r)
             groups.setdefault(key_of(r["cell"]), []).append(r)
-    runs = uniq
+    runs = [r for r in uniq if not r.get("prior")]
     cells = {k: summarize_cell(k, v) for k, v in groups.items()}
     prior_cmp = {}
     for p in prior:
         for c in p.get("cells", []):
             k = key_of(c)
-            if k not in cells:
+            if c["n"] != 1 and k not in cells:  # n = 1: a run record above
                 cells[k] = dict(c, name=key_name(k), prior=p["file"])
         for cmp in p.get("comparisons", []):
             prior_cmp[(cmp["layers"], cmp["lr"], cmp["steps"], cmp["embed_std"])] = cmp
@@ -294,7 +332,7 @@ def build_report(runs, prior=()):
     timing = dict(runs=len(timed), seconds=sum(r["seconds"] for r in timed),
                   block_steps=sum(cost(r["cell"]) for r in timed),
                   jobs=max([r.get("jobs", 1) for r in timed] or [1]))
-    return dict(runs=len(seen), prior_runs=sum(len(p.get("runs", [])) for p in prior),
+    return dict(runs=len(runs), prior_runs=sum(len(p.get("runs", [])) for p in prior),
                 cells=[cells[k] for k in order], comparisons=comparisons,
                 best_lr=[b for b in best.values() if len(b["tried"]) > 1], timing=timing,
                 prior_timing=[dict(p.get("timing", {}), file=p["file"]) for p in prior])
@@ -336,7 +374,7 @@ def plots(report, out_dir):
         fig, axes = plt.subplots(1, max(1, len(depths)), figsize=(4 * max(1, len(depths)), 3.4), squeeze=False)
         for ax, L in zip(axes[0], depths):
             for c in sorted(shared, key=lambda c: c["scheme"] != "pre"):  # pre first
-                if c["layers"] == L and c["scheme"] in ("pre", "lns"):
+                if c["layers"] == L and c["scheme"] in ("pre", "lns") and c.get(metric):
                     ax.plot(range(L), c[metric], marker=".", color=colors[c["scheme"]],
                             label="%s (n=%d)" % (c["scheme"], c["n"]))
             ax.set_title("%d blocks" % L)

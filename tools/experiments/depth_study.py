@@ -71,7 +71,8 @@ def grid(name):
     # session: what 2 busy cores give in about 1.5 hours, in order of priority: 3 seeds
     # at 6 and 12 blocks, one at 24, one seed of each other axis, then more seeds
     n_seeds = seeds3 if name == "full" else (1,)
-    # 1. depth at the shared learning rate, 3 seeds (24 blocks: seed 1 first)
+    # 1. depth at the shared learning rate, 3 seeds (24 blocks: seed 1 first, then the
+    # other schemes' and rates' first seed, then 24 blocks' seeds 2 and 3)
     for layers in (6, 12):
         for seed in seeds3:
             for s in ("pre", "lns"):
@@ -85,26 +86,34 @@ def grid(name):
         for lr in (4e-3, 8e-3, 1e-3, 1.6e-2, 3.2e-2):
             for s in ("pre", "lns"):
                 out.append(cell("lr", 12, s, seed, lr=lr))
-    # 3. the other schemes at 12 blocks
+    # 3. the other schemes at 12 blocks (scaled_init alone in 7.: it only tells whether the
+    # init by itself does what LNS does)
     for seed in n_seeds:
-        for s in ("mix", "post", "lns_scaled_init", "scaled_init"):
+        for s in ("mix", "post", "lns_scaled_init"):
             out.append(cell("schemes", 12, s, seed))
-    # 4. budget: 4x the steps at 6 blocks (1x is in 1.; 6 blocks: the cheapest depth)
-    for seed in n_seeds:
-        for s in ("pre", "lns"):
-            out.append(cell("budget", 6, s, seed, steps=4 * STEPS))
-    # 5. 48 blocks
-    for seed in n_seeds:
-        for s in ("pre", "lns"):
-            out.append(cell("depth", 48, s, seed))
-    # 6. more seeds at 24 blocks
-    for seed in (2, 3):
-        for s in ("pre", "lns"):
-            out.append(cell("depth", 24, s, seed))
-    # 7. the paper-era embedding std, last: the ordering at 0.02 is what the rest measures
+    # 4. the paper-era embedding std (it reverses the ordering at 12 blocks, one seed)
     for seed in n_seeds:
         for s in ("pre", "lns"):
             out.append(cell("embed", 12, s, seed, embed_std=PAPER_EMBED_STD))
+    # 5. seeds 2 and 3 at 24 blocks: depth with a spread at every point
+    for seed in (2, 3):
+        for s in ("pre", "lns"):
+            out.append(cell("depth", 24, s, seed))
+    # 6. budget: 4x the steps at 6 blocks (1x is in 1.; 6 blocks: the cheapest depth)
+    for seed in n_seeds:
+        for s in ("pre", "lns"):
+            out.append(cell("budget", 6, s, seed, steps=4 * STEPS))
+    # 7. 48 blocks, then scaled_init alone
+    for seed in n_seeds:
+        for s in ("pre", "lns"):
+            out.append(cell("depth", 48, s, seed))
+    for seed in n_seeds:
+        out.append(cell("schemes", 12, "scaled_init", seed))
+    # 8. each scheme at its best rate of the one-seed sweep at 12 blocks (Pre-LN 8e-3, LNS
+    # 1.6e-2), seeds 2 and 3: the spread of the best-rate comparison
+    for seed in (2, 3):
+        out.append(cell("lr", 12, "pre", seed, lr=8e-3))
+        out.append(cell("lr", 12, "lns", seed, lr=1.6e-2))
     if name == "full":  # the same axes at 24 blocks too
         for seed in seeds3:
             for lr in (1e-3, 4e-3, 8e-3, 1.6e-2):

@@ -3,7 +3,9 @@
 the pre-trained model's validation loss (lns_eval), the bump at each replacement (the
 mean training loss of the 5 steps after it minus that of the 10 steps before), the
 steps each wait took, and the final validation losses of the LN-free run and of the
-control fine-tuned for the same steps with its norms (the gap)."""
+control fine-tuned for the same steps with its norms (the gap), and the folded model
+(lns_convert fold-norms of the final LN-free checkpoint) against that checkpoint, both by
+lns_eval."""
 import json
 import os
 import sys
@@ -54,6 +56,17 @@ def main(root):
             detail.append("| %d | `%s` | %s | %d | %+.4f |" % (step, e["entry"], e["reason"], e["fixed_total"],
                                                              mean(after) - mean(before)))
     print("\n".join(detail))
+    folded = [a for a in arms if os.path.exists(os.path.join(root, "eval_folded_%s.json" % a))]
+    if folded:
+        print("\nThe final LN-free models with their norms folded away (lns_convert fold-norms; lns_eval, the\n"
+              "same validation tokens):\n")
+        print("| scheme | LN-free checkpoint | folded (no norms) | relative difference |\n|---|---|---|---|")
+        for a in folded:
+            with open(os.path.join(root, "eval_lnfree_%s.json" % a)) as f:
+                lf = json.load(f)["loss"]
+            with open(os.path.join(root, "eval_folded_%s.json" % a)) as f:
+                fo = json.load(f)["loss"]
+            print("| %s | %.6f | %.6f | %.1e |" % (names[a], lf, fo, abs(fo - lf) / abs(lf)))
 
 
 if __name__ == "__main__":

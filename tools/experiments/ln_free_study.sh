@@ -6,7 +6,9 @@
 # norm, then the two special cases dropped, each after the loss is back within TOL of
 # the baseline or after CAP steps), once untouched (the control). Writes the four
 # runs, a Markdown summary (loss before, the bump at each replacement, the final gap)
-# and the plot.
+# and the plot. Each LN-free model ends with every norm one constant, so it is then folded
+# (lns_convert fold-norms: no norms left) and the folded model evaluated (lns_eval): the
+# same validation loss as the LN-free checkpoint it came from.
 #   nice -n 19 bash tools/experiments/ln_free_study.sh [OUT_DIR]   (default runs/ln_free_study)
 # Environment: PRETRAIN (default 300 steps), FINETUNE (default 260), EVAL_EVERY (default 20),
 # FT_LR (default 5e-4, constant while fine-tuning), TOL (0.03), CAP (40), WAIT (20: steps
@@ -27,7 +29,7 @@ source launch/env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target lns_train lns_eval >/dev/null
+cmake --build build -j"$(nproc)" --target lns_train lns_eval lns_convert >/dev/null
 if [ ! -f data/fortunes.train.tok ]; then
   FORTUNES=$(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort)
   # shellcheck disable=SC2086
@@ -66,6 +68,10 @@ for arm in pre lns; do
   ck=$(ls -d "$OUT/lnfree_$arm"/checkpoints/step_* | tail -1)
   # shellcheck disable=SC2086
   ./build/lns_eval --checkpoint="$ck" $EVAL --out="$OUT/eval_lnfree_$arm" | grep -E "perplexity|LN-free"
+  echo "== fold the norms of the LN-free $arm model and evaluate it"
+  ./build/lns_convert fold-norms --in="$ck" --out="$OUT/folded_$arm" | head -1
+  # shellcheck disable=SC2086
+  ./build/lns_eval --checkpoint="$OUT/folded_$arm" $EVAL --out="$OUT/eval_folded_$arm" | grep -E "perplexity"
 done
 
 python3 tools/plot_metrics.py "$OUT/lnfree_pre" "$OUT/control_pre" "$OUT/lnfree_lns" "$OUT/control_lns" \

@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 
 from flags import get_bool, get_int, parse_flag
+from memory_model import layer_regions
 from step_model import ModelShape, shape_from_flags
 
 
@@ -31,16 +32,6 @@ def ring(p):
 
 def ceil_div(a, b):
     return (a + b - 1) // b
-
-
-def sublayer_norms(s: ModelShape, layer):
-    """Per sublayer (attention, MLP) the norms it applies: (pre, out, add) booleans."""
-    post = s.scheme in ("post", "deepnorm") or (s.scheme == "mix" and layer < s.post_layers)
-    if post:
-        return (False, False, True)
-    if s.scheme == "sandwich":
-        return (True, True, False)
-    return (True, False, False)
 
 
 def norms_per_layer(s: ModelShape):
@@ -133,16 +124,9 @@ def step_bytes(s: ModelShape, lay: Layout, stage=0):
 def split_region_bytes(s: ModelShape, lay: Layout, layer):
     """Activation bytes layer `layer` keeps per micro-batch between the tensor-parallel
     linears (divided by tp under sequence parallelism), and in the tensor-parallel
-    region (q, k, v, context, gate, up, SwiGLU output; the fused attention kernel's
-    f32 statistics [B, H/tp, T])."""
-    N = s.N // lay.tp if lay.sp_on else s.N
-    pre, out, add = sublayer_norms(s, layer)
-    per_sub = (pre + 1 + out + 1 + add) * N * s.C * lay.act_bytes  # u, f, f2, r, y
-    stats = (pre + out + add) * N * 4 * (2 if s.norm_type == "layernorm" else 1)
-    t = lay.tp
-    tp_region = (s.N * (2 * s.QD + 2 * s.KD) // t + 3 * s.N * ceil_div(s.F, t)) * lay.act_bytes \
-        + s.B * (s.Hq // t) * s.T * 4
-    return 2 * (per_sub + stats), tp_region
+    region (q, k, v, context, gate, up, SwiGLU output, the attention's f32 statistics):
+    the activation account's terms (memory_model.layer_regions), not a second count."""
+    return layer_regions(s, lay.tp, layer, dev="cuda" if lay.act_bytes == 2 else "cpu", sp=lay.sp_on)
 
 
 def main(argv):

@@ -2,7 +2,7 @@
 and the rule that picks a layout, --recompute and the micro-batch for a flagfile.
 
   python3 tools/perf/memory_model.py --flagfile=configs/7b_lns.flags --nodes=4 [--gpu=h100]
-      [--gpus_per_node=8] [--reserve_gib=4] [--table]
+      [--gpus_per_node=8] [--reserve_gib=4] [--sequence_parallel] [--table]
 
 `activation_account()` is the one Python copy of src/model/activation_memory.cpp
 (what LlamaStage plans for its activations, per micro-batch in flight and per layer,
@@ -20,7 +20,10 @@ degree tp x pp (more data parallelism, less communication per token); then
 none before selective (selective costs one attention forward per layer); then tp
 before pp at equal degree (tp stays on NVLink and has no pipeline bubble). The
 micro-batch is then the smallest whose linear GEMMs are at >= 2x the ridge point
-(step_model.chosen_micro_batch's rule), or the largest that fits.
+(step_model.chosen_micro_batch's rule), or the largest that fits. With
+--sequence_parallel (in the flagfile or on the command line) every layout with tp > 1
+runs it: its split regions hold N / tp tokens, and a tp that does not divide --seq_len
+is not a candidate.
 """
 import os
 import sys
@@ -76,6 +79,54 @@ def slots_for(num_micro, stage, stages):
     return min(num_micro, stages - stage)
 
 
+@dataclass(frozen=True)
+class Terms:
+    """The sizes activation_account adds up, in bytes, for one micro-batch."""
+    N: int            # tokens of the micro-batch
+    NC: int           # one split-region buffer [NL, C] (NL = N / tp under sequence parallelism)
+    stat: int         # one norm's statistics [NL] f32 (rstd, and mean for LayerNorm)
+    core: int         # what selective drops: ctx [N, QD], the attention's saved statistics, act [N, F]
+    qkv_gate_up: int  # q [N, QD], k v [N, KD], gate up [N, F]
+    a: int            # bytes of an activation element
+    C: int
+    QD: int
+    KD: int
+    F: int            # FFN and vocabulary shards as stored (padded to the device's alignment)
+    V: int
+
+
+def terms(s, tp, dev="cuda", align=None, sp=False):
+    """activation_account's sizes (its arguments' meaning there)."""
+    a = BF16 if dev == "cuda" else F32
+    N, C, D = s.B * s.T, s.C, s.C // s.Hq
+    NL = shard(N, tp) if sp and tp > 1 else N
+    Hq = s.Hq // tp
+    QD, KD = Hq * D, s.Hkv // tp * D
+    if align is None:
+        align = 64 if dev == "cuda" else 1
+    F, V = shard(s.F, tp, align), shard(s.V, tp, align)
+    saved = s.B * Hq * s.T * (s.T if dev == "cpu" else 1) * F32  # probabilities or log-sum-exp
+    return Terms(N=N, NC=NL * C * a, stat=NL * F32 * (2 if s.norm_type == "layernorm" else 1),
+                 core=N * QD * a + saved + N * F * a, qkv_gate_up=N * (QD + 2 * KD) * a + 2 * N * F * a,
+                 a=a, C=C, QD=QD, KD=KD, F=F, V=V)
+
+
+def split_regions(t, norms):
+    """Bytes a kept (not full) layer holds between the tensor-parallel linears: per
+    sublayer f, r and one [NL, C] per norm (u / f2 / y), and the norms' statistics."""
+    return 2 * ((2 + norms) * t.NC + norms * t.stat)
+
+
+def layer_regions(s, tp, layer, dev="cuda", align=None, sp=False):
+    """(split regions, tensor-parallel region): the bytes global layer `layer` keeps per
+    micro-batch under --recompute=none, in the regions sequence parallelism splits and in
+    the one tp already splits (q, k, v, context, the attention's saved statistics, gate,
+    up and the SwiGLU product). Their sum is activation_account's per-layer bytes; the
+    communication model (comm_model.py) reports the two apart."""
+    t = terms(s, tp, dev, align, sp)
+    return split_regions(t, sum(sublayer_norms(s, layer))), t.qkv_gate_up + t.core
+
+
 @dataclass
 class Account:
     layers: list          # (global layer, mode, bytes kept per micro-batch)
@@ -92,21 +143,16 @@ class Account:
 
 
 def activation_account(s, tp, first, last, has_embedding, has_head, slots, mode="none",
-                       recompute_layers=0, dev="cuda", align=None):
+                       recompute_layers=0, dev="cuda", align=None, sp=False):
     """src/model/activation_memory.cpp, term by term. s: step_model.ModelShape. align:
-    the device's padding of FFN and vocabulary shards (default: lns's, 64 on CUDA)."""
-    a = BF16 if dev == "cuda" else F32
-    N, C, D = s.B * s.T, s.C, s.C // s.Hq
-    Hq = s.Hq // tp
-    QD, KD = Hq * D, s.Hkv // tp * D
-    if align is None:
-        align = 64 if dev == "cuda" else 1
-    F, V = shard(s.F, tp, align), shard(s.V, tp, align)
-    NC = N * C * a
-    stat = N * F32 * (2 if s.norm_type == "layernorm" else 1)
-    saved = s.B * Hq * s.T * (s.T if dev == "cpu" else 1) * F32  # probabilities or log-sum-exp
-    core = N * QD * a + saved + N * F * a
-    qkv_gate_up = N * (QD + 2 * KD) * a + 2 * N * F * a
+    the device's padding of FFN and vocabulary shards (default: lns's, 64 on CUDA).
+    sp: --sequence_parallel (with tp > 1): the split regions (norms, residual stream,
+    norm statistics, h0, the final norm) hold NL = N / tp tokens (Layout::sequence_shard),
+    the tensor-parallel regions, logits and ids all N."""
+    sp = sp and tp > 1
+    t = terms(s, tp, dev, align, sp)
+    N, NC, stat, core, qkv_gate_up, a = t.N, t.NC, t.stat, t.core, t.qkv_gate_up, t.a
+    C, QD, KD, F, V = t.C, t.QD, t.KD, t.F, t.V
     layers, any_sel, any_full = [], False, False
     u, f2, add, stats = [False] * 2, [False] * 2, [False] * 2, [False] * 6
     for g in range(first, last):
@@ -121,8 +167,7 @@ def activation_account(s, tp, first, last, has_embedding, has_head, slots, mode=
                 for j, has in enumerate((pre, out, ad)):
                     stats[3 * k + j] |= has
         else:
-            norms = pre + out + ad
-            kept = 2 * ((2 + norms) * NC + norms * stat) + qkv_gate_up + (core if m == "none" else 0)
+            kept = split_regions(t, pre + out + ad) + qkv_gate_up + (core if m == "none" else 0)
             any_sel |= m == "selective"
         layers.append((g, m, kept))
     ws = core if (any_sel or any_full) else 0
@@ -134,7 +179,8 @@ def activation_account(s, tp, first, last, has_embedding, has_head, slots, mode=
     stage = N * I32 + NC  # ids on every stage (LN-free end-of-text rows), h0
     if has_head:
         stage += stat + NC + N * V * a + 5 * N * F32
-    grads = 6 * NC + 2 * N * (QD + KD) * a + 3 * N * F * a
+    # six split-region gradients; SP: two full-token [N, C] buffers of the tp region
+    grads = 6 * NC + (2 * N * C * a if sp else 0) + 2 * N * (QD + KD) * a + 3 * N * F * a
     return Account(layers, stage, ws, grads, slots)
 
 
@@ -160,6 +206,7 @@ class Layout:
     dp: int
     mode: str
     B: int
+    sp: bool = False  # --sequence_parallel (only ever True with tp > 1)
 
 
 def rank_memory(s, lay, zero=True, dev="cuda"):
@@ -173,7 +220,7 @@ def rank_memory(s, lay, zero=True, dev="cuda"):
     for p, (first, last) in enumerate(split_layers(s.L, lay.pp)):
         P = stage_params(s, lay.tp, first, last, p == 0, p == lay.pp - 1)
         acc = activation_account(s, lay.tp, first, last, p == 0, p == lay.pp - 1,
-                                 slots_for(num_micro, p, lay.pp), lay.mode, 0, dev)
+                                 slots_for(num_micro, p, lay.pp), lay.mode, 0, dev, sp=lay.sp)
         Hq = s.Hq // lay.tp
         mem = {
             "weights (f32 master + bf16 copy)": (F32 + BF16) * P,
@@ -192,11 +239,12 @@ def fits(s, lay, gpu, reserve_gib, zero=True):
     return sum(rank_memory(s, lay, zero).values()) <= (gpu.memory_gib - reserve_gib) * 2**30
 
 
-def candidates(s, world, gpus_per_node):
-    """Every layout the rule considers, in its order of preference (micro-batch 1)."""
+def candidates(s, world, gpus_per_node, sp=False):
+    """Every layout the rule considers, in its order of preference (micro-batch 1).
+    sp: sequence parallelism on every layout with tp > 1 (which must divide seq_len)."""
     out = []
     for tp in (1, 2, 4, 8):
-        if tp > gpus_per_node or s.Hq % tp or s.Hkv % tp:
+        if tp > gpus_per_node or s.Hq % tp or s.Hkv % tp or (sp and s.T % tp):
             continue
         pp = 1
         while tp * pp <= world and pp <= s.L:
@@ -204,7 +252,7 @@ def candidates(s, world, gpus_per_node):
                 dp = world // (tp * pp)
                 if s.global_batch % dp == 0:
                     for mode in MODES:
-                        out.append(Layout(tp, pp, dp, mode, 1))
+                        out.append(Layout(tp, pp, dp, mode, 1, sp and tp > 1))
             pp *= 2
     rank = {m: i for i, m in enumerate(MODES)}
     out.sort(key=lambda l: (l.mode == "full", l.tp * l.pp, rank[l.mode], l.pp))
@@ -222,9 +270,9 @@ def gemm_intensity_ok(s, tp, gpu, margin=2.0):
     return fl / by >= margin * gpu.ridge
 
 
-def choose(s, world, gpu, gpus_per_node=8, reserve_gib=4.0, zero=True):
+def choose(s, world, gpu, gpus_per_node=8, reserve_gib=4.0, zero=True, sp=False):
     """(layout, memory by category) the rule picks, or (None, None) if nothing fits."""
-    for lay in candidates(s, world, gpus_per_node):
+    for lay in candidates(s, world, gpus_per_node, sp):
         if not fits(s, lay, gpu, reserve_gib, zero):
             continue
         per_rank = s.global_batch // lay.dp
@@ -250,7 +298,7 @@ def main(argv):
             if a in ("-h", "--help"):
                 print(__doc__)
                 return 0
-            parse_flag(a if a != "--table" else "--table=true", flags)
+            parse_flag(a if a not in ("--table", "--sequence_parallel") else a + "=true", flags)
         flags.pop("flagfile", None)
         nodes = get_int(flags, "nodes", 1, hi=1 << 14)
         gpn = get_int(flags, "gpus_per_node", 8, hi=64)
@@ -261,21 +309,22 @@ def main(argv):
         gpu = device(flags.get("gpu", "h100"))
         s = shape_from_flags(flags, 1)
         zero = get_bool(flags, "zero", True)
+        sp = get_bool(flags, "sequence_parallel")
         world = nodes * gpn
         if flags.get("table") == "true":
             print(f"{'tp':>3} {'pp':>3} {'dp':>4} {'recompute':9} {'GiB':>7}  fits")
-            for lay in candidates(s, world, gpn):
+            for lay in candidates(s, world, gpn, sp):
                 tot = sum(rank_memory(s, lay, zero).values()) / 2**30
                 print(f"{lay.tp:3d} {lay.pp:3d} {lay.dp:4d} {lay.mode:9} {tot:7.2f}  "
                       f"{'yes' if fits(s, lay, gpu, reserve, zero) else 'no'}")
-        lay, mem = choose(s, world, gpu, gpn, reserve, zero)
+        lay, mem = choose(s, world, gpu, gpn, reserve, zero, sp)
         if lay is None:
             print(f"memory_model: no layout of {world} GPUs fits this model", file=sys.stderr)
             return 1
         print(f"projected by the memory model (not measured): {gpu.name}, {nodes} node(s) x {gpn} GPUs, "
               f"{reserve:g} GiB reserved")
         print(f"chosen: --tp={lay.tp} --pp={lay.pp} (dp={lay.dp}) --recompute={lay.mode} "
-              f"--micro_batch_size={lay.B}{' --zero' if zero else ''}")
+              f"--micro_batch_size={lay.B}{' --zero' if zero else ''}{' --sequence_parallel' if lay.sp else ''}")
         for k, v in mem.items():
             print(f"  {k:40} {v / 2**30:8.2f} GiB")
         print(f"  {'total (busiest rank)':40} {sum(mem.values()) / 2**30:8.2f} GiB of {gpu.memory_gib:.0f}")
