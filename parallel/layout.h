@@ -66,6 +66,10 @@ struct Layout {
   // holds between the tensor-parallel linears: a contiguous 1/tp of them (all of them
   // without sequence parallelism). check_sequence_length makes it exact.
   ShardRange sequence_shard(int64_t tokens, int tp_rank) const;
+  // Whether tp rank `tp_rank` adds its per-token statistics of the split region (norm
+  // inputs, the residual stream) to a sum over ranks: each rank its own share under
+  // sequence parallelism; otherwise the tp ranks hold copies and rank 0 speaks for them.
+  bool counts_split_tokens(int tp_rank) const { return tp_rank == 0 || sequence_parallel_on(); }
   // UserError naming --seq_len and --tp when sequence parallelism is on and the
   // sequence length is not a multiple of tp (no padding: every rank holds seq_len/tp
   // tokens of each sequence's worth).

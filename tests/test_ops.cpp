@@ -265,6 +265,31 @@ TEST_P(NormOps, FixedDivisorAtMeasuredValueEqualsNorm) {
   EXPECT_GT(diff, 1e-4);
 }
 
+// Which rows divide by pos0 when x holds the micro-batch's rows from row0 on (a rank's
+// share under --sequence_parallel, starting mid-sequence) with end-of-text rows: the
+// rows are listed by hand. Calibration over two shares adds up to the whole.
+TEST(Ops, FixedDivisorRowsFromRow0WithEndOfText) {
+  const int64_t T = 5, N = 12, C = 6, row0 = 7;  // x: micro-batch rows 7..18
+  auto x = randn(N * C, 41, 1.0f, 0.3f), g = randn(C, 42, 0.2f, 1.0f);
+  std::vector<int32_t> ids(N, 1);
+  ids[1] = ids[6] = 9;  // rows 8 and 13 are end-of-text tokens; rows 10 and 15 at position 0
+  std::vector<float> out(N * C), rstd(N);
+  norm_forward_fixed(NormType::RMSNorm, view(out, {N, C}), Tensor{}, view(rstd, {N}), view(x, {N, C}),
+                     view(g, {C}), Tensor{}, 1.0f, FixedDivisor{0.5f, 2.0f, T, 9, view(ids, {N}), row0});
+  for (int64_t n = 0; n < N; ++n)
+    EXPECT_EQ(rstd[n], (n == 1 || n == 3 || n == 6 || n == 8) ? 2.0f : 0.5f) << "row " << n;
+  norm_forward_fixed(NormType::RMSNorm, view(out, {N, C}), Tensor{}, view(rstd, {N}), view(x, {N, C}),
+                     view(g, {C}), Tensor{}, 1.0f, FixedDivisor{0.5f, 2.0f, T, -1, Tensor{}, row0});
+  for (int64_t n = 0; n < N; ++n) EXPECT_EQ(rstd[n], (n == 3 || n == 8) ? 2.0f : 0.5f) << "row " << n;
+  double whole[4] = {0, 0, 0, 0}, parts[4] = {0, 0, 0, 0};
+  norm_divisor_sums(NormType::RMSNorm, view(x, {N, C}), T, 1e-5f, whole, row0);
+  EXPECT_EQ(whole[1], 2.0);  // rows 10 and 15 (calibration has no end-of-text case)
+  EXPECT_EQ(whole[3], 10.0);
+  norm_divisor_sums(NormType::RMSNorm, view(x, {N, C}).rows(0, 4), T, 1e-5f, parts, row0);
+  norm_divisor_sums(NormType::RMSNorm, view(x, {N, C}).rows(4, N), T, 1e-5f, parts, row0 + 4);
+  for (int k = 0; k < 4; ++k) EXPECT_NEAR(parts[k], whole[k], 1e-12 * whole[k]) << k;
+}
+
 TEST(Ops, FixedDivisorRefusesBadInput) {
   std::vector<float> x(6 * 4, 1.0f), g(4, 1.0f), out(6 * 4), rstd(6);
   auto run = [&](FixedDivisor d) {

@@ -48,10 +48,11 @@ class Evaluator {
   // evaluation micro-batches (all of them when 0), for every layer of the model.
   std::vector<LayerDiagnostics> diagnostics(int max_batches = 0);
   // LN-free calibration: the measured divisors of every pre-norm and of the final norm
-  // over all evaluation micro-batches, summed over data-parallel ranks and gathered
-  // from every stage (the same on every rank), indexed as DivisorSums
-  // (lns/ln_free_schedule.h): 2*layer + {0 attention, 1 MLP}, 2*num_layers the final norm.
-  std::vector<std::array<double, 4>> divisor_sums();
+  // over all evaluation micro-batches, summed over data-parallel ranks (and tp ranks
+  // under sequence parallelism) and gathered from every stage and model chunk (the same
+  // on every rank), indexed as DivisorSums (lns/ln_free.h): 2*layer + {0 attention,
+  // 1 MLP}, 2*num_layers the final norm.
+  DivisorSums divisor_sums();
 
   int num_batches() const { return static_cast<int>(batches_); }
   // Target positions evaluated: --eval_tokens, or all the data holds when that is

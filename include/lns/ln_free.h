@@ -4,6 +4,7 @@
 // resumed run, lns_eval and lns_convert fold-norms read it back, and apply_ln_free()
 // is the only code that turns it into the stage's fixed divisors.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,6 +23,14 @@ struct LlamaConfig;
 enum class DivisorSlot { Mlp, AttnQK, AttnV, Final };
 const char* divisor_slot_name(DivisorSlot s);  // "mlp", "attn_qk", "attn_v", "final"
 bool parse_divisor_slot(const std::string& name, DivisorSlot* out);
+
+// Divisor sums of one calibration (LlamaStage::add_divisor_sums, indexed globally):
+// entry 2*layer + 0 the attention pre-norm, 2*layer + 1 the MLP pre-norm, 2*num_layers
+// the final norm; each {sum at position 0, count, sum at positions > 0, count}.
+using DivisorSums = std::vector<std::array<double, 4>>;
+inline size_t divisor_sums_index(int layer, DivisorSlot slot) {
+  return slot == DivisorSlot::Final ? 2 * size_t(layer) : 2 * size_t(layer) + (slot == DivisorSlot::Mlp ? 1 : 0);
+}
 
 // The norms of `cfg` that LN-free fine-tuning can fix, as (global layer, slot): each
 // layer's pre-norms (attention: attn_qk and attn_v; MLP: mlp) where its scheme has

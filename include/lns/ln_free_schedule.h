@@ -47,14 +47,6 @@ struct LnFreeEvent {
 std::vector<LnFreeEvent> parse_ln_free_schedule(const std::string& text, const LlamaConfig& cfg,
                                                 int32_t eot_token);
 
-// Divisor sums of one calibration (LlamaStage::add_divisor_sums, indexed globally):
-// entry 2*layer + 0 the attention pre-norm, 2*layer + 1 the MLP pre-norm, 2*num_layers
-// the final norm; each {sum at position 0, count, sum at positions > 0, count}.
-using DivisorSums = std::vector<std::array<double, 4>>;
-inline size_t divisor_sums_index(int layer, DivisorSlot slot) {
-  return slot == DivisorSlot::Final ? 2 * size_t(layer) : 2 * size_t(layer) + (slot == DivisorSlot::Mlp ? 1 : 0);
-}
-
 class LnFreeSchedule {
  public:
   // window: --ln_free_loss_window (losses averaged by '~' triggers), >= 1.

@@ -44,17 +44,30 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
 
 // ---- fixed-divisor norm (LN-free fine-tuning, docs/ln_free.md) -------------------------
 // The norm's divisor (the RMS; the standard deviation for LayerNorm, which still subtracts
-// its measured mean) replaced by a constant. Row n is at sequence position n % T: position
-// 0 divides by pos0, positions > 0 by rest, except that with eot >= 0 a row whose token
-// ids[n] == eot divides by pos0 too (the end-of-text case). CPU and CUDA (src/cuda/norm.cu:
-// the live kernels with the divisor given; calibration sums a per-row f64 divisor kernel);
-// the end-of-text case is CPU only so far (lns_train refuses --ln_free with --device=cuda).
+// its measured mean) replaced by a constant. Row n of x is row row0 + n of the micro-batch
+// (row0 > 0: a rank's share of the tokens under --sequence_parallel), at sequence position
+// (row0 + n) % T: position 0 divides by pos0, positions > 0 by rest, except that with
+// eot >= 0 a row whose token ids[n] == eot divides by pos0 too (the end-of-text case).
+// CPU and CUDA (src/cuda/norm.cu: the live kernels with the divisor given, reading ids on
+// the device; calibration sums a per-row f64 divisor kernel); both ask fixed_uses_pos0.
+#if defined(__CUDACC__)
+#define LNS_HOST_DEVICE __host__ __device__
+#else
+#define LNS_HOST_DEVICE
+#endif
+// The rule, once: does micro-batch row `row` (token `id`) divide by the position-0
+// constant? Calibration measures that constant on the rows at position 0 alone
+// (fixed_uses_pos0(row, T, 0, -1)).
+LNS_HOST_DEVICE inline bool fixed_uses_pos0(int64_t row, int64_t T, int32_t id, int32_t eot) {
+  return row % T == 0 || (eot >= 0 && id == eot);
+}
 struct FixedDivisor {
   float pos0 = 1.0f, rest = 1.0f;
-  int64_t T = 1;     // sequence length; rows N must be a multiple
+  int64_t T = 1;     // sequence length
   int32_t eot = -1;  // end-of-text id; -1: no end-of-text case (ids unused)
-  Tensor ids{};      // [N] i32 token ids of the rows, on the device of x, when eot >= 0
-  bool uses_pos0(int64_t n) const;  // host rows (CPU): position 0 or an end-of-text token
+  Tensor ids{};      // [N] i32 token ids of x's rows, on the device of x, when eot >= 0
+  int64_t row0 = 0;  // x's first row in the micro-batch (its rows' positions start there)
+  bool uses_pos0(int64_t n) const;  // host rows (CPU): fixed_uses_pos0 of x's row n
 };
 // out[N,C] = scale * ((x - mean)/d * gain + bias); saves mean[N] (LayerNorm) and rstd[N]=1/d.
 void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
@@ -64,8 +77,9 @@ void norm_backward_fixed(NormType type, Tensor dx, Tensor dgain, Tensor dbias, T
                          Tensor dout, Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale);
 // Calibration: adds to sums = {sum of divisors at position 0, their count, sum at positions
 // > 0, their count} the measured divisor sqrt(var + eps) of every row of x[N,C] (rows in
-// order, f64). Sums from several batches/ranks add; the constant is sum / count.
-void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4]);
+// order, f64; row n at position (row0 + n) % T). Sums from several batches/ranks add; the
+// constant is sum / count.
+void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4], int64_t row0 = 0);
 
 // ---- linear (no bias; weights [out, in] as torch.nn.Linear) ---------------------------
 // y[N,out] = x[N,in] @ w[out,in]^T

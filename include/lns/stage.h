@@ -55,6 +55,12 @@ struct StageSpec {
     return chunks.empty() ? std::vector<std::pair<int, int>>{{first_layer, last_layer}} : chunks;
   }
   int num_chunks() const { return chunks.empty() ? 1 : static_cast<int>(chunks.size()); }
+  // Whether global layer g is in one of the stage's chunks.
+  bool holds_layer(int g) const {
+    for (const auto& [first, last] : chunk_ranges())
+      if (g >= first && g < last) return true;
+    return false;
+  }
 };
 
 class LlamaStage {
@@ -137,13 +143,14 @@ class LlamaStage {
   // The token ids [B,T] i32 of the micro-batch the next forward() of `slot` runs (the
   // first stage takes them from forward()'s input).
   void set_token_ids(Tensor ids, int slot = 0, int chunk = 0);
-  // LN-free calibration: after forward() of `slot`, adds the measured divisors of every
-  // pre-norm and of the final norm to `sums` (resized as needed): entry
-  // 2*(global_layer - first_layer) + which, then the final norm last (last stage); each
-  // {sum at position 0, count, sum at positions > 0, count} as norm_divisor_sums. Sums
-  // from several batches and data-parallel ranks add; the constant is sum / count.
-  // Entries of sublayers without a pre-norm stay 0. CPU and CUDA.
-  void add_divisor_sums(std::vector<std::array<double, 4>>& sums, int slot = 0) const;
+  // LN-free calibration: after forward() of `slot` in every model chunk of the stage,
+  // adds the measured divisors of each pre-norm of the stage's layers and of the final
+  // norm (last stage) over this rank's tokens (its share under --sequence_parallel) to
+  // `sums`, indexed globally as divisor_sums_index (resized to 2*num_layers + 1 as
+  // needed); each {sum at position 0, count, sum at positions > 0, count} as
+  // norm_divisor_sums. Sums from several batches and ranks add; the constant is
+  // sum / count. Entries of norms not here stay 0. CPU and CUDA.
+  void add_divisor_sums(DivisorSums& sums, int slot = 0) const;
 
   // Routed blocks (mono, mono_reverse; lns/block_plan.h): the Gumbel noise of the next
   // forward() of `slot`. Training draws it for the micro-batch whose first sequence is

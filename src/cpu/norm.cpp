@@ -161,7 +161,7 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
 }
 
 bool FixedDivisor::uses_pos0(int64_t n) const {
-  return n % T == 0 || (eot >= 0 && ids.i32()[n] == eot);
+  return fixed_uses_pos0(row0 + n, T, eot >= 0 ? ids.i32()[n] : 0, eot);
 }
 
 void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
@@ -169,11 +169,10 @@ void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Ten
   // The constants come from calibration or a checkpoint: bad ones are the input's fault.
   LNS_REQUIRE(d.pos0 > 0.0f && d.rest > 0.0f && std::isfinite(d.pos0) && std::isfinite(d.rest),
               "--ln_free: fixed divisors must be finite and > 0, got ", d.pos0, " and ", d.rest);
-  LNS_CHECK(d.T > 0);
+  LNS_CHECK(d.T > 0 && d.row0 >= 0);
   LNS_DISPATCH(x, norm_forward_fixed(type, out, mean, rstd, x, gain, bias, scale, d));
   check_norm_args(type, out, mean, rstd, x, gain, bias);
   const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
-  LNS_CHECK(N % d.T == 0) << "rows " << N << " not a multiple of the sequence length " << d.T;
   const float* b = bias.empty() ? nullptr : bias.f32();
   float* mp = mean.empty() ? nullptr : mean.f32();
   if (d.eot >= 0) {
@@ -193,11 +192,11 @@ void norm_backward_fixed(NormType type, Tensor dx, Tensor dgain, Tensor dbias, T
   norm_backward_cpu(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale, true);
 }
 
-void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4]) {
-  LNS_DISPATCH(x, norm_divisor_sums(type, x, T, eps, sums));
+void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4], int64_t row0) {
+  LNS_CHECK(T > 0 && row0 >= 0);
+  LNS_DISPATCH(x, norm_divisor_sums(type, x, T, eps, sums, row0));
   cpu::require_cpu({&x});
   const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
-  LNS_CHECK(T > 0 && N % T == 0) << "rows " << N << " not a multiple of the sequence length " << T;
   // Serial, in row order: the sums (and so the calibrated constants) are deterministic.
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = x.f32() + n * C;
@@ -207,7 +206,7 @@ void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sum
       mean /= C;
     }
     for (int64_t c = 0; c < C; ++c) var += (xr[c] - mean) * (xr[c] - mean);
-    const int k = n % T == 0 ? 0 : 2;
+    const int k = fixed_uses_pos0(row0 + n, T, 0, -1) ? 0 : 2;
     sums[k] += std::sqrt(var / C + eps);
     sums[k + 1] += 1.0;
   }

@@ -16,17 +16,16 @@ namespace lns::cuda {
 namespace {
 
 
-// LN-free fine-tuning (docs/ln_free.md): the divisor of row `row` is a constant,
-// pos0 at sequence position 0 (row % T == 0) or on an end-of-text token (ids[row] ==
-// eot, when ids is given), rest elsewhere. rest == 0: the norm is live.
+// LN-free fine-tuning (docs/ln_free.md): the divisor of x's row `row` is a constant,
+// pos0 or rest as fixed_uses_pos0 (include/lns/ops.h) says for micro-batch row row0 + row
+// and its token ids[row] (read here, on the device). rest == 0: the norm is live.
 struct FixedArgs {
   float pos0 = 0.0f, rest = 0.0f;
-  int64_t T = 1;
-  const int32_t* ids = nullptr;
+  int64_t T = 1, row0 = 0;
+  const int32_t* ids = nullptr;  // [N] when eot >= 0
   int32_t eot = -1;
   __device__ __forceinline__ float rstd(int64_t row) const {
-    const bool first = row % T == 0 || (ids && ids[row] == eot);
-    return 1.0f / (first ? pos0 : rest);
+    return 1.0f / (fixed_uses_pos0(row0 + row, T, eot >= 0 ? ids[row] : 0, eot) ? pos0 : rest);
   }
 };
 
@@ -275,9 +274,14 @@ void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor 
 
 void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
                         Tensor bias, float scale, FixedDivisor d) {
+  LNS_CHECK(d.T > 0 && d.row0 >= 0 && d.rest > 0.0f && d.pos0 > 0.0f);
   FixedArgs f;
-  f.pos0 = d.pos0, f.rest = d.rest, f.T = d.T;
-  LNS_CHECK(d.T > 0 && d.rest > 0.0f && d.pos0 > 0.0f && (x.numel() / x.dim(-1)) % d.T == 0);
+  f.pos0 = d.pos0, f.rest = d.rest, f.T = d.T, f.row0 = d.row0, f.eot = d.eot;
+  if (d.eot >= 0) {  // the end-of-text case reads each row's token on the device: no sync
+    expect(d.ids, DType::I32, "fixed-divisor token ids");
+    LNS_CHECK(d.ids.numel() == x.numel() / x.dim(-1)) << "end-of-text case needs ids [N] i32";
+    f.ids = ptr<int32_t>(d.ids);
+  }
   launch_forward(type, {}, out, mean, rstd, x, {}, 1.0f, gain, bias, scale, 0.0f, f);
 }
 
@@ -286,11 +290,10 @@ void norm_backward_fixed(NormType type, Tensor dx, Tensor dgain, Tensor dbias, T
   launch_backward(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale, true);
 }
 
-void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4]) {
+void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4], int64_t row0) {
   expect(x, DType::BF16, "norm_divisor_sums x");
   const int C = static_cast<int>(x.dim(-1));
   const int64_t N = x.numel() / C;
-  LNS_CHECK(T > 0 && N % T == 0) << "rows " << N << " not a multiple of the sequence length " << T;
   if (N == 0) return;
   auto* div = static_cast<double*>(scratch(Scratch::Reduce, sizeof(double) * N));
   auto* fn = type == NormType::LayerNorm ? norm_divisor_kernel<true> : norm_divisor_kernel<false>;
@@ -301,7 +304,7 @@ void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sum
   LNS_CUDA_CHECK(cudaMemcpyAsync(host.data(), div, sizeof(double) * N, cudaMemcpyDeviceToHost, stream()));
   LNS_CUDA_CHECK(cudaStreamSynchronize(stream()));
   for (int64_t n = 0; n < N; ++n) {
-    const int k = n % T == 0 ? 0 : 2;
+    const int k = fixed_uses_pos0(row0 + n, T, 0, -1) ? 0 : 2;
     sums[k] += host[n];
     sums[k + 1] += 1.0;
   }

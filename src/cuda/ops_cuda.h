@@ -20,7 +20,7 @@ void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Ten
                         Tensor bias, float scale, FixedDivisor d);
 void norm_backward_fixed(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
                          Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale);
-void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4]);
+void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4], int64_t row0);
 
 void linear_forward(Tensor y, Tensor x, Tensor w);
 void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx);

@@ -150,7 +150,7 @@ void apply_ln_free(const LnFreeState& s, LlamaStage& stage) {
   const StageSpec& sp = stage.spec();
   const int L = stage.config().num_layers;
   for (const FixedNorm& n : s.norms) {
-    const bool here = n.layer == L ? sp.has_head : (n.layer >= sp.first_layer && n.layer < sp.last_layer);
+    const bool here = n.layer == L ? sp.has_head : sp.holds_layer(n.layer);  // every chunk's layers
     if (!here) continue;
     stage.set_fixed_divisor(n.layer, n.slot, s.pos0_divisor(n), n.rest, n.eot ? s.eot_token : -1);
   }

@@ -63,7 +63,7 @@ struct LlamaStage::Slot {
   struct SubActs {
     Tensor x;                   // sublayer input (a view of the previous output)
     Tensor u, f, f2, r, y;      // [N,C]; u/f2/y only where the norm exists
-    OwnedTensor uv;             // [N,C] v's normalised input, once pre_v is active (LN-free, late)
+    OwnedTensor uv;             // [NL,C] v's normalised input (this rank's rows), once pre_v is active (LN-free, late)
   };
   struct LayerActs {
     RecomputeMode mode = RecomputeMode::None;
@@ -110,7 +110,7 @@ struct LlamaStage::Scratch {
   OwnedTensor dq, dctx, dk, dv;      // [N,Hq*D], [N,Hq*D], [N,Hkv*D] x2
   OwnedTensor dgate, dup, dact;      // [N,F]
   OwnedTensor dhf;                   // [N,C]
-  OwnedTensor du_v;                  // [N,C] gradient of v's input, once some pre_v is active
+  OwnedTensor du_v;                  // [NL,C] gradient of v's input, once some pre_v is active
   OwnedTensor route_d[2];            // [N,C] routed blocks: each path's output gradient
   // Sequence parallelism only: the full-token [N,C] buffers of the tensor-parallel
   // region (a gathered input, or a row-parallel partial result before its
@@ -631,9 +631,6 @@ void LlamaStage::set_fixed_divisor(int global_layer, int which, float pos0, floa
 
 void LlamaStage::set_fixed_divisor(int global_layer, DivisorSlot slot, float pos0, float rest,
                                    int32_t eot_token) {
-  // The constants depend on the position in the sequence, which a rank's share of
-  // the tokens does not start at.
-  LNS_REQUIRE(!tp_.sequence_parallel, "--ln_free does not run with --sequence_parallel; drop one of them");
   LNS_REQUIRE(pos0 > 0.0f && rest > 0.0f && std::isfinite(pos0) && std::isfinite(rest),
               "--ln_free: fixed divisors must be finite and > 0, got ", pos0, " and ", rest);
   if (slot == DivisorSlot::Final) {
@@ -668,7 +665,7 @@ void LlamaStage::split_value_norm(Layer& l) {
   Sublayer& sl = l.sub[0];
   sl.pre_v = sl.pre;
   sl.pre_v.stat = -1;
-  const int64_t N = B_ * T_, C = cfg_.hidden_size;
+  const int64_t N = NL_, C = cfg_.hidden_size;  // the split region's rows (this rank's share)
   for (auto& chunk : slots_)
   for (auto& slot : chunk) {
     // Statistics in every slot (all slots keep the same stat numbering); the copy only in
@@ -701,21 +698,25 @@ void LlamaStage::set_token_ids(Tensor ids, int slot, int chunk) {
   copy(s.ids, ids.view(s.ids.t.shape));
 }
 
-void LlamaStage::add_divisor_sums(std::vector<std::array<double, 4>>& sums, int slot) const {
-  LNS_CHECK(num_chunks() == 1) << "LN-free calibration runs on one stage";
-  LNS_REQUIRE(!tp_.sequence_parallel, "--ln_free calibration does not run with --sequence_parallel; drop one of them");
-  const Slot& s = slot_at(slot, 0);
+void LlamaStage::add_divisor_sums(DivisorSums& sums, int slot) const {
   // A full layer's second sublayer input lives in the recompute workspace, overwritten.
   LNS_REQUIRE(cfg_.recompute != RecomputeMode::Full,
               "--ln_free calibration needs --recompute=none or selective, not full");
-  const size_t n = 2 * layers_.size() + (spec_.has_head ? 1 : 0);
+  const size_t n = 2 * size_t(cfg_.num_layers) + 1;
   if (sums.size() < n) sums.resize(n, {0.0, 0.0, 0.0, 0.0});
-  for (size_t j = 0; j < layers_.size(); ++j)
-    for (int w = 0; w < 2; ++w)
-      if (layers_[j].sub[w].pre.active())
-        norm_divisor_sums(cfg_.norm_type, s.layers[j].sub[w].x, T_, cfg_.norm_eps,
-                          sums[2 * j + w].data());
-  if (spec_.has_head) norm_divisor_sums(cfg_.norm_type, s.out, T_, cfg_.norm_eps, sums[n - 1].data());
+  const int64_t row0 = tp_.token_shard(B_ * T_).begin;  // the norms see this rank's rows
+  for (int c = 0; c < num_chunks(); ++c) {
+    const Slot& s = slot_at(slot, c);  // a slot holds its chunk's layers
+    for (int j = chunk_begin_[c]; j < chunk_begin_[c + 1]; ++j)
+      for (int w = 0; w < 2; ++w)
+        if (layers_[j].sub[w].pre.active())
+          norm_divisor_sums(cfg_.norm_type, s.layers[j - s.first_local].sub[w].x, T_, cfg_.norm_eps,
+                            sums[divisor_sums_index(layers_[j].global, w == 1 ? DivisorSlot::Mlp : DivisorSlot::AttnQK)].data(),
+                            row0);
+  }
+  if (spec_.has_head)
+    norm_divisor_sums(cfg_.norm_type, slot_at(slot, num_chunks() - 1).out, T_, cfg_.norm_eps,
+                      sums[divisor_sums_index(cfg_.num_layers, DivisorSlot::Final)].data(), row0);
 }
 
 // The boundaries of the tensor-parallel region. Without sequence parallelism every
@@ -744,10 +745,13 @@ void LlamaStage::reduce_tokens(Tensor local) {
 void LlamaStage::norm_fwd(const NormUse& n, Slot& s, Tensor out, Tensor x) {
   const Tensor bias = n.bias >= 0 ? params_.param(n.bias) : Tensor{};
   const Tensor mean = cfg_.norm_type == NormType::LayerNorm ? s.mean[n.stat] : Tensor{};
-  if (n.fixed > 0.0f)
-    return norm_forward_fixed(cfg_.norm_type, out, mean, s.rstd[n.stat], x,
-                              params_.param(n.gain), bias, n.scale,
-                              FixedDivisor{n.fixed0, n.fixed, T_, n.eot, n.eot >= 0 ? s.ids.t.view({B_ * T_}) : Tensor{}});
+  if (n.fixed > 0.0f) {
+    // x holds this rank's rows of the micro-batch (a share under --sequence_parallel).
+    const ShardRange rows = tp_.token_shard(B_ * T_);
+    const Tensor ids = n.eot >= 0 ? s.ids.t.view({B_ * T_}).rows(rows.begin, rows.begin + NL_) : Tensor{};
+    return norm_forward_fixed(cfg_.norm_type, out, mean, s.rstd[n.stat], x, params_.param(n.gain), bias, n.scale,
+                              FixedDivisor{n.fixed0, n.fixed, T_, n.eot, ids, rows.begin});
+  }
   norm_forward(cfg_.norm_type, out, mean, s.rstd[n.stat], x, params_.param(n.gain), bias, n.scale,
                cfg_.norm_eps);
 }
@@ -866,12 +870,12 @@ void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor uv, Tensor f)
   Slot::LayerActs& a = acts(l, s);
   const int64_t D = cfg_.head_dim();
   const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};  // this rank's heads
-  const bool own_v = uv.data != u.data;           // LN-free split v's norm (never with --sequence_parallel)
+  const bool own_v = uv.data != u.data;           // LN-free: v reads its own normalised copy
   u = gather_tokens(u);                           // [N, C]
-  if (!own_v) uv = u;
   linear_forward(a.q, u, params_.compute(l.wq));  // [N, Hq*D]
   linear_forward(a.k, u, params_.compute(l.wk));  // [N, Hkv*D]
-  linear_forward(a.v, uv, params_.compute(l.wv));  // [N, Hkv*D] (uv: u unless LN-free split it)
+  uv = own_v ? gather_tokens(uv) : u;             // [N, C] (reuses u's gather buffer)
+  linear_forward(a.v, uv, params_.compute(l.wv));  // [N, Hkv*D]
   rope_forward(a.q.view(qs), rope_cos_, rope_sin_);
   rope_forward(a.k.view(ks), rope_cos_, rope_sin_);
   attention_forward(a.ctx.view(qs), a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), attn_);
@@ -897,13 +901,14 @@ void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   const Tensor ug = gather_tokens(u), dug = partial_out(du);  // gathered again: not kept since forward
   linear_backward(dug, params_.grad(l.wq), sc.dq, ug, params_.compute(l.wq), false);
   linear_backward(dug, params_.grad(l.wk), sc.dk, ug, params_.compute(l.wk), true);
-  if (l.sub[0].pre_v.active()) {  // v read its own normalised copy (LN-free; never with --sequence_parallel)
-    linear_backward(sc.du_v, params_.grad(l.wv), sc.dv, sa.uv, params_.compute(l.wv), false);
-    tp_.all_reduce_sum(sc.du_v);
-  } else {
-    linear_backward(dug, params_.grad(l.wv), sc.dv, ug, params_.compute(l.wv), true);
-  }
+  const bool own_v = l.sub[0].pre_v.active();  // LN-free: v read its own normalised copy
+  if (!own_v) linear_backward(dug, params_.grad(l.wv), sc.dv, ug, params_.compute(l.wv), true);
   reduce_tokens(du);  // column-parallel q/k/v: input gradient summed over tp
+  if (own_v) {        // v's input gradient apart, through the same gather/reduce buffers
+    const Tensor uvg = gather_tokens(sa.uv), duvg = partial_out(sc.du_v);
+    linear_backward(duvg, params_.grad(l.wv), sc.dv, uvg, params_.compute(l.wv), false);
+    reduce_tokens(sc.du_v);
+  }
 }
 
 void LlamaStage::mlp_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {

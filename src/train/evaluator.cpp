@@ -122,7 +122,7 @@ std::vector<LayerDiagnostics> Evaluator::diagnostics(int max_batches) {
         [&](int) { fill(static_cast<int>(j)); return tg_.t.view({opt_.micro_batch * opt_.seq_len}); },
         static_cast<int>(j));
     // The residual stream is replicated over tp, or split over it (sequence parallel).
-    if (grid_.coords.tp != 0 && !grid_.layout.sequence_parallel_on()) continue;
+    if (!grid_.layout.counts_split_tokens(grid_.coords.tp)) continue;
     for (const auto& st : stage_.layer_stats()) {
       double* a = &acc[static_cast<size_t>(st.layer) * kFields];
       a[0] += st.tokens, a[1] += st.sum, a[2] += st.sum_sq, a[3] += st.elements;
@@ -144,29 +144,24 @@ std::vector<LayerDiagnostics> Evaluator::diagnostics(int max_batches) {
   return out;
 }
 
-std::vector<std::array<double, 4>> Evaluator::divisor_sums() {
+DivisorSums Evaluator::divisor_sums() {
   const int L = stage_.config().num_layers;
-  const StageSpec& sp = stage_.spec();
-  std::vector<std::array<double, 4>> local;
+  DivisorSums local(2 * size_t(L) + 1, {0.0, 0.0, 0.0, 0.0});
   for (int64_t j = 0; j < my_batches(); ++j) {
     pipeline_.forward_only(
         1, [&](int) { fill(static_cast<int>(j)); return Tensor(in_); },
         [&](int) { fill(static_cast<int>(j)); return tg_.t.view({opt_.micro_batch * opt_.seq_len}); },
         static_cast<int>(j));
-    stage_.add_divisor_sums(local);  // in micro-batch order: deterministic
+    stage_.add_divisor_sums(local);  // every chunk of the stage, in micro-batch order: deterministic
   }
-  // This stage's entries into the model's; norms are replicated over tp, so one tp rank
-  // speaks for them. Each number is summed over the dp ranks and placed by its stage.
-  std::vector<double> all(static_cast<size_t>(2 * L + 1) * 4, 0.0);
-  if (grid_.coords.tp == 0) {
-    const int n = sp.last_layer - sp.first_layer;
-    for (size_t i = 0; i < local.size(); ++i) {
-      const size_t g = static_cast<int>(i) < 2 * n ? 2 * size_t(sp.first_layer) + i : 2 * size_t(L);
-      for (int k = 0; k < 4; ++k) all[g * 4 + k] = local[i][k];
-    }
-  }
+  // Each stage fills its own layers' entries (the others stay 0); summed over the dp
+  // ranks, and over the tp ranks where each holds its own tokens (sequence parallel).
+  std::vector<double> all(local.size() * 4, 0.0);
+  if (grid_.layout.counts_split_tokens(grid_.coords.tp))
+    for (size_t g = 0; g < local.size(); ++g)
+      for (int k = 0; k < 4; ++k) all[g * 4 + k] = local[g][k];
   grid_.world().all_reduce(all.data(), static_cast<int>(all.size()), ReduceOp::Sum);
-  std::vector<std::array<double, 4>> out(2 * L + 1);
+  DivisorSums out(local.size());
   for (size_t g = 0; g < out.size(); ++g)
     for (int k = 0; k < 4; ++k) out[g][k] = all[g * 4 + k];
   return out;

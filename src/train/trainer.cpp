@@ -95,9 +95,6 @@ void TrainConfig::validate() const {
     LNS_REQUIRE(ln_free_calib_tokens > 0, "--ln_free_calib_tokens must be positive, got ", ln_free_calib_tokens);
     LNS_REQUIRE(seq_len >= 2, "--ln_free needs --seq_len >= 2 (position 0 and the positions after it are ",
                 "calibrated apart), got ", seq_len);
-    LNS_REQUIRE(virtual_stages == 1, "--ln_free does not combine with --virtual_stages=", virtual_stages,
-                " yet (calibration measures one chunk per stage); use --virtual_stages=1");
-    LNS_REQUIRE(!sequence_parallel, "--ln_free does not run with --sequence_parallel; drop one of them");
   }
   LNS_REQUIRE(ln_free_eot_token >= -1, "--ln_free_eot_token must be a token id or -1 (none), got ",
               ln_free_eot_token);
@@ -234,15 +231,6 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
     } else {
       resume_from(dir);
     }
-  }
-  // The fixed-divisor norms must run on this device before any step: found out later, in
-  // the forward of the stages that hold such a norm, the error would reach only some ranks.
-  if (cfg_.device != Device::CPU && (ln_free_schedule_ || !ln_free_.norms.empty())) {
-    OwnedTensor x(DType::F32, {1, 2}, cfg_.device), g(DType::F32, {2}, cfg_.device), out(DType::F32, {1, 2}, cfg_.device),
-        mean(DType::F32, {1}, cfg_.device), rstd(DType::F32, {1}, cfg_.device);
-    const bool ln = model_cfg_.norm_type == NormType::LayerNorm;
-    norm_forward_fixed(model_cfg_.norm_type, out, ln ? mean.t : Tensor{}, rstd, x, g, ln ? g.t : Tensor{}, 1.0f,
-                       FixedDivisor{1.0f, 1.0f, 1});
   }
 }
 

@@ -172,12 +172,18 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // LN-free fine-tuning under the layout: the whole recipe (every slot, the end-of-text
-// and position-0 cases and their drops) with calibration on each stage, summed over the
-// data-parallel ranks: the same constants and the same losses as one rank.
+// and position-0 cases and their drops) with calibration on each stage and each of its
+// model chunks (--virtual_stages), summed over the data-parallel ranks and, under
+// --sequence_parallel, over the tp ranks' shares of the tokens (tp = 4: shares that start
+// mid-sequence): the same constants and the same losses as one rank.
 class LnFreeLayout : public ::testing::TestWithParam<NormType> {};
 
 TEST_P(LnFreeLayout, ScheduleEqualsSingleRank) {
-  LlamaConfig cfg = model(GetParam() == NormType::LayerNorm ? NormScheme::Pre : NormScheme::LNS, false);
+  // LayerNorm runs Pre-LN, except in the deep layouts (--test_layers > 7): a fresh Pre-LN
+  // model whose norms all become constants blows up with depth (measured: loss 149 at 9
+  // layers, NaN at step 8 with 13), where LNS's depth scale keeps it finite.
+  const bool pre = GetParam() == NormType::LayerNorm && FLAGS_test_layers <= 7;
+  LlamaConfig cfg = model(pre ? NormScheme::Pre : NormScheme::LNS, false);
   cfg.norm_type = GetParam();
   TrainConfig t = train(SampleMode::Packed);
   t.steps = 8;
@@ -188,24 +194,12 @@ TEST_P(LnFreeLayout, ScheduleEqualsSingleRank) {
   // A fresh model has no stable divisors to fix: a small step keeps the last steps' loss
   // (after drop_pos0) far from the chaotic growth that would amplify rounding differences.
   t.lr = 1e-3;
-  if (t.virtual_stages > 1 || t.sequence_parallel) {  // not supported yet: refused on every rank with one line
-    const std::string want = t.virtual_stages > 1 ? "--ln_free does not combine with --virtual_stages"
-                                                  : "--ln_free does not run with --sequence_parallel";
-    try {
-      Trainer refused(cfg, t, g_grid);
-      ADD_FAILURE() << "--ln_free with --virtual_stages=" << t.virtual_stages << " --sequence_parallel="
-                    << t.sequence_parallel << " was accepted";
-    } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
-    }
-    GTEST_SKIP() << "--ln_free with --virtual_stages > 1 or --sequence_parallel is refused (checked above)";
-  }
   Trainer par(cfg, t, g_grid);
   std::vector<StepStats> got;
   for (int i = 0; i < t.steps; ++i) got.push_back(par.train_step());
   const LnFreeState st = par.ln_free();
   if (g_grid->rank != 0) return;
-  Trainer one(cfg, t);
+  Trainer one(cfg, one_rank(t));
   for (int i = 0; i < t.steps; ++i) {
     const StepStats want = one.train_step();
     EXPECT_NEAR(got[i].loss, want.loss, kTol * want.loss) << "step " << i + 1;
