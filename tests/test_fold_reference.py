@@ -73,6 +73,8 @@ class FoldReference(unittest.TestCase):
         ref, n = llama_nonorm.eval_loss(cfg, W, tokens, 16, 400)
         self.assertEqual(n, 400)
         lf, fo = self.lns_eval(ck, "lnfree"), self.lns_eval(folded, "folded")
+        print(f"test_fold_reference: loss torch {ref:.9f}, lns_eval folded {fo:.9f}, LN-free {lf:.9f} "
+              f"(rel {abs(ref - fo) / abs(fo):.2e}, {abs(fo - lf) / abs(lf):.2e})")
         self.assertAlmostEqual(fo, lf, delta=1e-5 * abs(lf))
         self.assertAlmostEqual(ref, fo, delta=1e-5 * abs(fo))
         # The reference is no copy of the answer: a changed weight moves its loss.
