@@ -21,8 +21,10 @@ except ImportError:
     sys.exit(77)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # eot_tokens
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 sys.path.insert(0, os.path.join(HERE, "..", "tools", "reference"))
+import eot_tokens  # noqa: E402
 import prepare_data  # noqa: E402
 import llama_nonorm  # noqa: E402
 
@@ -40,10 +42,7 @@ class FoldReference(unittest.TestCase):
             self.skipTest("LNS_*_BIN not set (ctest sets them)")
         self.dir = tempfile.mkdtemp(prefix="lns_fold_ref_")
         self.data = os.path.join(self.dir, "data.tok")
-        w = prepare_data.TokenFileWriter(self.data, 2, 64)
-        for d in range(120):
-            w.add_doc([(d * 13 + i * 5) % 63 + 1 for i in range(4 + d % 19)] + [0])
-        w.close()
+        eot_tokens.write_eot_docs(self.data, 120)
 
     def tearDown(self):
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -69,26 +69,33 @@ void check_hf_exportable(const LlamaConfig& cfg) {
   }
 }
 
-nlohmann::json hf_config_from(const LlamaConfig& cfg, int max_position_embeddings) {
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"vocab_size", cfg.vocab_size},
+// The model's sizes under Hugging Face LlamaConfig's names: both exports (export-hf and
+// export-folded) write them, and llama_nonorm.py reads them under the same names.
+static nlohmann::json hf_size_keys(const LlamaConfig& cfg) {
+  return {{"vocab_size", cfg.vocab_size},
           {"hidden_size", cfg.hidden_size},
           {"intermediate_size", cfg.intermediate_size},
           {"num_hidden_layers", cfg.num_layers},
           {"num_attention_heads", cfg.num_heads},
           {"num_key_value_heads", cfg.num_kv_heads},
-          {"head_dim", cfg.head_dim()},
-          {"hidden_act", "silu"},
-          {"rms_norm_eps", cfg.norm_eps},
           {"rope_theta", cfg.rope_theta},
-          {"rope_scaling", nullptr},
-          {"attention_bias", false},
-          {"mlp_bias", false},
-          {"tie_word_embeddings", cfg.tie_embeddings},
-          {"max_position_embeddings", max_position_embeddings},
-          {"initializer_range", cfg.init_std},
           {"torch_dtype", "float32"}};
+}
+
+nlohmann::json hf_config_from(const LlamaConfig& cfg, int max_position_embeddings) {
+  nlohmann::json hf = hf_size_keys(cfg);
+  hf.update({{"architectures", {"LlamaForCausalLM"}},
+             {"model_type", "llama"},
+             {"head_dim", cfg.head_dim()},
+             {"hidden_act", "silu"},
+             {"rms_norm_eps", cfg.norm_eps},
+             {"rope_scaling", nullptr},
+             {"attention_bias", false},
+             {"mlp_bias", false},
+             {"tie_word_embeddings", cfg.tie_embeddings},
+             {"max_position_embeddings", max_position_embeddings},
+             {"initializer_range", cfg.init_std}});
+  return hf;
 }
 
 LlamaConfig config_from_hf(const nlohmann::json& hf, const std::string& path) {
@@ -250,17 +257,11 @@ nlohmann::json folded_config_from(const LlamaConfig& cfg) {
               "first with lns_convert fold-norms, or use export-hf");
   bool residual_scales = false;  // scale_res_pre_norm layers: r = a * x + F(x), a learned
   for (int l = 0; l < cfg.num_layers; ++l) residual_scales = residual_scales || block_plan(cfg, l).attn.learnable_alpha;
-  return {{"model_type", "lns_llama_nonorm"},
-          {"vocab_size", cfg.vocab_size},
-          {"hidden_size", cfg.hidden_size},
-          {"intermediate_size", cfg.intermediate_size},
-          {"num_hidden_layers", cfg.num_layers},
-          {"num_attention_heads", cfg.num_heads},
-          {"num_key_value_heads", cfg.num_kv_heads},
-          {"rope_theta", cfg.rope_theta},
-          {"residual_scales", residual_scales},
-          {"norm_scheme", norm_scheme_name(cfg.norm_scheme)},
-          {"torch_dtype", "float32"}};
+  nlohmann::json folded = hf_size_keys(cfg);
+  folded.update({{"model_type", "lns_llama_nonorm"},
+                 {"residual_scales", residual_scales},
+                 {"norm_scheme", norm_scheme_name(cfg.norm_scheme)}});
+  return folded;
 }
 
 std::vector<std::string> export_folded(const TensorSource& src, const LlamaConfig& cfg, const std::string& out_dir,

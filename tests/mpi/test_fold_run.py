@@ -22,8 +22,8 @@ EVAL = os.path.join(os.path.dirname(TRAIN or "."), "lns_eval")
 CONVERT = os.path.join(os.path.dirname(TRAIN or "."), "lns_convert")
 MPIRUN = os.environ.get("MPIRUN", "mpirun")
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
-import prepare_data  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, ".."))  # eot_tokens
+import eot_tokens  # noqa: E402
 
 MODEL = ["--vocab_size=64", "--hidden_size=32", "--intermediate_size=45", "--num_layers=4", "--num_heads=4",
          "--num_kv_heads=2", "--seq_len=16", "--micro_batch_size=2", "--global_batch_size=8",
@@ -41,10 +41,7 @@ class FoldRun(unittest.TestCase):
             raise unittest.SkipTest("LNS_TRAIN_BIN not set (ctest sets it)")
         cls.dir = tempfile.mkdtemp(prefix="lns_fold_run_")
         cls.data = os.path.join(cls.dir, "data.tok")
-        w = prepare_data.TokenFileWriter(cls.data, 2, 64)
-        for d in range(300):
-            w.add_doc([(d * 13 + i * 5) % 63 + 1 for i in range(4 + d % 19)] + [0])
-        w.close()
+        eot_tokens.write_eot_docs(cls.data, 300)
         run = os.path.join(cls.dir, "lnfree")
         cls.check(subprocess.run([TRAIN, *MODEL, "--data=" + cls.data, "--steps=7", "--lr=1e-3",
                                   "--ln_free=mlp@1,attn_qk@+1,attn_v:eot@+1,final@+1,drop_eot@+1,drop_pos0@+1",

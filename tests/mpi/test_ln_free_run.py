@@ -27,8 +27,8 @@ EVAL = os.path.join(os.path.dirname(TRAIN or "."), "lns_eval")
 CONVERT = os.path.join(os.path.dirname(TRAIN or "."), "lns_convert")
 MPIRUN = os.environ.get("MPIRUN", "mpirun")
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
-import prepare_data  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, ".."))  # eot_tokens
+import eot_tokens  # noqa: E402
 
 MODEL = ["--vocab_size=64", "--hidden_size=32", "--intermediate_size=45", "--num_layers=4",
          "--num_heads=4", "--num_kv_heads=2", "--seq_len=16", "--micro_batch_size=2",
@@ -61,10 +61,7 @@ class LnFreeRun(unittest.TestCase):
             raise unittest.SkipTest("LNS_TRAIN_BIN not set (ctest sets it)")
         cls.dir = tempfile.mkdtemp(prefix="lns_lnfree_")
         cls.data = os.path.join(cls.dir, "data.tok")
-        w = prepare_data.TokenFileWriter(cls.data, 2, 64)
-        for d in range(300):  # token 0 ends every document: the end-of-text id
-            w.add_doc([(d * 13 + i * 5) % 63 + 1 for i in range(4 + d % 19)] + [0])
-        w.close()
+        eot_tokens.write_eot_docs(cls.data, 300)
         cls.flags = MODEL + ["--data=" + cls.data, "--val_data=" + cls.data, "--eval_tokens=256"] + LN_FREE
         cls.ref_dir = os.path.join(cls.dir, "ref")
         r = subprocess.run([TRAIN, *cls.flags, "--steps=12", "--save_every=4", "--out_dir=" + cls.ref_dir],
