@@ -11,6 +11,7 @@ const char* collective_name(Collective k) {
     case Collective::ReduceScatter: return "reduce_scatter";
     case Collective::Broadcast: return "broadcast";
     case Collective::Send: return "send";
+    case Collective::Reduce: return "reduce";
     case Collective::kCount: break;
   }
   return "?";
@@ -60,6 +61,14 @@ class CountingCommunicator : public Communicator {
   void broadcast(Tensor t, int root) override {
     count(Collective::Broadcast, t.nbytes());
     inner_->broadcast(t, root);
+  }
+  void reduce(Tensor t, int root) override {
+    count(Collective::Reduce, t.nbytes());
+    inner_->reduce(t, root);
+  }
+  void reduce_start(Tensor t, int root) override {
+    count(Collective::Reduce, t.nbytes());
+    inner_->reduce_start(t, root);
   }
   void all_reduce_start(Tensor t) override {
     count(Collective::AllReduce, 2.0 * t.nbytes());

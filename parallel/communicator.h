@@ -20,7 +20,7 @@ enum class ReduceOp { Sum, Max };
 // full (gathered / unreduced) buffer, broadcast (p-1)/p*S, send S. A model of the
 // wire, the same for every transport: our MPI all-reduce (reduce + broadcast, for
 // identical bits on every rank) moves other amounts on other ranks.
-enum class Collective { AllReduce, AllGather, ReduceScatter, Broadcast, Send, kCount };
+enum class Collective { AllReduce, AllGather, ReduceScatter, Broadcast, Send, Reduce, kCount };
 const char* collective_name(Collective k);  // "all_reduce", "all_gather", ...
 struct CommCounts {
   static constexpr int kKinds = static_cast<int>(Collective::kCount);
@@ -45,11 +45,18 @@ class Communicator {
   // out[n] = sum over ranks of in[rank * n : (rank + 1) * n].
   virtual void reduce_scatter(Tensor out, Tensor in) = 0;
   virtual void broadcast(Tensor t, int root) = 0;
+  // In place to one rank: `root`'s t becomes the sum over ranks; on the other ranks t
+  // is only read (ncclReduce / MPI_Reduce). The ZeRO gradient sum: each piece of the
+  // gradients goes to the rank that updates it.
+  virtual void reduce(Tensor t, int root) = 0;
   // An in-place sum that may still be running when this returns (NCCL: on the
   // communicator's own stream, after the work already queued on the compute stream);
   // all_reduce_wait() orders everything queued afterwards behind every started sum.
   // The default sums at once, so callers need not care which kind they have.
   virtual void all_reduce_start(Tensor t) { all_reduce(t, ReduceOp::Sum); }
+  // reduce(t, root) in the same way: queued beside compute, finished by all_reduce_wait().
+  virtual void reduce_start(Tensor t, int root) { reduce(t, root); }
+  // Waits for every started sum, all-reduce and reduce alike.
   virtual void all_reduce_wait() {}
   // True when started sums really run beside the compute stream (NCCL). NCCL does not
   // allow two communicators to have work in flight at once without an order between

@@ -70,6 +70,13 @@ class HostStagingCommunicator : public Communicator {
     inner_->reduce_scatter(ho.host, hi.host);
     ho.push();
   }
+  void reduce(Tensor t, int root) override {
+    if (t.device == Device::CPU || size() == 1) return inner_->reduce(t, root);
+    HostCopy h(t, /*widen_bf16=*/true);
+    h.pull();
+    inner_->reduce(h.host, root);
+    if (rank() == root) h.push();  // the others' t is only read
+  }
   void broadcast(Tensor t, int root) override {
     if (t.device == Device::CPU) return inner_->broadcast(t, root);
     HostCopy h(t, false);

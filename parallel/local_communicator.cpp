@@ -19,6 +19,7 @@ class LocalCommunicator : public Communicator {
   }
   void reduce_scatter(Tensor out, Tensor in) override { all_gather(out, in); }
   void broadcast(Tensor, int) override {}
+  void reduce(Tensor, int) override {}
   void send(Tensor, int, int) override { LOG(FATAL) << "send on a one-rank communicator"; }
   void recv(Tensor, int, int) override { LOG(FATAL) << "recv on a one-rank communicator"; }
   void wait_sends() override {}

@@ -78,6 +78,14 @@ class MpiCommunicator : public Communicator {
                       static_cast<int>(out.numel()), MPI_FLOAT, 0, comm_),
           "scatter");
   }
+  // The reduction all_reduce does, to `root` instead of rank 0, without the broadcast.
+  void reduce(Tensor t, int root) override {
+    if (size_ == 1) return;
+    LNS_CHECK(t.dtype == DType::F32 && root >= 0 && root < size_);
+    check(MPI_Reduce(rank_ == root ? MPI_IN_PLACE : t.data, t.data, static_cast<int>(t.numel()), MPI_FLOAT, MPI_SUM,
+                     root, comm_),
+          "reduce");
+  }
   void broadcast(Tensor t, int root) override {
     check(MPI_Bcast(t.data, static_cast<int>(t.nbytes()), MPI_BYTE, root, comm_), "broadcast");
   }

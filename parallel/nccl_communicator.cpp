@@ -91,15 +91,23 @@ class NcclCommunicator : public Communicator {
   // input; the compute stream goes on with the rest of backward meanwhile.
   void all_reduce_start(Tensor t) override {
     if (t.device == Device::CPU || size() == 1) return all_reduce(t, ReduceOp::Sum);
-    if (!side_) {
-      LNS_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-      LNS_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-      LNS_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-    }
-    LNS_CUDA_CHECK(cudaEventRecord(ready_, cuda::stream()));
-    LNS_CUDA_CHECK(cudaStreamWaitEvent(side_, ready_, 0));
+    side_after_compute();
     nccl_check(ncclAllReduce(t.data, t.data, t.numel(), nccl_type(t.dtype), ncclSum, comm_, side_),
                "all-reduce (overlapped)");
+    pending_ = true;
+  }
+  void reduce(Tensor t, int root) override {
+    if (t.device == Device::CPU) return host_->reduce(t, root);
+    if (size() == 1) return;
+    nccl_check(ncclReduce(t.data, t.data, t.numel(), nccl_type(t.dtype), ncclSum, root, comm_, cuda::stream()),
+               "reduce");
+  }
+  // As all_reduce_start: on the side stream once the compute stream has produced `t`.
+  void reduce_start(Tensor t, int root) override {
+    if (t.device == Device::CPU || size() == 1) return reduce(t, root);
+    side_after_compute();
+    nccl_check(ncclReduce(t.data, t.data, t.numel(), nccl_type(t.dtype), ncclSum, root, comm_, side_),
+               "reduce (overlapped)");
     pending_ = true;
   }
   void all_reduce_wait() override {
@@ -135,6 +143,17 @@ class NcclCommunicator : public Communicator {
   }
 
  private:
+  // The side stream (made on first use) waits for the work queued so far on the compute stream.
+  void side_after_compute() {
+    if (!side_) {
+      LNS_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+      LNS_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      LNS_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    }
+    LNS_CUDA_CHECK(cudaEventRecord(ready_, cuda::stream()));
+    LNS_CUDA_CHECK(cudaStreamWaitEvent(side_, ready_, 0));
+  }
+
   std::unique_ptr<Communicator> host_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t side_ = nullptr;  // overlapped all-reduces

@@ -300,6 +300,7 @@ class NullComm : public Communicator {
   void all_gather(Tensor, Tensor) override {}
   void reduce_scatter(Tensor, Tensor) override {}
   void broadcast(Tensor, int) override {}
+  void reduce(Tensor, int) override {}
   void send(Tensor, int, int) override {}
   void recv(Tensor, int, int) override {}
   void wait_sends() override {}
@@ -312,7 +313,7 @@ class NullComm : public Communicator {
 
 // The byte counter against the ring formulas written out by hand for p = 4 ranks:
 // all-reduce 2*(p-1)/p*S, all-gather and reduce-scatter (p-1)/p*S of the full
-// buffer, send S; one rank counts nothing.
+// buffer, reduce to one root (p-1)/p*S, send S; one rank counts nothing.
 TEST(CommCounter, RingBytesPerKind) {
   auto c = make_counting_communicator(std::make_unique<NullComm>(4));
   std::vector<float> full(400), part(100);
@@ -322,6 +323,8 @@ TEST(CommCounter, RingBytesPerKind) {
   c->all_gather(F, P);               // 3/4 * 1600 = 1200
   c->reduce_scatter(P, F);           // 1200
   c->send(P, 1, 0);                  // 400
+  c->reduce(F, 2);                   // 3/4 * 1600 = 1200
+  c->reduce_start(P, 0);             // 300
   double v[3] = {};
   c->all_reduce(v, 3, ReduceOp::Max);  // 24 bytes: 36
   const CommCounts n = c->counts();
@@ -333,9 +336,12 @@ TEST(CommCounter, RingBytesPerKind) {
   EXPECT_DOUBLE_EQ(n.bytes[at(Collective::ReduceScatter)], 1200);
   EXPECT_DOUBLE_EQ(n.bytes[at(Collective::Send)], 400);
   EXPECT_DOUBLE_EQ(n.bytes[at(Collective::Broadcast)], 0);
-  EXPECT_DOUBLE_EQ(n.total_bytes(), 3036 + 2400 + 400);
+  EXPECT_EQ(n.calls[at(Collective::Reduce)], 2);
+  EXPECT_DOUBLE_EQ(n.bytes[at(Collective::Reduce)], 1500);
+  EXPECT_DOUBLE_EQ(n.total_bytes(), 3036 + 2400 + 400 + 1500);
   EXPECT_DOUBLE_EQ((n - n).total_bytes(), 0);
   EXPECT_STREQ(collective_name(Collective::ReduceScatter), "reduce_scatter");
+  EXPECT_STREQ(collective_name(Collective::Reduce), "reduce");
   auto one = make_counting_communicator(make_local_communicator());
   one->all_reduce(F, ReduceOp::Sum);
   EXPECT_DOUBLE_EQ(one->counts().total_bytes(), 0);

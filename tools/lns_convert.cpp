@@ -1,6 +1,6 @@
 // lns_convert: checkpoints between layouts and formats.
 //
-//   lns_convert reshard       --in=CKPT --out=DIR --tp=T --pp=P [--pp_layers=a,b] [--dp=D --zero]
+//   lns_convert reshard       --in=CKPT --out=DIR --tp=T --pp=P [--pp_layers=a,b] [--dp=D [--zero=false]]
 //   lns_convert merge         --in=CKPT --out=DIR
 //   lns_convert export-hf     --in=CKPT --out=HFDIR [--tokenizer=FILE|DIR] [--max_position_embeddings=N]
 //   lns_convert import-hf     --in=HFDIR --out=DIR [--tp=T --pp=P] [--norm_scheme=lns]
@@ -48,7 +48,8 @@ DEFINE_string(out, "", "Output directory: must not exist or be empty (see --over
 DEFINE_bool(overwrite, false,
             "Replace --out when it is an lns checkpoint (export-hf: an earlier export-hf output) holding "
             "nothing else; the new output replaces it atomically. Anything else is never replaced.");
-DEFINE_int32(dp, 1, "reshard: data-parallel size of the target layout (matters with --zero).");
+DEFINE_int32(dp, 1, "reshard: data-parallel size of the target layout (with dp > 1 the optimizer state is "
+                   "sharded over it unless --zero=false).");
 DEFINE_string(layers, "", "remove-layers: 0-based layer indices to remove, e.g. 3,7.");
 DEFINE_string(tokenizer, "", "export-hf: tokenizer file or directory to copy next to the weights.");
 DEFINE_int32(max_position_embeddings, 2048, "export-hf: max_position_embeddings in config.json.");
@@ -61,7 +62,8 @@ namespace {
 
 Layout target_layout() {
   Layout l;
-  l.tp = tp_flag(), l.pp = pp_flag(), l.dp = FLAGS_dp, l.zero = FLAGS_zero;
+  // --zero is on by default, as in lns_train; with one dp rank there is nothing to shard.
+  l.tp = tp_flag(), l.pp = pp_flag(), l.dp = FLAGS_dp, l.zero = FLAGS_zero && FLAGS_dp > 1;
   LNS_REQUIRE(l.tp >= 1 && l.pp >= 1 && l.dp >= 1, "--tp, --pp and --dp must be >= 1");
   return l;
 }

@@ -8,13 +8,16 @@
 //     stage's head copy are summed over the embed group, so both copies take the
 //     same update and stay equal.
 //  2. Data parallelism: gradients summed over the dp group (the loss is already
-//     normalised by the global token count), either all-reduced in buckets of
-//     --dp_bucket_mb, or (--zero=1) reduce-scattered so each dp rank holds the sum
-//     for its contiguous shard of the flat buffer, where the optimizer runs; updated
-//     shards are then all-gathered.
-//     With overlap armed (the last micro-batch's backward, dp > 1, no ZeRO), each
-//     bucket is started as soon as the stage reports that every gradient in it is
-//     final (grads_ready), so on NCCL it runs beside the rest of backward.
+//     normalised by the global token count) in buckets of --dp_bucket_mb, fixed
+//     slices [k*B, (k+1)*B) of the flat buffer. Without ZeRO (--zero=false) each
+//     bucket is all-reduced. With ZeRO (the default when dp > 1) each dp rank owns the
+//     contiguous shard Layout::zero_shard of the flat buffer, where the optimizer
+//     runs: a bucket is cut where the shards meet and each piece is reduced to its
+//     owner only (half an all-reduce's traffic); updated shards are all-gathered.
+//     With overlap armed (the last micro-batch's backward, dp > 1), each bucket is
+//     started as soon as the stage reports that every gradient in it is final
+//     (grads_ready), so on NCCL it runs beside the rest of backward. Overlapped or
+//     not, the pieces and their order are the same (last bucket first): same bits.
 //  3. The global gradient norm counts every parameter once: each dp rank sums its
 //     shard, tensor-parallel replicas (norms) count on tp rank 0 only, the tied copy
 //     not at all; one all-reduce over the world.
@@ -60,11 +63,15 @@ class GradientSync {
   // head's copy) wait for step 1 in reduce(), so the sums keep their order and bits.
   int64_t hold_lo_ = 0, hold_hi_ = 0;
   std::vector<int64_t> deferred_;
+  int64_t num_buckets() const { return (params_.numel() + bucket_floats_ - 1) / bucket_floats_; }
+  // Step 2 for bucket k: all-reduced (no ZeRO, or full), or its pieces reduced to
+  // their owners; started beside compute (overlap) or at once.
+  void sum_bucket(int64_t k, bool start, bool full);
   std::vector<std::pair<int64_t, int64_t>> norm_ranges_;  // flat ranges counted in the norm
   std::vector<std::pair<int64_t, int64_t>> tp_sum_ranges_;  // step 0: replicated tensors' flat ranges
   OwnedTensor tp_sum_;              // step 0 staging: the ranges packed
   void sum_replicated_over_tp();
-  OwnedTensor padded_, shard_;      // ZeRO staging when not in place: [dp * shard], [shard]
+  OwnedTensor padded_, shard_;      // ZeRO all-gather staging when not in place: [dp * shard], [shard]
 };
 
 }  // namespace lns

@@ -41,7 +41,7 @@ struct TrainConfig {
   // Parallel layout (tp and pp live in the ProcessGrid).
   std::string pp_layers;     // layers per stage, e.g. "3,2,2"; empty = even split
   int virtual_stages = 1;    // model chunks per pipeline rank (interleaved 1F1B when > 1)
-  bool zero = false;         // ZeRO-1: optimizer state sharded across data-parallel ranks
+  bool zero = true;          // ZeRO-1 when dp > 1: gradients summed and AdamW run per dp shard (GradientSync)
   bool sequence_parallel = false;  // Megatron's sequence parallelism over tp (Layout)
   double dp_bucket_mb = 25;  // data-parallel all-reduce bucket size
   bool overlap_grad_reduce = true;  // all-reduce buckets during the last backward (GradientSync)

@@ -91,50 +91,54 @@ void GradientSync::reduce(bool full) {
     grid_.embed_comm().all_reduce(params_.grad(i), ReduceOp::Sum);
   }
   if (grid_.layout.dp == 1) return;
-  const Tensor g = params_.flat_grads();
-  const int64_t n = params_.numel();
-  if (armed_) {  // 2a, overlapped: start what backward has not, then wait for all
+  if (armed_) {  // 2, overlapped: start what backward has not, then wait for all
     grads_ready(0);
-    for (int64_t k : deferred_) {
-      const int64_t b = k * bucket_floats_;
-      grid_.dp_comm().all_reduce_start(g.rows(b, std::min(n, b + bucket_floats_)));
-    }
+    for (int64_t k : deferred_) sum_bucket(k, /*start=*/true, /*full=*/false);
     deferred_.clear();
     grid_.dp_comm().all_reduce_wait();
     armed_ = false;
     return;
   }
-  if (!zero_ || full) {  // 2a. all-reduce in buckets
-    for (int64_t b = 0; b < n; b += bucket_floats_)
-      grid_.dp_comm().all_reduce(g.rows(b, std::min(n, b + bucket_floats_)), ReduceOp::Sum);
+  // 2, after backward: the same pieces as overlapped, in the same order (last bucket
+  // first), so both give the same bits.
+  for (int64_t k = num_buckets() - 1; k >= 0; --k) sum_bucket(k, /*start=*/false, full);
+}
+
+void GradientSync::sum_bucket(int64_t k, bool start, bool full) {
+  const Tensor g = params_.flat_grads();
+  const int64_t n = params_.numel(), b = k * bucket_floats_, e = std::min(n, b + bucket_floats_);
+  Communicator& dp = grid_.dp_comm();
+  if (!zero_ || full) {  // 2a. every rank gets the whole bucket's sum
+    if (start)
+      dp.all_reduce_start(g.rows(b, e));
+    else
+      dp.all_reduce(g.rows(b, e), ReduceOp::Sum);
     return;
   }
-  // 2b. reduce-scatter: this rank receives the sum of its shard.
-  if (in_place_) {  // NCCL's in-place form: the shard's sum lands where the shard is
-    const int64_t s = shard_size_, at = grid_.coords.dp * s;
-    const Tensor all = params_.flat_grads_padded(s * grid_.layout.dp);
-    grid_.dp_comm().reduce_scatter(all.rows(at, at + s), all);
-    return;
+  // 2b. the bucket cut where the ZeRO shards meet; each piece summed on its owner.
+  for (int r = 0; r < grid_.layout.dp; ++r) {
+    const ShardRange s = grid_.layout.zero_shard(n, r);
+    const int64_t lo = std::max(b, s.begin), hi = std::min(e, s.end());
+    if (lo >= hi) continue;
+    if (start)
+      dp.reduce_start(g.rows(lo, hi), r);
+    else
+      dp.reduce(g.rows(lo, hi), r);
   }
-  copy_tensor(padded_.t.rows(0, n), g);
-  zero_tensor(padded_.t.rows(n, padded_.t.numel()));
-  grid_.dp_comm().reduce_scatter(shard_, padded_);
-  copy_tensor(g.rows(begin_, end_), shard_.t.rows(0, end_ - begin_));
 }
 
 void GradientSync::arm_overlap() {
-  if (grid_.layout.dp == 1 || zero_) return;  // ZeRO's reduce-scatter needs the whole buffer
+  if (grid_.layout.dp == 1) return;
   // With tp > 1, backward all-reduces over tp on the compute stream: on NCCL that is a
   // second communicator with work in flight beside the dp sums, which NCCL documents
   // as unsafe (a hang). Ordering them would serialise backward; do not overlap.
   if (grid_.layout.tp > 1 && grid_.dp_comm().overlaps_compute()) return;
   armed_ = true;
-  next_bucket_ = (params_.numel() + bucket_floats_ - 1) / bucket_floats_ - 1;
+  next_bucket_ = num_buckets() - 1;
 }
 
 void GradientSync::grads_ready(int64_t from) {
   if (!armed_) return;
-  const Tensor g = params_.flat_grads();
   const int64_t n = params_.numel();
   // Buckets are fixed slices [k*B, (k+1)*B) of the flat buffer, as without overlap;
   // backward finishes them from the last one down.
@@ -143,7 +147,7 @@ void GradientSync::grads_ready(int64_t from) {
     if (b < hold_hi_ && e > hold_lo_)
       deferred_.push_back(next_bucket_);
     else
-      grid_.dp_comm().all_reduce_start(g.rows(b, e));
+      sum_bucket(next_bucket_, /*start=*/true, /*full=*/false);
   }
 }
 

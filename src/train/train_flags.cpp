@@ -52,7 +52,10 @@ DEFINE_int32(virtual_stages, 1,
              "Model chunks per pipeline rank: > 1 runs the interleaved 1F1B schedule (layers dealt "
              "round-robin in pp x virtual_stages chunks; bubble (pp-1)/(virtual_stages x micro-batches)); "
              "needs --pp > 1 and micro-batches per step a multiple of --pp.");
-DEFINE_bool(zero, false, "ZeRO-1: shard AdamW state and master weights across data-parallel ranks.");
+DEFINE_bool(zero, true,
+            "ZeRO-1 (the default; no effect with one data-parallel rank): each dp rank has its shard of the "
+            "gradients summed on it, updates only that shard with AdamW (moments for the shard only) and "
+            "gathers the others' updated weights. --zero=false: every rank all-reduces and updates everything.");
 DEFINE_bool(sequence_parallel, false,
             "With --tp > 1: split the tokens between the tensor-parallel linears (norms, residual "
             "adds, stage boundaries) over the tp ranks, Megatron's sequence parallelism; needs --seq_len "
@@ -60,7 +63,7 @@ DEFINE_bool(sequence_parallel, false,
 DEFINE_double(dp_bucket_mb, 25, "Data-parallel gradient all-reduce bucket size in MiB.");
 DEFINE_bool(overlap_grad_reduce, true,
             "Start each data-parallel all-reduce bucket as soon as the last micro-batch's backward "
-            "has finished its gradients (runs beside backward with --comm=nccl; no effect with --zero).");
+            "has finished its gradients (runs beside backward with --comm=nccl).");
 DEFINE_int64(diag_every, 0,
              "Write per-block depth diagnostics (variance, norm, angular distance, gradient "
              "norm) to metrics.jsonl every N steps; 0 = off.");

@@ -321,6 +321,72 @@ TEST(Overlap, BucketsStartedDuringBackwardEqualReducingAfter) {
   EXPECT_EQ(weights[0], weights[1]);
 }
 
+// ZeRO (each dp rank has its pieces of every bucket summed on it alone, updates only
+// its shard and gathers the others') against the replicated update (every rank
+// all-reduces and updates everything) on the same layout and batches: three steps'
+// losses, gradient norms and every weight. With two dp ranks a sum has one
+// association, so the two are equal bit for bit; with more, a reduce to rank r may
+// associate differently from the all-reduce's reduce to rank 0: within kTol. The CPU
+// step times of the two are printed, not asserted.
+TEST(Zero, ShardedUpdateEqualsReplicatedUpdate) {
+  const ::lns::Layout& lay = g_grid->layout;
+  if (lay.dp == 1) GTEST_SKIP() << "needs dp > 1";
+  std::vector<std::vector<float>> weights;
+  std::vector<StepStats> stats;
+  double seconds[2] = {};
+  for (bool zero : {true, false}) {
+    TrainConfig t = train(SampleMode::Packed);
+    t.zero = zero;
+    Trainer tr(model(NormScheme::LNS, true), t, g_grid);
+    ASSERT_EQ(lay.zero, zero);
+    const int64_t n = tr.model().params().numel();
+    const ShardRange mine = lay.zero_shard(n, g_grid->coords.dp);
+    EXPECT_EQ(tr.optimizer().end() - tr.optimizer().begin(), zero ? std::min(mine.end(), n) - std::min(mine.begin, n) : n);
+    for (int i = 0; i < 3; ++i) {
+      stats.push_back(tr.train_step());
+      if (i > 0) seconds[zero ? 0 : 1] += stats.back().seconds;  // the first step warms up
+    }
+    // The dp group's traffic: pieces reduced to their owners under ZeRO (at least one per
+    // bucket, at most one more per shard boundary), no all-reduce of gradients.
+    CommCounts dp;
+    for (const auto& [g, c] : tr.last_step_comm())
+      if (g == "dp") dp = c;
+    const int64_t reduces = dp.calls[static_cast<int>(Collective::Reduce)];
+    const int64_t buckets = (n + 1023) / 1024;  // --dp_bucket_mb=0.001: 262 floats, raised to 1024
+    if (!zero) {
+      EXPECT_EQ(reduces, 0);
+    } else if (FLAGS_dp_bucket_mb < 0.005) {
+      EXPECT_GE(reduces, buckets);
+      EXPECT_LE(reduces, buckets + lay.dp - 1);
+    } else {
+      EXPECT_GE(reduces, lay.dp);
+    }
+    weights.push_back(to_host_f32(tr.model().params().flat_params()));
+  }
+  const bool bitwise = lay.dp == 2;
+  for (int i = 0; i < 3; ++i) {
+    if (bitwise) {
+      EXPECT_EQ(stats[i].loss, stats[3 + i].loss) << "step " << i + 1;
+      EXPECT_EQ(stats[i].grad_norm, stats[3 + i].grad_norm) << "step " << i + 1;
+    } else {
+      EXPECT_NEAR(stats[i].loss, stats[3 + i].loss, kTol * stats[3 + i].loss) << "step " << i + 1;
+      EXPECT_NEAR(stats[i].grad_norm, stats[3 + i].grad_norm, kTol * stats[3 + i].grad_norm) << "step " << i + 1;
+    }
+  }
+  ASSERT_EQ(weights[0].size(), weights[1].size());
+  if (bitwise) {
+    EXPECT_EQ(weights[0], weights[1]);
+  } else {
+    double err = 0, scale = 1e-30;
+    for (size_t i = 0; i < weights[0].size(); ++i)
+      err = std::max(err, std::abs(double(weights[0][i]) - weights[1][i])), scale = std::max(scale, std::abs(double(weights[1][i])));
+    EXPECT_LE(err / scale, kTol);
+  }
+  if (g_grid->rank == 0)
+    std::printf("[ zero ] %s: CPU step time, sharded %.2f ms vs replicated %.2f ms (steps 2-3; printed, not asserted)\n",
+                lay.brief().c_str(), 1e3 * seconds[0] / 2, 1e3 * seconds[1] / 2);
+}
+
 // Evaluation under a layout: perplexity, every entry of the layer-removal sweep and
 // the depth diagnostics equal the single-rank values.
 TEST(Eval, SweepAndDiagnosticsEqualSingleRank) {
@@ -474,6 +540,37 @@ TEST(CommCounter, StepBytesMatchTheModelCountedByHand) {
               "world %.0f bytes per step\n",
               lay.brief().c_str(), g_grid->rank, kind(tpc, Collective::AllReduce), kind(tpc, Collective::AllGather),
               kind(tpc, Collective::ReduceScatter), want_pp, group("dp").total_bytes(), group("world").total_bytes());
+}
+
+// Communicator::reduce to each root of the world in turn, in place and started:
+// the root holds what all_reduce gives (bit for bit with two ranks, where a sum has
+// one association), the other ranks' buffers are unchanged.
+TEST(Communicator, ReduceToEachRootEqualsAllReduceThere) {
+  Communicator& w = g_grid->world();
+  const int n = 77;
+  std::vector<float> mine(n);
+  for (int i = 0; i < n; ++i) mine[i] = std::sin(1.3 * i + 0.7 * w.rank()) * (1 + w.rank());
+  std::vector<float> want = mine;
+  w.all_reduce(Tensor{want.data(), DType::F32, Device::CPU, Shape{n}}, ReduceOp::Sum);
+  for (int root = 0; root < w.size(); ++root)
+    for (bool start : {false, true}) {
+      std::vector<float> got = mine;
+      const Tensor t{got.data(), DType::F32, Device::CPU, Shape{n}};
+      if (start)
+        w.reduce_start(t, root), w.all_reduce_wait();
+      else
+        w.reduce(t, root);
+      if (w.rank() != root) {
+        EXPECT_EQ(got, mine) << "root " << root;
+        continue;
+      }
+      double err = 0;
+      for (int i = 0; i < n; ++i) err = std::max(err, std::abs(double(got[i]) - want[i]));
+      EXPECT_LE(err, 1e-6 * w.size()) << "root " << root;
+      if (w.size() == 2) {
+        EXPECT_EQ(got, want) << "root " << root;
+      }
+    }
 }
 
 }  // namespace

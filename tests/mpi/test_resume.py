@@ -124,7 +124,7 @@ class Resume(unittest.TestCase):
             out = os.path.join(self.dir, "layout_to_" + name)
             shutil.copytree(saved, out)
             r = self.run_train(out, "--steps=12", "--resume=auto", np=np, tp=tp, pp=pp)
-            self.assertIn("at step 4 (saved under layout tp=2 pp=2 dp=2)", r.stderr)
+            self.assertIn("at step 4 (saved under layout tp=2 pp=2 dp=2 zero)", r.stderr)
             got = losses(out)  # steps 5..12 of the resumed run replace the saved run's
             for step in range(1, 13):
                 self.assertAlmostEqual(got[step], self.ref[step], delta=1e-5 * self.ref[step],

@@ -181,6 +181,32 @@ TEST_F(SimNccl, BroadcastBytesFromTheLastRank) {
   EXPECT_EQ(b.get<uint8_t>(), want);
 }
 
+// ncclReduce to every root in turn, in place (the ZeRO gradient sum): the root gets
+// the MPI communicator's sum; the other ranks' buffer is left as it was.
+TEST_F(SimNccl, ReduceF32InPlaceToEachRoot) {
+  const size_t n = 300;
+  const auto x = random_f32(n, 6);
+  for (int root = 0; root < g_size; ++root) {
+    auto want = x;
+    mpi->reduce(host(want.data(), lns::DType::F32, n), root);
+    DevBuf b(n * 4);
+    b.put(x);
+    ASSERT_EQ(ncclReduce(b.p, b.p, n, ncclFloat32, ncclSum, root, comm, nullptr), ncclSuccess);
+    lns::simtest::synchronize();
+    const auto got = b.get<float>();
+    if (g_rank != root) {
+      EXPECT_EQ(got, x) << "root " << root;
+      continue;
+    }
+    float worst = 0;
+    for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    EXPECT_LE(worst, 1e-6f * g_size) << "root " << root;
+    if (g_size == 2) {
+      EXPECT_EQ(got, want);  // a sum of two is one rounding either way
+    }
+  }
+}
+
 // Communicators made as a tp x dp grid makes them (pairs {0,1},{2,3}, then strides
 // {0,2},{1,3}, then the world; ids from world ranks 0, 2, 0, 1, 0), several per rank:
 // each sums over its own members only.
@@ -267,6 +293,8 @@ int run_broken(const std::string& what) {
       return 1;
     }
 #endif
+  } else if (what == "reduce_roots_disagree") {  // each rank names itself the root
+    ncclReduce(b.p, b.p, 16, ncclFloat32, ncclSum, g_rank, comm, nullptr);
   } else if (what == "past_the_end") {
     ncclAllGather(b.p, b.p, 1024 / 4 / g_size + 1, ncclFloat32, comm, nullptr);  // recv: size * count floats
   } else {

@@ -45,7 +45,7 @@ class Layout:
     pp: int = 1
     dp: int = 1
     sp: bool = False
-    zero: bool = False
+    zero: bool = True  # lns_train's default (--zero=false: replicated update); no effect with dp = 1
     act_bytes: int = 4  # f32 on the CPU, bf16 (2) on CUDA
 
     @property
@@ -135,7 +135,7 @@ def main(argv):
         parse_flag(a, flags)
     s = shape_from_flags(flags)
     lay = Layout(tp=get_int(flags, "tp", 1), pp=get_int(flags, "pp", 1), dp=get_int(flags, "dp", 1),
-                 sp=get_bool(flags, "sequence_parallel"), zero=get_bool(flags, "zero"),
+                 sp=get_bool(flags, "sequence_parallel"), zero=get_bool(flags, "zero", True),
                  act_bytes=2 if flags.get("device", "cpu") == "cuda" else 4)
     if lay.sp_on and s.T % lay.tp:
         raise ValueError(f"--sequence_parallel needs --seq_len divisible by --tp, got {s.T} and {lay.tp}")

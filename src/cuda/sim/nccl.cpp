@@ -160,11 +160,13 @@ MPI_Op op_of(ncclRedOp_t op, ncclDataType_t t, const char* call) {
   return ops[op];
 }
 
-enum Kind { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
-const char* const kNames[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast"};
+enum Kind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kReduce };
+const char* const kNames[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclReduce"};
+bool reduces(Kind k) { return k == kAllReduce || k == kReduceScatter || k == kReduce; }
+bool has_root(Kind k) { return k == kBroadcast || k == kReduce; }
 
 // One queued collective. count: elements of recvbuff (all-reduce, reduce-scatter,
-// broadcast) or of sendbuff (all-gather), as NCCL counts them.
+// broadcast, reduce) or of sendbuff (all-gather), as NCCL counts them.
 struct Coll {
   Kind kind;
   const void* send;
@@ -193,8 +195,8 @@ int wait_limit_s() {
 
 // The ranks must be running the same call: NCCL hangs or mixes data otherwise.
 void agree(const State& s, const Coll& c) {
-  const int64_t mine[6] = {int64_t(c.seq), c.kind, int64_t(c.count), c.type, c.kind <= kReduceScatter ? c.op : -1,
-                           c.kind == kBroadcast ? c.root : -1};
+  const int64_t mine[6] = {int64_t(c.seq), c.kind, int64_t(c.count), c.type, reduces(c.kind) ? c.op : -1,
+                           has_root(c.kind) ? c.root : -1};
   std::vector<int64_t> all(6 * s.size);
   // A rank that never arrives would hang the run (e.g. collectives of two
   // communicators run in different orders on different ranks): wait with a deadline.
@@ -268,6 +270,14 @@ void execute(State& s, const Coll& c) {
       mpi_ok(MPI_Allgather(in.data(), n, t.mpi, buf.data(), n, t.mpi, s.comm), "MPI_Allgather");
       break;
     }
+    case kReduce: {  // recvbuff is written on the root only, as NCCL does
+      buf.assign(static_cast<const char*>(c.send), static_cast<const char*>(c.send) + bytes);
+      const MPI_Op op = op_of(c.op, c.type, name);
+      mpi_ok(MPI_Reduce(s.rank == c.root ? MPI_IN_PLACE : buf.data(), buf.data(), n, t.mpi, op, c.root, s.comm),
+             "MPI_Reduce");
+      if (s.rank != c.root) buf.clear();
+      break;
+    }
     case kBroadcast:
       buf.resize(bytes);
       if (s.rank == c.root) std::memcpy(buf.data(), c.send, bytes);
@@ -297,13 +307,13 @@ ncclResult_t submit(Kind kind, const void* send, void* recv, size_t count, ncclD
     fail(name + ": communicator of device " + std::to_string(s.device) + " used while device " +
          std::to_string(lns::sim::current_device()) + " is current (the stream belongs to another device)");
   const Type t = type_of(type, name.c_str());
-  if (kind <= kReduceScatter) op_of(op, type, name.c_str());
-  if (kind == kBroadcast && (root < 0 || root >= s.size))
+  if (reduces(kind)) op_of(op, type, name.c_str());
+  if (has_root(kind) && (root < 0 || root >= s.size))
     fail(name + ": root " + std::to_string(root) + " outside a communicator of " + std::to_string(s.size) + " ranks");
   if (count > size_t(INT_MAX)) fail(name + ": count " + std::to_string(count) + " is not modelled (> INT_MAX)");
   const size_t bytes = count * t.size;
   const size_t send_bytes = kind == kReduceScatter ? bytes * s.size : bytes;
-  const size_t recv_bytes = kind == kAllGather ? bytes * s.size : bytes;
+  const size_t recv_bytes = kind == kAllGather ? bytes * s.size : kind == kReduce && s.rank != root ? 0 : bytes;
   const bool reads_send = kind != kBroadcast || s.rank == root;
   if (reads_send && send_bytes) lns::sim::require_device_range(send, send_bytes, (name + " sendbuff").c_str());
   if (recv_bytes) lns::sim::require_device_range(recv, recv_bytes, (name + " recvbuff").c_str());
@@ -489,6 +499,11 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
   return submit(kBroadcast, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
+}
+
+ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                        int root, ncclComm_t comm, cudaStream_t stream) {
+  return submit(kReduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
 }
 
 ncclResult_t ncclGroupStart() {
