@@ -48,7 +48,15 @@ class GradientSync {
   void grads_ready(int64_t from);
   double global_norm();    // step 3 (after reduce)
   void scale(float f);     // clipping: scales the gradients the optimizer will read
-  void gather_params();    // ZeRO: every rank gets every updated shard (no-op otherwise)
+  // ZeRO (no-op otherwise): every rank gets what its kernels read of every updated
+  // shard. On the CPU that is the f32 master weights. On CUDA it is the bf16 copy plus
+  // the f32 tensors read in f32 (ParamInfo::read_in_f32), not the f32 master of the
+  // other shards: those stay stale until gather_master().
+  void gather_params();
+  // ZeRO: brings the f32 master weights of the other ranks' shards up to date after
+  // gather_params (collective over dp; a no-op when they are current). Before anything
+  // reads every master weight: checkpoints, the end-of-run check, tests.
+  void gather_master();
 
  private:
   ProcessGrid& grid_;
@@ -72,6 +80,12 @@ class GradientSync {
   OwnedTensor tp_sum_;              // step 0 staging: the ranges packed
   void sum_replicated_over_tp();
   OwnedTensor padded_, shard_;      // ZeRO all-gather staging when not in place: [dp * shard], [shard]
+  bool master_stale_ = false;       // other shards' f32 master weights older than their bf16 copy
+  // CUDA ZeRO: per dp rank, the flat ranges of f32-read tensors in its shard; packed
+  // into slots of f32_slot_ elements of f32_gather_ [dp * f32_slot_].
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> f32_runs_;
+  int64_t f32_slot_ = 0;
+  OwnedTensor f32_gather_;
 };
 
 }  // namespace lns

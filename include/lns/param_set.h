@@ -37,6 +37,13 @@ struct ParamInfo {
   // gradient summed with it; counted once in the global gradient norm.
   bool tied_copy = false;
   bool decays() const { return shape.ndim == 2; }  // weight decay on matrices only
+  // Read by the kernels as f32 from the master weights, not from the bf16 copy (on
+  // CUDA): norm gains and biases, residual scales, routers. ZeRO's gather after each
+  // step moves these in f32 beside the bf16 weights (GradientSync::gather_params).
+  bool read_in_f32() const {
+    return kind == ParamKind::NormGain || kind == ParamKind::NormBias || kind == ParamKind::ResidualScale ||
+           kind == ParamKind::Router;
+  }
   bool replicated() const { return split_dim < 0; }
   // The one rule for counting a parameter once across ranks (gradient norm, checkpoint
   // pieces, gathers): a replicated tensor counts on tensor-parallel rank 0 only, the
@@ -72,13 +79,14 @@ class ParamSet {
   Tensor flat_params() const { return params_.f32(Shape{numel_}); }
   Tensor flat_grads() const { return grads_.f32(Shape{numel_}); }
   Tensor flat_compute() const;  // bf16 [numel] on CUDA, empty on the CPU
-  // The flat buffers are allocated kSlack zero floats longer than numel(): the ZeRO
-  // rule's dp * shard elements (fewer than numel() + dp) exist, so its reduce-scatter
-  // and all-gather run in place for dp <= kSlack + 1 (GradientSync), moving no staging
-  // copy. The first n elements, numel() <= n <= numel() + kSlack; the rest stays zero.
+  // The flat buffers (and the bf16 copy) are allocated kSlack zero elements longer
+  // than numel(): the ZeRO rule's dp * shard elements (fewer than numel() + dp) exist,
+  // so its all-gathers run in place for dp <= kSlack + 1 (GradientSync), moving no
+  // staging copy. The first n elements, numel() <= n <= numel() + kSlack; the rest stays zero.
   static constexpr int64_t kSlack = 1024;
   Tensor flat_params_padded(int64_t n) const;
   Tensor flat_grads_padded(int64_t n) const;
+  Tensor flat_compute_padded(int64_t n) const;  // bf16 on CUDA, empty on the CPU
   int64_t numel() const { return numel_; }
   void zero_grads();
   // Host mirror -> device master weights, and the bf16 compute copy refreshed.

@@ -106,6 +106,12 @@ class Trainer {
   // it stopped early on SIGTERM/SIGUSR1 (after saving a checkpoint). A resumed run
   // first drops the metrics records after its checkpoint's step (one per step).
   bool run();
+  // Collective over dp: under ZeRO on CUDA each step gathers only what the kernels
+  // read (bf16 weights, f32 norm gains ...), so the f32 master weights outside this
+  // rank's shard lag behind; this brings them up to date (a no-op when they are, and
+  // on the CPU). save_checkpoint and the end-of-run check call it; so must anything
+  // else that reads every master weight (ParamSet::download, flat_params).
+  void gather_master_weights();
   // Collective: writes a checkpoint of the current state; returns its directory.
   // Refuses (CollectiveError on every rank) a state with inf or NaN in it.
   std::string save_checkpoint();

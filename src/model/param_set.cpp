@@ -68,7 +68,8 @@ void ParamSet::finalize(Device device) {
   if (device == Device::CUDA) {
     guard_device_padding(params_.view(DType::F32, Shape{kSlack}, numel_ * sizeof(float)));
     guard_device_padding(grads_.view(DType::F32, Shape{kSlack}, numel_ * sizeof(float)));
-    compute_ = Buffer(numel_ * dtype_size(DType::BF16), device);
+    compute_ = Buffer((numel_ + kSlack) * dtype_size(DType::BF16), device);
+    guard_device_padding(compute_.view(DType::BF16, Shape{kSlack}, numel_ * dtype_size(DType::BF16)));
     host_params_ = Buffer(numel_ * sizeof(float), Device::CPU);
     host_grads_ = Buffer(numel_ * sizeof(float), Device::CPU);
     // The alignment padding after each tensor: whole-buffer ops carry its zeros along,
@@ -121,6 +122,11 @@ Tensor ParamSet::flat_params_padded(int64_t n) const {
 Tensor ParamSet::flat_grads_padded(int64_t n) const {
   LNS_CHECK(numel_ <= n && n <= numel_ + kSlack) << n;
   return grads_.f32(Shape{n});
+}
+
+Tensor ParamSet::flat_compute_padded(int64_t n) const {
+  LNS_CHECK(numel_ <= n && n <= numel_ + kSlack) << n;
+  return device() == Device::CPU ? Tensor{} : compute_.view(DType::BF16, Shape{n});
 }
 
 Tensor ParamSet::flat_compute() const {

@@ -66,6 +66,30 @@ GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool 
     padded_ = OwnedTensor(DType::F32, Shape{shard_size_ * grid.layout.dp}, params.device());
     shard_ = OwnedTensor(DType::F32, Shape{shard_size_}, params.device());
   }
+  // ZeRO on CUDA: each dp rank's runs of f32-read tensors (ParamInfo::read_in_f32) within
+  // its shard, for gather_params' packed all-gather; a slot holds the largest share.
+  if (zero_ && in_place_ && params.device() != Device::CPU) {
+    std::vector<std::pair<int64_t, int64_t>> runs;  // over the whole buffer, merged across padding
+    for (const ParamInfo& p : params.infos()) {
+      if (!p.read_in_f32()) continue;
+      const int64_t lo = p.offset, hi = lo + p.shape.numel();
+      if (!runs.empty() && !gap_counted(runs.back().second, lo, params))
+        runs.back().second = hi;
+      else
+        runs.push_back({lo, hi});
+    }
+    for (int r = 0; r < grid.layout.dp; ++r) {
+      const ShardRange s = grid.layout.zero_shard(params.numel(), r);
+      int64_t count = 0;
+      f32_runs_.emplace_back();
+      for (const auto& [lo, hi] : runs) {
+        const int64_t a = std::max(lo, s.begin), b = std::min(hi, s.end());
+        if (a < b) f32_runs_.back().push_back({a, b}), count += b - a;
+      }
+      f32_slot_ = std::max(f32_slot_, count);
+    }
+    if (f32_slot_ > 0) f32_gather_ = OwnedTensor(DType::F32, Shape{f32_slot_ * grid.layout.dp}, params.device());
+  }
 }
 
 void GradientSync::sum_replicated_over_tp() {
@@ -169,11 +193,48 @@ void GradientSync::scale(float f) {
 
 void GradientSync::gather_params() {
   if (!zero_) return;
+  // The CPU's kernels read the f32 master weights, and so does the out-of-place path.
+  if (params_.device() == Device::CPU || !in_place_) {
+    master_stale_ = true;
+    gather_master();
+    params_.refresh_compute();  // CUDA: the bf16 weights of the other ranks' shards
+    return;
+  }
+  // CUDA: the bf16 weights every GEMM reads, gathered in place on the compute copy ...
+  const int64_t s = shard_size_, me = grid_.coords.dp;
+  const Tensor bf16 = params_.flat_compute_padded(s * grid_.layout.dp);
+  grid_.dp_comm().all_gather(bf16, bf16.rows(me * s, (me + 1) * s));
+  // ... and the f32 tensors the kernels read (norm gains, ...), each rank's share packed
+  // into one slot of f32_slot_ elements: one small all-gather.
+  if (f32_slot_ > 0) {
+    const Tensor p = params_.flat_params(), buf = f32_gather_.t;
+    auto each_run = [&](int r, bool pack) {
+      int64_t k = r * f32_slot_;
+      for (const auto& [lo, hi] : f32_runs_[r]) {
+        if (pack)
+          copy_tensor(buf.rows(k, k + hi - lo), p.rows(lo, hi));
+        else
+          copy_tensor(p.rows(lo, hi), buf.rows(k, k + hi - lo));
+        k += hi - lo;
+      }
+    };
+    each_run(static_cast<int>(me), true);
+    grid_.dp_comm().all_gather(buf, buf.rows(me * f32_slot_, (me + 1) * f32_slot_));
+    for (int r = 0; r < grid_.layout.dp; ++r)
+      if (r != me) each_run(r, false);
+  }
+  // The other f32 master weights outside this rank's shard are now older than their
+  // bf16 copy; gather_master() brings them up to date when something reads them.
+  master_stale_ = true;
+}
+
+void GradientSync::gather_master() {
+  if (!zero_ || !master_stale_) return;
+  master_stale_ = false;
   if (in_place_) {  // every rank's updated shard, gathered where it belongs
     const int64_t s = shard_size_, at = grid_.coords.dp * s;
     const Tensor all = params_.flat_params_padded(s * grid_.layout.dp);
     grid_.dp_comm().all_gather(all, all.rows(at, at + s));
-    params_.refresh_compute();  // CUDA: the bf16 weights of the other ranks' shards
     return;
   }
   const Tensor p = params_.flat_params();
@@ -182,7 +243,6 @@ void GradientSync::gather_params() {
   copy_tensor(shard_.t.rows(0, end_ - begin_), p.rows(begin_, end_));
   grid_.dp_comm().all_gather(padded_, shard_);
   copy_tensor(p, padded_.t.rows(0, n));
-  params_.refresh_compute();  // CUDA: the bf16 weights of the other ranks' shards
 }
 
 }  // namespace lns

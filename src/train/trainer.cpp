@@ -288,6 +288,7 @@ std::string Trainer::save_checkpoint() {
   st.conversions = conversions_;
   st.ln_free = ln_free_;
   const double t0 = now_seconds();
+  gather_master_weights();
   model_->params().download();  // CUDA: checkpoints read the host mirrors
   optim_->download();
   check_finite_state();  // a non-finite state is never saved
@@ -437,6 +438,8 @@ StepStats Trainer::train_step() {
   return s;
 }
 
+void Trainer::gather_master_weights() { sync_->gather_master(); }
+
 // Collective. Every rank checks its host copies of the weights and its AdamW moments
 // (after download()); if any rank finds inf or NaN, every rank throws the same
 // CollectiveError naming the likely cause.
@@ -474,6 +477,7 @@ std::vector<LayerDiagnostics> Trainer::diagnostics(bool grads) {
 }
 
 void Trainer::dump_step_state(const std::string& path) {
+  gather_master_weights();  // a dump after ZeRO steps starts from every current weight
   const int64_t B = cfg_.micro_batch, T = cfg_.seq_len, V = model_cfg_.vocab_size;
   const ShardRange vs = model_->vocab_shard();
   OwnedTensor logits;
@@ -639,6 +643,7 @@ bool Trainer::run() {
   if (saves) {
     save_checkpoint();
   } else {  // nothing is saved, but a run that ends non-finite still fails
+    gather_master_weights();
     model_->params().download();
     optim_->download();
     check_finite_state();

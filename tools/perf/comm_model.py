@@ -110,10 +110,13 @@ def step_bytes(s: ModelShape, lay: Layout, stage=0):
     if lay.dp > 1:
         split, replicated = stage_params(s, lay, stage)
         n = (split + replicated) * 4  # f32 gradients
-        if lay.zero:
-            padded = ceil_div(split + replicated, lay.dp) * lay.dp * 4
-            add("dp.reduce_scatter", ring(lay.dp) * padded)
-            add("dp.all_gather", ring(lay.dp) * padded)
+        if lay.zero:  # bucket pieces reduced to their owners; the updated shards gathered
+            add("dp.reduce", ring(lay.dp) * n)
+            padded = ceil_div(split + replicated, lay.dp) * lay.dp
+            if lay.act_bytes == 4:  # CPU: the f32 weights
+                add("dp.all_gather", ring(lay.dp) * padded * 4)
+            else:  # CUDA: the bf16 copy, and the f32 norm gains in one packed gather
+                add("dp.all_gather", ring(lay.dp) * (padded * 2 + ceil_div(replicated, lay.dp) * lay.dp * 4))
         else:
             add("dp.all_reduce", 2 * ring(lay.dp) * n)
     if s.tied and lay.pp > 1 and (emb or head):

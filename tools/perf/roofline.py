@@ -2,7 +2,7 @@
 """Projected (roofline) cost of an lns CUDA training step, from a flagfile.
 
   python3 tools/perf/roofline.py --flagfile=configs/1b_lns.flags --gpu=h100 --dp=8
-      [--impl=before|present|target] [--micro_batch_size=N] [--kernels] [--compare]
+      [--impl=before|nozero|present|fused] [--micro_batch_size=N] [--kernels] [--compare]
 
 Prints per kernel and per GEMM the FLOPs, bytes and roofline time of one micro-batch,
 the micro-batch and per-step time and MFU bounds, the device memory footprint and

@@ -16,10 +16,16 @@ Assumptions (each one is a parameter):
   `misaligned_efficiency`: 1.0 by default (the pure roofline, blind to this), 0.6 in
   the projection that counts it (an assumption, not a measurement).
 - The data-parallel gradient reduction runs on NVLink at the link's per-direction
-  bandwidth (a ring moves 2(dp-1)/dp of the buffer for an all-reduce) and overlaps
-  the last micro-batch's backward; what does not fit in that backward is exposed.
+  bandwidth and overlaps the last micro-batch's backward; what does not fit in that
+  backward is exposed. Replicated (`nozero`): a ring all-reduce moves 2(dp-1)/dp of
+  the f32 buffer. Sharded (`sharded_adamw`, lns_train's --zero default): each bucket's
+  pieces are reduced to their owners one after another, each a pipelined chain that
+  takes (piece bytes) / bandwidth, so the whole f32 buffer / bandwidth; after the
+  update a ring all-gather of the bf16 weights and the f32 norm gains, (dp-1)/dp of
+  them, which nothing hides.
 - Optimizer: gradient zeroing (4 B/param), the gradient norm (reads 4 B/param) and
-  fused AdamW (reads g, p, m, v; writes p, m, v and the bf16 copy: 30 B/param).
+  fused AdamW (reads g, p, m, v; writes p, m, v and the bf16 copy: 30 B/param); norm
+  and AdamW over the rank's shard only when sharded.
 
 `Impl` says which of issue 16's changes the modelled code has; `PRESENT` is what the
 CUDA code of this tree does, and must be updated together with it.
@@ -36,19 +42,21 @@ class Impl:
     pad_ld: bool = False              # item 1: GEMM dims padded to a multiple of 64 on device
     fused_residual: bool = False      # item 2: pre-norm residual add fused into the next norm
     causal_softmax_bwd: bool = False  # item 6: softmax backward reads only the causal half
-    sharded_adamw: bool = False       # item 4: reduce-scatter, update the shard, all-gather bf16
+    sharded_adamw: bool = False       # item 4: reduce to shard owners, update the shard, all-gather bf16
     norm_bwd_blocks: int = 256        # item 6: norm backward's grid (its [G, C] f32 partials)
     fused_attention: bool = False     # issue 17: flash_attention.cu (head dims 64, 128)
 
 
 BEFORE = Impl()
-# What src/cuda and src/model do in this tree (keep in step with the code).
-PRESENT = Impl(pad_ld=True, fused_residual=True, causal_softmax_bwd=True, norm_bwd_blocks=512)
-TARGET = Impl(pad_ld=True, fused_residual=True, causal_softmax_bwd=True, sharded_adamw=True,
-              norm_bwd_blocks=512)
-# issue 17's fused attention on top of issue 16's target (--attention=fused or auto).
-FUSED = replace(TARGET, fused_attention=True)
-IMPLS = {"before": BEFORE, "present": PRESENT, "target": TARGET, "fused": FUSED}
+# What src/cuda and src/model do in this tree (keep in step with the code): every
+# item of issue 16 that changes the model, the sharded update (--zero, the default) included.
+PRESENT = Impl(pad_ld=True, fused_residual=True, causal_softmax_bwd=True, sharded_adamw=True,
+               norm_bwd_blocks=512)
+# This tree with --zero=false: every dp rank all-reduces and updates all parameters.
+NOZERO = replace(PRESENT, sharded_adamw=False)
+# issue 17's fused attention on top of this tree (--attention=fused or auto).
+FUSED = replace(PRESENT, fused_attention=True)
+IMPLS = {"before": BEFORE, "nozero": NOZERO, "present": PRESENT, "fused": FUSED}
 
 
 def pad64(n):
@@ -91,15 +99,19 @@ class ModelShape:
         per_layer = 2 * self.C * self.QD + 2 * self.C * self.KD + 3 * self.C * self.F
         return self.L * per_layer + self.V * self.C
 
-    def params(self):
-        """Every parameter (logical, unpadded): the size of the flat buffers."""
+    def norm_params(self):
+        """Norm gains (and LayerNorm biases), final norm included: what kernels read in f32."""
         norms_per_layer = {"pre": 2, "lns": 2, "scaled_init": 2, "post": 2, "deepnorm": 2,
                            "sandwich": 4, "mix": 2}[self.scheme]
         norm = self.C * (2 if self.norm_type == "layernorm" else 1)
+        return self.L * norms_per_layer * norm + norm
+
+    def params(self):
+        """Every parameter (logical, unpadded): the size of the flat buffers."""
         embed = self.V * self.C
         head = 0 if self.tied else self.V * self.C
         per_layer = 2 * self.C * self.QD + 2 * self.C * self.KD + 3 * self.C * self.F
-        return embed + head + self.L * (per_layer + norms_per_layer * norm) + norm
+        return embed + head + self.L * per_layer + self.norm_params()
 
     def flops_per_token(self):
         """Trainer::flops_per_token: 6 x matmul params + 12 L C T (what MFU counts)."""
@@ -429,9 +441,9 @@ class StepModel:
         if dp == 1:
             return 0.0, 0.0
         ring = (dp - 1) / dp
-        if self.impl.sharded_adamw:
-            return ring * F32 * P / link, ring * BF16 * P / link  # reduce-scatter; all-gather
-        return 2 * ring * F32 * P / link, 0.0                    # all-reduce
+        if self.impl.sharded_adamw:  # pieces reduced to their owners; all-gather bf16 + f32 gains
+            return F32 * P / link, ring * (BF16 * P + F32 * self.shape.norm_params()) / link
+        return 2 * ring * F32 * P / link, 0.0  # all-reduce
 
     def step_time(self):
         overlapped, after = self.comm_time()
@@ -459,7 +471,9 @@ class StepModel:
         if self.impl.fused_attention and s.D in (64, 128):
             attention_scratch = F32 * s.B * s.Hq * T  # delta only: no permuted copies, no scores
         return {
-            "weights (f32 master + bf16 copy)": F32 * shard + BF16 * P,
+            # every rank keeps the whole f32 master (the other shards' parts go stale between
+            # gathers under ZeRO, and are gathered before a checkpoint)
+            "weights (f32 master + bf16 copy)": F32 * P + BF16 * P,
             "gradients (f32)": F32 * P,
             "optimizer state (m, v)": 2 * F32 * shard,
             "activations": acc.slots * acc.per_micro_batch(),
