@@ -59,6 +59,9 @@ struct Layout {
   std::vector<std::pair<int, int>> stage_layers;
 
   int world_size() const { return tp * pp * dp; }
+  // --zero as asked (lns_train and lns_convert default to true): ZeRO shards only over
+  // more than one dp rank, so with dp = 1 the layout (and its brief, its manifest) says no.
+  void set_zero(bool asked) { zero = asked && dp > 1; }
   // Sequence parallelism happens only with tp > 1 (with one tp rank there is nothing
   // to split; the flag is then accepted and has no effect).
   bool sequence_parallel_on() const { return sequence_parallel && tp > 1; }

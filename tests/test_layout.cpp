@@ -173,8 +173,15 @@ TEST(Layout, OnePrinter) {
   Layout l = layout_for_world(2, 2, 8);
   l.stage_layers = split_layers(7, 2, "");
   EXPECT_EQ(l.brief(), "tp=2 pp=2 dp=2");
-  l.zero = true;
+  l.set_zero(true);
   EXPECT_EQ(l.brief(), "tp=2 pp=2 dp=2 zero");
+  l.set_zero(false);
+  EXPECT_EQ(l.brief(), "tp=2 pp=2 dp=2");
+  Layout one = l;
+  one.dp = 1;
+  one.set_zero(true);  // the default --zero at dp = 1: nothing to shard, nothing said
+  EXPECT_FALSE(one.zero);
+  EXPECT_EQ(one.brief(), "tp=2 pp=2 dp=1");
   EXPECT_EQ(l.describe(),
             "world 8 = tp 2 x dp 2 x pp 2 (rank = tp + dp*2 + pp*4)\n"
             "  stage 0: layers 0..3 (4) + embedding, ranks 0..3\n"

@@ -62,8 +62,8 @@ namespace {
 
 Layout target_layout() {
   Layout l;
-  // --zero is on by default, as in lns_train; with one dp rank there is nothing to shard.
-  l.tp = tp_flag(), l.pp = pp_flag(), l.dp = FLAGS_dp, l.zero = FLAGS_zero && FLAGS_dp > 1;
+  l.tp = tp_flag(), l.pp = pp_flag(), l.dp = FLAGS_dp;
+  l.set_zero(FLAGS_zero);  // on by default, as in lns_train; nothing to shard at dp = 1
   LNS_REQUIRE(l.tp >= 1 && l.pp >= 1 && l.dp >= 1, "--tp, --pp and --dp must be >= 1");
   return l;
 }

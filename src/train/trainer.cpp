@@ -142,7 +142,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   // over more than one dp rank).
   grid_->layout.virtual_stages = cfg_.virtual_stages;
   grid_->layout = layout_for_model(model_cfg_, grid_->layout, cfg_.pp_layers);
-  grid_->layout.zero = cfg_.zero && grid_->layout.dp > 1;
+  grid_->layout.set_zero(cfg_.zero);
   grid_->layout.sequence_parallel = cfg_.sequence_parallel;
   grid_->layout.check_sequence_length(cfg_.seq_len);
   const Layout& layout = grid_->layout;
