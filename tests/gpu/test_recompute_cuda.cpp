@@ -96,9 +96,9 @@ TEST(RecomputeCuda, DeviceBytesAreTheAccount) {
       const size_t before = cuda_allocated_bytes();
       LlamaStage s(c, StageSpec::whole(c), B, T, 3, tp, Device::CUDA);
       // the flat buffers as the device stores them (GEMM dims padded): f32 weights and
-      // gradients (each with kSlack zero floats for the in-place ZeRO collectives), the
-      // bf16 compute copy
-      const int64_t params = (s.params().numel() + ParamSet::kSlack) * (4 + 4) + s.params().numel() * 2;
+      // gradients and the bf16 compute copy, each with kSlack zero elements for the
+      // in-place ZeRO all-gathers
+      const int64_t params = (s.params().numel() + ParamSet::kSlack) * (4 + 4 + 2);
       const int64_t held = static_cast<int64_t>(cuda_allocated_bytes() - before) - params;
       const int64_t rope = 2 * T * (c.head_dim() / 2) * 4;
       const ActivationAccount acc = activation_account(c, StageSpec::whole(c), B, T, 3, tp, Device::CUDA);
