@@ -28,7 +28,8 @@
 # arguments), TEST_LABEL (gpu), CTEST_ARGS (extra ctest arguments), CONFIGS
 # ("130m_lns 1b_lns"), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
 # .gpu-deps/bin when pack.sh --binaries made it and there is no build),
-# BENCH_LAUNCHER (e.g. "mpirun -np 1"; empty: run directly), LNS_DEPS_PREFIX
+# BENCH_LAUNCHER (e.g. "mpirun -np 1"; empty: run directly), STEP_TIMEOUT (seconds
+# a stage step may run, 0 = no limit), LNS_DEPS_PREFIX
 # (/tmp/lns-deps), LNS_DEBS (.gpu-deps/debs).
 #
 # Results in $OUT (few files, as the device tool brings back at most 8):
@@ -79,7 +80,8 @@ step() {
   local name=$1 logfile=$2; shift 2
   local t0=$SECONDS rc
   echo "### step $name: $*" | tee -a "$logfile"
-  "$@" 2>&1 | tee -a "$logfile"
+  # STEP_TIMEOUT (seconds, 0: none): a hung kernel ends its step, not the whole lease.
+  timeout --kill-after=10 "${STEP_TIMEOUT:-0}" "$@" 2>&1 | tee -a "$logfile"
   rc=${PIPESTATUS[0]}
   echo "### done $name rc=$rc seconds=$((SECONDS - t0))" | tee -a "$logfile"
   [ "$rc" -eq 0 ] || FAILED=1
@@ -259,16 +261,26 @@ if has_stage configure || has_stage build; then
   grep -E '^### (step|done) ' "$OUT/build.log" >> "$RUNLOG"
 fi
 
+BIN_DIR=${BIN_DIR:-$BUILD_DIR}
+if [ ! -x "$BIN_DIR/lns_bench_step" ] && [ -x "$ROOT/.gpu-deps/bin/lns_bench_step" ]; then
+  BIN_DIR=$ROOT/.gpu-deps/bin
+fi
+
 if has_stage test; then
-  # shellcheck disable=SC2086  # CTEST_ARGS is a list of words
-  step test "$RUNLOG" ctest --test-dir "$BUILD_DIR" -L "$TEST_LABEL" --output-on-failure $CTEST_ARGS
+  if [ -f "$BUILD_DIR/CTestTestfile.cmake" ]; then
+    # shellcheck disable=SC2086  # CTEST_ARGS is a list of words
+    step test "$RUNLOG" ctest --test-dir "$BUILD_DIR" -L "$TEST_LABEL" --output-on-failure $CTEST_ARGS
+  else
+    # No build here (pack.sh --binaries carried the programs): the single-GPU tests
+    # from the carried test programs; the multi-rank ones need a build (ctest).
+    step test_gpu "$RUNLOG" "$BIN_DIR/lns_gpu_tests" --gtest_also_run_disabled_tests \
+      --gtest_output="json:$OUT/gtest_gpu.json"
+    step test_tiny_run "$RUNLOG" env LNS_TRAIN_BIN="$BIN_DIR/lns_train" PYTHONDONTWRITEBYTECODE=1 \
+      python3 tests/gpu/test_tiny_run.py
+  fi
 fi
 
 if has_stage bench; then
-  BIN_DIR=${BIN_DIR:-$BUILD_DIR}
-  if [ ! -x "$BIN_DIR/lns_bench_step" ] && [ -x "$ROOT/.gpu-deps/bin/lns_bench_step" ]; then
-    BIN_DIR=$ROOT/.gpu-deps/bin
-  fi
   # shellcheck disable=SC2086  # BENCH_LAUNCHER is a command line
   step kernels "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_kernels" --flagfile=configs/1b_lns.flags --json="$OUT/kernels.json"
   step kernels_torch "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_kernels_torch.py \
