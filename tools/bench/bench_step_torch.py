@@ -60,6 +60,7 @@ FLAG_DEFAULTS = {
     "min_lr_ratio": 0.1, "warmup_steps": 0, "beta1": 0.9, "beta2": 0.999, "adam_eps": 1e-8,
     "weight_decay": 0.0, "grad_clip": 1.0, "eval_every": 0, "eval_tokens": 65536,
     "log_every": 10, "out_dir": "", "peak_tflops": 0.0, "init_from": "", "dump_step_state": "",
+    "device": "cpu",  # a flagfile's --device; the command line's --device decides
 }
 MODEL_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
               "num_kv_heads", "rope_theta", "norm_eps", "norm_type", "norm_scheme",
