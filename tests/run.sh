@@ -37,7 +37,7 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   # 2. Release (build-sim-rel/): the kernels carry the access hooks, so the race check
   #    sees reads too (GCC's -fsanitize=thread instrumentation, which excludes ASan);
   #    every `gpu` kernel test under it, then the two long runs without checks:
-  #    gpu_tiny_run at 20 steps (LNS_TINY_RUN_STEPS; 80 on a GPU), gpu_nccl_dp2, the
+  #    gpu_tiny_run at 20 steps (LNS_TINY_RUN_STEPS; 160 on a GPU), gpu_nccl_dp2, the
   #    emulator-vs-model counts and the T=4096 fused attention case (label slow).
   SIM_REL_BUILD_DIR=${SIM_REL_BUILD_DIR:-build-sim-rel}
   cmake -S . -B "$SIM_REL_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA_SIM=ON >/dev/null
