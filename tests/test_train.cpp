@@ -75,7 +75,7 @@ TEST(GradClip, ScalesOnlyAboveTheThreshold) {
   std::memcpy(ps.grad(0).data, g, 8);
   std::memcpy(ps.grad(1).data, g + 2, 8);
   const auto grid = ProcessGrid::single();
-  GradientSync sync(*grid, ps, /*tied=*/false, /*zero=*/false, /*bucket_mb=*/1);
+  GradientSync sync(*grid, ps, /*tied=*/false, /*bucket_mb=*/1);
   sync.reduce();
   const double n = sync.global_norm();
   EXPECT_DOUBLE_EQ(n, 5.0);

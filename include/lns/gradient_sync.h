@@ -30,8 +30,9 @@ namespace lns {
 class GradientSync {
  public:
   // tied: the model ties embeddings (every rank must agree, so it is the config's
-  // flag, not whether this stage happens to hold the embedding).
-  GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool zero, double bucket_mb);
+  // flag, not whether this stage happens to hold the embedding). ZeRO is the layout's
+  // (Layout::set_zero: on only with dp > 1).
+  GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, double bucket_mb);
 
   bool zero() const { return zero_; }
   // The flat range [begin, end) of this dp rank: its optimizer shard under ZeRO and

@@ -21,9 +21,8 @@ bool gap_counted(int64_t from, int64_t to, const ParamSet& params) {
 
 }  // namespace
 
-GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, bool zero,
-                           double bucket_mb)
-    : grid_(grid), params_(params), tied_(tied), zero_(zero && grid.layout.dp > 1),
+GradientSync::GradientSync(ProcessGrid& grid, ParamSet& params, bool tied, double bucket_mb)
+    : grid_(grid), params_(params), tied_(tied), zero_(grid.layout.zero),
       bucket_floats_(std::max<int64_t>(1024, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4))) {
   const ShardRange s = grid.layout.zero_shard(params.numel(), grid.coords.dp);
   // Clamped: with more dp ranks than elements a share can lie past the buffer's end.

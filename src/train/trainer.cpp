@@ -194,8 +194,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   EvalOptions one = eval;
   one.eval_tokens = cfg_.micro_batch * cfg_.seq_len;
   diag_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, val_data_ ? *val_data_ : *train_data_, one);
-  sync_ = std::make_unique<GradientSync>(*grid_, model_->params(), model_cfg_.tie_embeddings,
-                                         layout.zero, cfg_.dp_bucket_mb);
+  sync_ = std::make_unique<GradientSync>(*grid_, model_->params(), model_cfg_.tie_embeddings, cfg_.dp_bucket_mb);
   model_->set_grad_ready_hook([this](int64_t from) { sync_->grads_ready(from); });
   // ZeRO: the optimizer owns this dp rank's shard; otherwise every rank updates all.
   optim_ = sync_->zero() ? std::make_unique<AdamW>(model_->params(), cfg_.adam,
