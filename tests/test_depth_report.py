@@ -28,14 +28,14 @@ MIX = {1: (5.05, [0.1] * 4, [1.0] * 4), 2: (5.25, [0.1] * 4, [1.0] * 4)}
 LNS_LR4 = {1: (4.75, [0.5] * 4, [0.1] * 4)}
 
 
-def write_run(root, scheme, seed, loss, drops, variance, lr=2e-3, status="ok", layers=4, seconds=10.0):
+def write_run(root, scheme, seed, loss, drops, variance, lr=2e-3, status="ok", layers=4, seconds=10.0, device=None):
     c = depth_study.cell("depth", layers, scheme, seed, lr=lr)
     d = os.path.join(root, depth_study.run_name(c))
     os.makedirs(d)
     with open(os.path.join(d, "cell.json"), "w") as f:
         json.dump(c, f)
     with open(os.path.join(d, "result.json"), "w") as f:
-        json.dump(dict(c, status=status, seconds=seconds), f)
+        json.dump(dict(c, status=status, seconds=seconds, **({"device": device} if device else {})), f)
     if status != "ok":
         return d
     ev = {"num_layers": layers, "loss": loss, "ppl": math.exp(loss), "norm_scheme": scheme,
@@ -299,6 +299,83 @@ class RecordTest(unittest.TestCase):
                 self.assertTrue(p.stderr.startswith("depth_report: ") and p.stderr.count("\n") == 1, p.stderr)
 
 
+class DeviceTest(unittest.TestCase):
+    """A GPU (bf16) study is its own: never pooled with CPU (f32) runs, its own records,
+    markers and figures, and a table against the CPU study."""
+
+    def test_devices_are_never_pooled(self):
+        with tempfile.TemporaryDirectory() as t:
+            synthetic(t)  # CPU runs (no device in result.json: an older run, cpu)
+            write_run(t, "pre", 4, 5.3, [0.1] * 4, [1.0] * 4, device="cuda")
+            with self.assertRaises(depth_report.ReportError) as e:
+                depth_report.build_report(depth_report.find_runs(t))
+            self.assertIn("runs of devices cpu and cuda in one report", str(e.exception))
+            p = subprocess.run([sys.executable, os.path.join(EXP, "depth_report.py"), t], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 1)
+            self.assertTrue(p.stderr.startswith("depth_report: ") and p.stderr.count("\n") == 1, p.stderr)
+            # a CPU prior summary and GPU runs: refused too
+            with self.assertRaises(depth_report.ReportError):
+                depth_report.build_report([r for r in depth_report.find_runs(t) if r["device"] == "cuda"],
+                                          [dict(PRIOR, file="prior_x.json")])
+
+    def test_gpu_study_against_cpu_study(self):
+        with tempfile.TemporaryDirectory() as t:
+            cpu, gpu = os.path.join(t, "cpu"), os.path.join(t, "gpu")
+            synthetic(cpu)
+            for seed, (loss, drops, var) in PRE.items():  # each GPU seed 0.01 above the CPU's
+                write_run(gpu, "pre", seed, loss + 0.01, drops, var, device="cuda")
+            write_run(gpu, "lns", 1, 4.7, [0.1] * 4, [0.1] * 4, device="cuda")
+            # scaled_init + LNS from its own init: 4.9, 5.0, 4.8 against LNS's 4.8, 4.9, 4.7 here
+            for seed, loss in ((1, 4.9), (2, 5.0), (3, 4.8)):
+                write_run(gpu, "lns_scaled_init", seed, loss, [0.1] * 4, [0.1] * 4, device="cuda")
+            for seed, (loss, drops, var) in LNS.items():
+                if seed > 1:
+                    write_run(gpu, "lns", seed, loss, drops, var, device="cuda")
+            rc = depth_report.build_report(depth_report.find_runs(cpu))
+            rg = depth_report.build_report(depth_report.find_runs(gpu))
+            self.assertEqual((rc["device"], rg["device"]), ("cpu", "cuda"))
+            md = depth_doc.tables(rg)
+            self.assertIn("a time on one GPU)", md)
+            # lns seeds 4.7, 4.9, 4.7 (seed 1 is 4.7 on the GPU; std sqrt(0.04/3)) against 4.9, 5.0, 4.8
+            # (std 0.1): std error sqrt(0.04/9 + 0.01/3) = 0.0882; ranges [4.7, 4.9], [4.8, 5.0] overlap
+            self.assertIn("scaled_init + LNS against LNS alone: +0.1333 (std error 0.0882, beyond spread: no; "
+                          "paired by seed: +0.1333 +- 0.0577, all 3 same sign).", md)
+            md = depth_doc.against(rg, rc, "CPU (f32)")
+            self.assertIn("| 4 | pre | 0.002 | 400 | 0.02 | 5.1000 +- 0.1000 (3) / 5.1100 +- 0.1000 (3) | +0.0100 | yes |",
+                          md)
+            self.assertIn("| 4 | lns | 0.002 | 400 | 0.02 | 4.8000 +- 0.1000 (3) / 4.7667 +- 0.1155 (3) | -0.0333 | yes |",
+                          md)
+            self.assertIn("2 configurations; difference mean -0.0117, largest -0.0333.", md)
+            self.assertEqual(depth_doc.against(rg, {"cells": []}, "x"), "")
+
+    def test_doc_markers(self):
+        with tempfile.TemporaryDirectory() as t:
+            synthetic(t)
+            rep = os.path.join(t, "report.json")
+            with open(rep, "w") as f:
+                json.dump(depth_report.build_report(depth_report.find_runs(t)), f)
+            doc = os.path.join(t, "doc.md")
+            with open(doc, "w") as f:
+                f.write("a\n<!-- depth_doc:begin -->\nold\n<!-- depth_doc:end -->\nb\n"
+                        "<!-- depth_doc_cuda:begin -->\nold gpu\n<!-- depth_doc_cuda:end -->\n")
+            cli = [sys.executable, os.path.join(EXP, "depth_doc.py"), rep, "--doc", doc, "--record", ""]
+            self.assertEqual(subprocess.run(cli + ["--marker", "depth_doc_cuda"], capture_output=True).returncode, 0)
+            with open(doc) as f:
+                text = f.read()
+            self.assertIn("old\n", text)  # the CPU tables untouched
+            self.assertNotIn("old gpu", text)
+            self.assertEqual(text.count("### Depth, shared learning rate"), 1)
+            p = subprocess.run(cli + ["--marker", "nope"], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("expected one '<!-- nope:begin -->' line", p.stderr)
+
+    def test_records_by_device(self):
+        self.assertEqual(depth_study.RECORDS, {"cpu": "docs/depth_study_runs", "cuda": "docs/depth_study_runs_cuda"})
+        with self.assertRaises(SystemExit) as e:
+            depth_study.main(["--device", "tpu", "--list"])
+        self.assertIn("--device=tpu: expected cpu or cuda", str(e.exception))
+
+
 class GridTest(unittest.TestCase):
     def test_grids(self):
         for name in ("smoke", "session", "full"):
@@ -325,7 +402,11 @@ class GridTest(unittest.TestCase):
         self.assertEqual(order, sorted(order))
         self.assertEqual(names[-4:], ["L12_pre_lr8e-03_s400_seed2", "L12_lns_lr1.6e-02_s400_seed2",
                                       "L12_pre_lr8e-03_s400_seed3", "L12_lns_lr1.6e-02_s400_seed3"])
-        self.assertGreater(len(depth_study.grid("full")), len(session))
+        full = [depth_study.run_name(c) for c in depth_study.grid("full")]
+        self.assertGreater(len(full), len(session))
+        # the full grid ends with the budget axis at 24, then 12 blocks (3 seeds each)
+        self.assertEqual(full[-12:], ["L%02d_%s_lr2e-03_s1600_seed%d" % (L, s, seed)
+                                      for L in (24, 12) for seed in (1, 2, 3) for s in ("pre", "lns")])
         with self.assertRaises(SystemExit):
             depth_study.grid("huge")
 

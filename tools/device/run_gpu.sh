@@ -23,6 +23,11 @@
 #   test       ctest --test-dir $BUILD_DIR -L $TEST_LABEL --output-on-failure
 #   bench      lns_bench_kernels, bench_kernels_torch.py, and for each of
 #              $CONFIGS lns_bench_step and bench_step_torch.py
+#   depth      the depth study's grid with --device=cuda (DEPTH_GRID full, DEPTH_JOBS 4,
+#              DEPTH_SECONDS 0 = no limit, DEPTH_OUT /tmp/depth_study_cuda), the cells
+#              recorded in docs/depth_study_runs_cuda skipped; the records and the runs'
+#              logs come back as $OUT/depth_study_cuda.tgz. Needs data/fortunes_bpe4k.*
+#              (tools/experiments/bpe_corpus.py here; carry data)
 # Other settings (environment): OUT (results folder, default ./gpu-results),
 # BUILD_DIR (build-gpu), JOBS (16), LNS_CUDA (ON), CMAKE_ARGS (extra cmake
 # arguments), TEST_LABEL (gpu), CTEST_ARGS (extra ctest arguments), CONFIGS
@@ -262,7 +267,7 @@ if has_stage configure || has_stage build; then
 fi
 
 BIN_DIR=${BIN_DIR:-$BUILD_DIR}
-if [ ! -x "$BIN_DIR/lns_bench_step" ] && [ -x "$ROOT/.gpu-deps/bin/lns_bench_step" ]; then
+if [ ! -x "$BIN_DIR/lns_train" ] && [ -x "$ROOT/.gpu-deps/bin/lns_train" ]; then
   BIN_DIR=$ROOT/.gpu-deps/bin
 fi
 
@@ -292,6 +297,23 @@ if has_stage bench; then
     step "step_torch_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py \
       --flagfile="configs/$cfg.flags" --device cuda --autocast --steps 10 --warmup 3
   done
+fi
+
+if has_stage depth; then
+  # The depth study's grid on the GPU (docs/depth_study.md): resumable, so a second call on
+  # the same machine goes on; DEPTH_SECONDS stops it (SIGTERM: running trainings save a
+  # checkpoint) in time to pack the records, which come back as one archive ($OUT keeps
+  # few files). The records go to their own folder: bf16 GPU runs are a separate study.
+  # The records that travelled (docs/depth_study_runs_cuda) say which cells are finished.
+  DEPTH_OUT=${DEPTH_OUT:-/tmp/depth_study_cuda}
+  DEPTH_RECORD=$ROOT/docs/depth_study_runs_cuda
+  mkdir -p "$DEPTH_OUT" "$DEPTH_RECORD"
+  step depth "$RUNLOG" timeout -s TERM "${DEPTH_SECONDS:-0}" env PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    python3 tools/experiments/depth_study.py --grid "${DEPTH_GRID:-full}" --device cuda --bin "$BIN_DIR" \
+    --jobs "${DEPTH_JOBS:-4}" --threads 2 --out "$DEPTH_OUT" --record "$DEPTH_RECORD"
+  # the records, and every run's logs (why one failed; its throughput)
+  (cd "$DEPTH_OUT" && find . \( -name '*.log' -o -name result.json \) -print |
+     tar czf "$OUT/depth_study_cuda.tgz" -C "$ROOT/docs" depth_study_runs_cuda -C "$DEPTH_OUT" -T -) || FAILED=1
 fi
 
 echo

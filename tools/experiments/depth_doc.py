@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the depth study's tables (from depth_report.py's report.json) into
 docs/depth_study.md, between the lines "<!-- depth_doc:begin -->" and
-"<!-- depth_doc:end -->"; the prose around them is left alone.
+"<!-- depth_doc:end -->" (--marker depth_doc_cuda: the GPU study's lines); the prose
+around them is left alone.
 
     python3 tools/experiments/depth_doc.py runs/depth_study_v2/report.json [--doc docs/depth_study.md]
         [--grid session --study runs/depth_study_v2 --jobs 2]
@@ -17,7 +18,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import depth_study  # noqa: E402  (the grid, the run names and the cost model)
 
-BEGIN, END = "<!-- depth_doc:begin -->", "<!-- depth_doc:end -->"
+def markers(name="depth_doc"):
+    """The lines the tables go between; the GPU study has its own (depth_doc_cuda)."""
+    return "<!-- %s:begin -->" % name, "<!-- %s:end -->" % name
+
 PRIOR_MARK = " *"  # a configuration only summarised (its runs were not kept)
 SHARED_LR, STEPS, EMB = depth_study.SHARED_LR, depth_study.STEPS, 0.02
 
@@ -75,6 +79,33 @@ def paired_cell(cmp):
 
 def fmt(x, spec):
     return spec % x if x is not None else "-"
+
+
+def against(report, other, label):
+    """Every configuration of REPORT that OTHER (a study on another device) also ran: the
+    two means, their difference and whether the seed ranges overlap."""
+    cells = [c for c in report["cells"] if c["n"]]
+    rows = []
+    for c in cells:
+        o = find(other["cells"], c["layers"], c["scheme"], lr=c["lr"], steps=c["steps"], emb=c["embed_std"])
+        if o is None or not o["n"]:
+            continue
+        overlap = "-"
+        if c.get("std") is not None and o.get("std") is not None and "max" in c and "max" in o:
+            overlap = "yes" if c["min"] <= o["max"] and o["min"] <= c["max"] else "no"
+        rows.append("| %d | %s | %g | %d | %s | %s | %+.4f | %s |" % (
+            c["layers"], c["scheme"], c["lr"], c["steps"], "%.4g" % c["embed_std"], loss_cell(o) + " / " +
+            loss_cell(c), c["mean"] - o["mean"], overlap))
+    if not rows:
+        return ""
+    diffs = [float(r.split(" | ")[6]) for r in rows]
+    return "\n".join(["### Against the %s study\n" % label,
+                      "Each configuration both studies ran: validation loss there / here (seeds), the difference "
+                      "here - there, and whether the two seed ranges overlap (`-`: one seed on a side).\n",
+                      "| blocks | scheme | lr | steps | embedding std | %s / this study | difference | ranges overlap |"
+                      % label, "|---|---|---|---|---|---|---|---|"] + rows +
+                     ["", "%d configurations; difference mean %+.4f, largest %+.4f.\n" % (
+                         len(rows), sum(diffs) / len(diffs), max(diffs, key=abs))])
 
 
 def tables(report, missing=(), jobs=2):
@@ -148,6 +179,11 @@ def tables(report, missing=(), jobs=2):
             w("| %s | %s | %s | %s | %s | %s |" % (s, loss_cell(c), d, beyond,
                                                   fmt(c.get("variance_growth"), "x%.2f"),
                                                   fmt(c.get("drop_deep_half"), "%.2f")))
+        cmp = comparison(report, find(cells, L, "lns"), find(cells, L, "lns_scaled_init"))
+        if cmp and "diff" in cmp:
+            d, se, beyond = diff_cells(cmp)
+            w("\nscaled_init + LNS against LNS alone: %s (std error %s, beyond spread: %s; paired by seed: %s)."
+              % (d, se, beyond, paired_cell(cmp)))
         w("")
 
     emb_cells = [c for c in cells if not close(c["embed_std"], EMB)]
@@ -184,12 +220,14 @@ def tables(report, missing=(), jobs=2):
                 l["variance"][b]))
         w("")
 
+    where = {"cpu": "on 2 cores shared with other work, nice 19", "cuda": "on one GPU"}
     for t in report.get("prior_timing", []) + [report.get("timing", {})]:
         if t.get("block_steps"):
-            w("Measured%s: %d runs, %.0f block-steps in %.1f h of run time (%.3f s per block-step per job, "
-              "%d job%s at a time on 2 cores shared with other work, nice 19).\n" % (
+            w("Measured%s: %d runs, %.0f block-steps in %.1f h of run time (%.4f s per block-step per job, "
+              "%d job%s at a time %s).\n" % (
                   " (%s)" % t["file"] if "file" in t else "", t["runs"], t["block_steps"], t["seconds"] / 3600,
-                  t["seconds"] / t["block_steps"], t.get("jobs", 1), "s" if t.get("jobs", 1) > 1 else ""))
+                  t["seconds"] / t["block_steps"], t.get("jobs", 1), "s" if t.get("jobs", 1) > 1 else "",
+                  where["cpu" if "file" in t else report.get("device", "cpu")]))
     for i, (grid, names, secs) in enumerate(missing or []):
         w("")
         if not names:
@@ -212,7 +250,13 @@ def main(argv=None):
     ap.add_argument("--study", default="", help="the study directory, for --grid")
     ap.add_argument("--jobs", type=int, default=2, help="jobs in parallel, for the projection")
     ap.add_argument("--record", default="docs/depth_study_runs", help="the run records (depth_study.py --record)")
+    ap.add_argument("--marker", default="depth_doc", help="the tables go between '<!-- MARKER:begin -->' and "
+                    "'<!-- MARKER:end -->' (depth_doc_cuda: the GPU study's)")
+    ap.add_argument("--against", default="", help="another device's report.json: a table of the "
+                    "configurations both ran")
+    ap.add_argument("--against_label", default="CPU (f32)", help="that study's name in the table")
     args = ap.parse_args(argv)
+    BEGIN, END = markers(args.marker)
     try:
         with open(args.report) as f:
             report = json.load(f)
@@ -236,6 +280,13 @@ def main(argv=None):
             secs = sum(depth_study.cost(c) for c in todo) * t["seconds"] / t["block_steps"] / max(1, args.jobs)
         missing.append((grid, [depth_study.run_name(c) for c in todo], secs))
     body = tables(report, missing, args.jobs)
+    if args.against:
+        try:
+            with open(args.against) as f:
+                body += "\n" + against(report, json.load(f), args.against_label)
+        except (OSError, json.JSONDecodeError, KeyError) as e:
+            print("depth_doc: --against=%s: %s" % (args.against, e), file=sys.stderr)
+            return 1
     new = doc[:doc.index(BEGIN) + len(BEGIN)] + "\n" + body + doc[doc.index(END):]
     with open(args.doc, "w") as f:
         f.write(new)

@@ -23,7 +23,8 @@ lns_train) and writes one JSON report:
 - best_lr: per (blocks, scheme, steps, embedding std), the learning rate of the lowest
   mean loss among those tried.
 
---plots DIR draws depth_study_*.png there. Every failure is one line
+--plots DIR draws depth_study_*.png there (--prefix names them otherwise). Runs of one
+device only: the report refuses CPU (f32) and GPU (bf16) runs together. Every failure is one line
 "depth_report: ..." and exit status 1.
 """
 import argparse
@@ -91,7 +92,9 @@ def read_run(d):
     for k in KEY + ("seed",):
         if k not in cell:
             raise ReportError("%s/cell.json: no '%s'" % (d, k))
-    run = dict(cell=cell, status=res.get("status"), dir=d, seconds=res.get("seconds"))
+    # device: cpu (f32) or cuda (bf16 matrices): the two are separate studies, never pooled
+    run = dict(cell=cell, status=res.get("status"), dir=d, seconds=res.get("seconds"),
+               device=res.get("device", "cpu"))
     if run["status"] == "diverged":
         return run
     if run["status"] != "ok":
@@ -285,6 +288,15 @@ def compare(a, b):
 def build_report(runs, prior=()):
     """runs: read_run/read_record dicts (one per run name; the first of a name counts);
     prior: load_prior's summaries, used for the configurations no run covers."""
+    # The one device of the report: bf16 GPU runs and f32 CPU runs differ in rounding, so a
+    # cell never pools them (a GPU study keeps its records in their own folder). The prior
+    # summaries are CPU runs.
+    devices = sorted({r.get("device", "cpu") for r in runs} | ({"cpu"} if prior else set()))
+    if len(devices) > 1:
+        where = sorted({os.path.dirname(r["dir"]) for r in runs if "dir" in r})
+        raise ReportError("%s: runs of devices %s in one report; keep each device's records in their own folder "
+                          "(docs/depth_study_runs, docs/depth_study_runs_cuda)" % (", ".join(where) or "records",
+                                                                                   " and ".join(devices)))
     groups, seen, uniq = {}, set(), []
     # a run both in the study directory and in the records counts once; a run of this study
     # wins over an earlier session's summary of the same seed (--rerun_prior)
@@ -317,6 +329,10 @@ def build_report(runs, prior=()):
                 # both transcribed: the comparison as the earlier session computed it from the runs
                 cmp.update({f: pc[f] for f in ("diff", "se", "beyond_spread", "paired") if f in pc})
             comparisons.append(cmp)
+        # the paper's caveat: does scaled_init undermine LNS? (the same scheme from two inits)
+        lns = (k[0], "lns") + k[2:]
+        if k[1] == "lns_scaled_init" and lns in cells:
+            comparisons.append(compare(cells[lns], cells[k]))
     best = {}
     for k in order:
         c = cells[k]
@@ -332,13 +348,14 @@ def build_report(runs, prior=()):
     timing = dict(runs=len(timed), seconds=sum(r["seconds"] for r in timed),
                   block_steps=sum(cost(r["cell"]) for r in timed),
                   jobs=max([r.get("jobs", 1) for r in timed] or [1]))
-    return dict(runs=len(runs), prior_runs=sum(len(p.get("runs", [])) for p in prior),
+    return dict(device=devices[0] if devices else "cpu", runs=len(runs), prior_runs=sum(len(p.get("runs", [])) for p in prior),
                 cells=[cells[k] for k in order], comparisons=comparisons,
                 best_lr=[b for b in best.values() if len(b["tried"]) > 1], timing=timing,
                 prior_timing=[dict(p.get("timing", {}), file=p["file"]) for p in prior])
 
 
-def plots(report, out_dir):
+def plots(report, out_dir, prefix="depth_study"):
+    """The figures, PREFIX_*.png in OUT_DIR (depth_study_cuda_* for the GPU study)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -363,7 +380,7 @@ def plots(report, out_dir):
     ax.set_title("Depth at the shared learning rate")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "depth_study_depth.png"), dpi=110)
+    fig.savefig(os.path.join(out_dir, "%s_depth.png" % prefix), dpi=110)
     plt.close(fig)
 
     # 2-4. per block: skip cost, angular distance, variance, for each depth (pre, lns)
@@ -385,7 +402,7 @@ def plots(report, out_dir):
                 ax.legend(fontsize=7)
         axes[0][0].set_ylabel(label)
         fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "depth_study_%s.png" % fname), dpi=110)
+        fig.savefig(os.path.join(out_dir, "%s_%s.png" % (prefix, fname)), dpi=110)
         plt.close(fig)
 
     # 5. validation loss during training: every run with a kept curve at 12 blocks (one line
@@ -414,7 +431,7 @@ def plots(report, out_dir):
         ax.legend(fontsize=6)
     fig.tight_layout()
     if drawn:  # else the figure on disk stays
-        fig.savefig(os.path.join(out_dir, "depth_study_loss.png"), dpi=110)
+        fig.savefig(os.path.join(out_dir, "%s_loss.png" % prefix), dpi=110)
     plt.close(fig)
 
     # 5b. the schemes at 12 blocks, shared rate: residual variance and skip cost per block
@@ -433,7 +450,7 @@ def plots(report, out_dir):
             ax.set_xlabel("block")
         axes[1].legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "depth_study_schemes.png"), dpi=110)
+        fig.savefig(os.path.join(out_dir, "%s_schemes.png" % prefix), dpi=110)
         plt.close(fig)
 
     # 6. learning-rate sweep
@@ -453,7 +470,7 @@ def plots(report, out_dir):
         ax.set_ylabel("validation loss (mean over seeds)")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "depth_study_lr.png"), dpi=110)
+        fig.savefig(os.path.join(out_dir, "%s_lr.png" % prefix), dpi=110)
         plt.close(fig)
 
 
@@ -462,6 +479,7 @@ def main(argv=None):
     ap.add_argument("study", help="the study directory (depth_study.py --out)")
     ap.add_argument("--json", default="", help="write the report here (default STUDY/report.json)")
     ap.add_argument("--plots", default="", help="draw the figures into this directory")
+    ap.add_argument("--prefix", default="depth_study", help="the figures' file names: PREFIX_depth.png, ...")
     ap.add_argument("--records", default="", help="also the run records and prior_*.json summaries kept here "
                     "(depth_study.py --record, e.g. docs/depth_study_runs)")
     args = ap.parse_args(argv)
@@ -476,7 +494,7 @@ def main(argv=None):
         with open(path, "w") as f:
             json.dump(report, f, indent=1)
         if args.plots:
-            plots(report, args.plots)
+            plots(report, args.plots, args.prefix)
     except ReportError as e:
         print("depth_report: %s" % e, file=sys.stderr)
         return 1

@@ -36,6 +36,10 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 # _init_weights); "paper-era" below.
 PAPER_EMBED_STD = math.sqrt(2.0 / 5.0)
 
+# Where each device's run records are kept (--record): a bf16 GPU run and an f32 CPU run of
+# the same cell differ in rounding, so the GPU study is its own, never pooled with the CPU's.
+RECORDS = {"cpu": "docs/depth_study_runs", "cuda": "docs/depth_study_runs_cuda"}
+
 BASE = dict(hidden=64, heads=4, intermediate=176, seq=128, batch=16, micro=8)
 SHARED_LR = 2e-3
 STEPS = 400
@@ -121,6 +125,11 @@ def grid(name):
                     out.append(cell("lr", 24, s, seed, lr=lr))
             for s in ("post", "mix"):
                 out.append(cell("schemes", 24, s, seed))
+        # the budget axis where the gap is larger: 4x the steps at 24, then 12 blocks
+        for layers in (24, 12):
+            for seed in seeds3:
+                for s in ("pre", "lns"):
+                    out.append(cell("budget", layers, s, seed, steps=4 * STEPS))
     elif name != "session":
         raise SystemExit("depth_study: --grid=%s: expected smoke, session or full" % name)
     seen, uniq = set(), []
@@ -171,6 +180,7 @@ def script_for(c, run_dir, args):
     """The shell commands of one run: (init for lns_scaled_init), train, evaluate."""
     nice = ["nice", "-n", str(args.nice)] if args.nice else []
     q = lambda xs: " ".join("'%s'" % x.replace("'", "'\\''") for x in xs)
+    train = os.path.join(args.bin, "lns_train")
     lines = ["set -o pipefail", "cd '%s'" % ROOT]
     if c["scheme"] == "lns_scaled_init":
         # scaled_init's weights (o_proj and down_proj at init_std/sqrt(2L)) with LNS on top: the
@@ -183,16 +193,16 @@ def script_for(c, run_dir, args):
         lines.append("if [ ! -f '%s/hf/model.safetensors' ]; then" % init_dir)
         lines.append("  rm -rf '%s'" % init_dir)
         lines.append("  %s --steps=0 --val_data= > '%s/init.log' 2>&1 || exit 3"
-                     % (q(nice + ["./build/lns_train"] + flags), run_dir))
+                     % (q(nice + [train] + flags), run_dir))
         lines.append("  ck=$(ls -d '%s'/run/checkpoints/step_* | tail -1)" % init_dir)
-        lines.append("  ./build/lns_convert export-hf --in=\"$ck\" --out='%s/hf' >> '%s/init.log' 2>&1 || exit 3"
-                     % (init_dir, run_dir))
+        lines.append("  '%s' export-hf --in=\"$ck\" --out='%s/hf' >> '%s/init.log' 2>&1 || exit 3"
+                     % (os.path.join(args.bin, "lns_convert"), init_dir, run_dir))
         lines.append("fi")
-    lines.append("%s >> '%s/train.log' 2>&1 || exit 1" % (q(nice + ["./build/lns_train"] + train_flags(c, run_dir, args)),
+    lines.append("%s >> '%s/train.log' 2>&1 || exit 1" % (q(nice + [train] + train_flags(c, run_dir, args)),
                                                         run_dir))
     lines.append("ck=$(ls -d '%s'/checkpoints/step_* | tail -1)" % run_dir)
     lines.append("%s \"--checkpoint=$ck\" > '%s/eval.log' 2>&1 || exit 2"
-                 % (q(nice + ["./build/lns_eval"] + eval_flags(run_dir, args)), run_dir))
+                 % (q(nice + [os.path.join(args.bin, "lns_eval")] + eval_flags(run_dir, args)), run_dir))
     return "\n".join(lines) + "\n"
 
 
@@ -214,15 +224,15 @@ def write_json(path, obj, indent=1):
     os.replace(tmp, path)
 
 
-def finish(c, run_dir, rc, seconds, record_dir="", jobs=1):
+def finish(c, run_dir, rc, seconds, record_dir="", jobs=1, device="cpu"):
     """result.json in the run directory and, with record_dir, the run's record there (the
     small JSON the report needs, kept in the repository: runs/ is not)."""
     if rc == 0:
         with open(os.path.join(run_dir, "eval.json")) as f:
             ev = json.load(f)
-        res = dict(c, status="ok", val_ppl=ev["ppl"], seconds=seconds)
+        res = dict(c, status="ok", val_ppl=ev["ppl"], seconds=seconds, device=device)
     elif rc == 1 and diverged(run_dir):
-        res = dict(c, status="diverged", val_ppl=None, seconds=seconds)
+        res = dict(c, status="diverged", val_ppl=None, seconds=seconds, device=device)
     else:
         return None
     write_json(os.path.join(run_dir, "result.json"), res)
@@ -270,18 +280,24 @@ def main(argv=None):
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time (each gets cores/jobs OpenBLAS threads)")
     ap.add_argument("--nice", type=int, default=0, help="nice level of the trainings (19: only idle CPU)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--bin", default="build", help="the folder of lns_train, lns_eval and lns_convert (a CUDA "
+                    "build for --device=cuda)")
     ap.add_argument("--only", default="", help="comma-separated groups to run (depth, lr, budget, schemes, embed)")
     ap.add_argument("--cells", default="", help="comma-separated run names or shell patterns to run (e.g. 'L12_*_lr3*')")
     ap.add_argument("--max_runs", type=int, default=0, help="start at most this many runs (0 = all)")
     ap.add_argument("--list", action="store_true", help="print the grid and what is done, run nothing")
-    ap.add_argument("--record", default="docs/depth_study_runs",
+    ap.add_argument("--record", default=None,
                     help="keep each finished run's summary here (JSON, no checkpoint; empty: none); a cell "
-                         "with a record is finished")
+                         "with a record is finished (default: RECORDS[device], as the two are separate studies)")
     ap.add_argument("--rerun_prior", action="store_true",
                     help="rerun the cells only summarised in RECORD/prior_*.json (their runs were not kept)")
     ap.add_argument("--threads", type=int, default=0,
                     help="OpenBLAS threads per run (0: cores / jobs; 1 on a machine busy with other work)")
     args = ap.parse_args(argv)
+    if args.device not in RECORDS:
+        raise SystemExit("depth_study: --device=%s: expected cpu or cuda" % args.device)
+    if args.record is None:
+        args.record = RECORDS[args.device]
     if args.jobs < 1:
         raise SystemExit("depth_study: --jobs=%d: expected >= 1" % args.jobs)
     os.chdir(ROOT)
@@ -304,7 +320,9 @@ def main(argv=None):
         print("depth_study: %d cells, %d to run, cost %.0f block-steps left" % (len(cells), len(todo),
                                                                               sum(cost(c) for c in todo)))
         return 0
-    for p in (args.data + ".train.tok", args.data + ".val.tok", "build/lns_train", "build/lns_eval"):
+    args.bin = os.path.abspath(args.bin)
+    for p in (args.data + ".train.tok", args.data + ".val.tok", os.path.join(args.bin, "lns_train"),
+              os.path.join(args.bin, "lns_eval")):
         if not os.path.exists(p):
             raise SystemExit("depth_study: %s missing (bash tools/experiments/depth_study.sh builds and prepares it)" % p)
     if args.max_runs:
@@ -353,7 +371,7 @@ def main(argv=None):
             n_done += 1
             secs = time.time() - start
             run_dir = os.path.join(out, run_name(c))
-            res = finish(c, run_dir, rc, secs, record, args.jobs) if not stopping[0] else None
+            res = finish(c, run_dir, rc, secs, record, args.jobs, args.device) if not stopping[0] else None
             if stopping[0]:
                 sys.stderr.write("\ndepth_study: %s stopped; it resumes from its checkpoint\n" % run_name(c))
             elif res is None:
