@@ -127,7 +127,9 @@ class DepthReportTest(unittest.TestCase):
         self.assertAlmostEqual(self.report["timing"]["block_steps"], 10 * 400 * (4 + depth_study.HEAD_BLOCKS))
 
     def test_doc_tables(self):
-        md = depth_doc.tables(self.report, missing=[("session", ["L06_x"], 7200), ("full", ["L06_x", "L07_y"], 9000)])
+        md = depth_doc.tables(self.report, missing=[("session", ["L06_x"], 7200), ("full", ["L06_x", "L07_y"], 9000),
+                                                    ("gpu", ["L06_x"], 150)])
+        self.assertIn("Projected time for them at the measured rate, 2 jobs: 2 min.", md)  # under an hour: minutes
         self.assertIn("| 4 | 5.1000 +- 0.1000 (3) | 4.8000 +- 0.1000 (3) | -0.3000 | 0.0816 | yes | "
                       "-0.3000 +- 0.1000, all 3 same sign | 164.0 | 121.5 | x5.00 | x2.00 | 20.00 | 10.00 |", md)
         self.assertIn("| post | diverged (1) |", md)

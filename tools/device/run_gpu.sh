@@ -306,14 +306,15 @@ if has_stage depth; then
   # few files). The records go to their own folder: bf16 GPU runs are a separate study.
   # The records that travelled (docs/depth_study_runs_cuda) say which cells are finished.
   DEPTH_OUT=${DEPTH_OUT:-/tmp/depth_study_cuda}
-  DEPTH_RECORD=$ROOT/docs/depth_study_runs_cuda
+  DEPTH_RECORD=$ROOT/$(python3 tools/experiments/depth_study.py --device cuda --print_record)
   mkdir -p "$DEPTH_OUT" "$DEPTH_RECORD"
   step depth "$RUNLOG" timeout -s TERM "${DEPTH_SECONDS:-0}" env PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
     python3 tools/experiments/depth_study.py --grid "${DEPTH_GRID:-full}" --device cuda --bin "$BIN_DIR" \
     --jobs "${DEPTH_JOBS:-4}" --threads 2 --out "$DEPTH_OUT" --record "$DEPTH_RECORD"
   # the records, and every run's logs (why one failed; its throughput)
   (cd "$DEPTH_OUT" && find . \( -name '*.log' -o -name result.json \) -print |
-     tar czf "$OUT/depth_study_cuda.tgz" -C "$ROOT/docs" depth_study_runs_cuda -C "$DEPTH_OUT" -T -) || FAILED=1
+     tar czf "$OUT/depth_study_cuda.tgz" -C "$(dirname "$DEPTH_RECORD")" "$(basename "$DEPTH_RECORD")" \
+       -C "$DEPTH_OUT" -T -) || FAILED=1
 fi
 
 echo

@@ -236,8 +236,8 @@ def tables(report, missing=(), jobs=2):
         listed = ": " + ", ".join("`%s`" % m for m in names) if i == 0 else ""
         w("Not run from the `%s` grid (%d cells)%s." % (grid, len(names), listed))
         if secs is not None:
-            w("Projected time for them at the measured rate, %d job%s: %.1f h." % (
-                jobs, "s" if jobs > 1 else "", secs / 3600))
+            w("Projected time for them at the measured rate, %d job%s: %s." % (
+                jobs, "s" if jobs > 1 else "", "%.1f h" % (secs / 3600) if secs >= 3600 else "%.0f min" % (secs / 60)))
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -348,7 +348,8 @@ def build_report(runs, prior=()):
     timing = dict(runs=len(timed), seconds=sum(r["seconds"] for r in timed),
                   block_steps=sum(cost(r["cell"]) for r in timed),
                   jobs=max([r.get("jobs", 1) for r in timed] or [1]))
-    return dict(device=devices[0] if devices else "cpu", runs=len(runs), prior_runs=sum(len(p.get("runs", [])) for p in prior),
+    return dict(device=devices[0] if devices else "cpu", runs=len(runs),
+                prior_runs=sum(len(p.get("runs", [])) for p in prior),
                 cells=[cells[k] for k in order], comparisons=comparisons,
                 best_lr=[b for b in best.values() if len(b["tried"]) > 1], timing=timing,
                 prior_timing=[dict(p.get("timing", {}), file=p["file"]) for p in prior])

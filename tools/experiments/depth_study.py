@@ -16,8 +16,10 @@ the order of priority: stop it at any time and the most important cells are done
 A progress line (stderr) gives done/running/left, elapsed time and an ETA from a cost
 model (steps x (blocks + head)), calibrated on the runs finished in this invocation.
 
-On a GPU node add --device=cuda (docs/cuda.md); the grid is the same, each run takes
-seconds there. Then run tools/experiments/depth_report.py on OUT.
+On a GPU node add --device=cuda --bin=build-cuda (a -DLNS_CUDA=ON build, docs/cuda.md);
+the grid is the same, a run takes 11-46 s there (one H200, 2026-11-26), and the records go
+to their own folder (RECORDS: bf16 runs are a study of their own). Then run
+tools/experiments/depth_report.py on OUT.
 """
 import argparse
 import fnmatch
@@ -201,8 +203,8 @@ def script_for(c, run_dir, args):
         lines.append("  %s --steps=0 --val_data= > '%s/init.log' 2>&1 || exit 3"
                      % (q(nice + [train] + flags), run_dir))
         lines.append("  ck=$(ls -d '%s'/run/checkpoints/step_* | tail -1)" % init_dir)
-        lines.append("  '%s' export-hf --in=\"$ck\" --out='%s/hf' >> '%s/init.log' 2>&1 || exit 3"
-                     % (os.path.join(args.bin, "lns_convert"), init_dir, run_dir))
+        lines.append("  %s export-hf --in=\"$ck\" --out='%s/hf' >> '%s/init.log' 2>&1 || exit 3"
+                     % (q([os.path.join(args.bin, "lns_convert")]), init_dir, run_dir))
         lines.append("fi")
     lines.append("%s >> '%s/train.log' 2>&1 || exit 1" % (q(nice + [train] + train_flags(c, run_dir, args)),
                                                         run_dir))
@@ -292,6 +294,8 @@ def main(argv=None):
     ap.add_argument("--cells", default="", help="comma-separated run names or shell patterns to run (e.g. 'L12_*_lr3*')")
     ap.add_argument("--max_runs", type=int, default=0, help="start at most this many runs (0 = all)")
     ap.add_argument("--list", action="store_true", help="print the grid and what is done, run nothing")
+    ap.add_argument("--print_record", action="store_true", help="print the record folder (--record, or the "
+                    "device's) and exit: the scripts around this one ask here")
     ap.add_argument("--record", default=None,
                     help="keep each finished run's summary here (JSON, no checkpoint; empty: none); a cell "
                          "with a record is finished (default: RECORDS[device], as the two are separate studies)")
@@ -304,6 +308,9 @@ def main(argv=None):
         raise SystemExit("depth_study: --device=%s: expected cpu or cuda" % args.device)
     if args.record is None:
         args.record = RECORDS[args.device]
+    if args.print_record:
+        print(args.record)
+        return 0
     if args.jobs < 1:
         raise SystemExit("depth_study: --jobs=%d: expected >= 1" % args.jobs)
     os.chdir(ROOT)

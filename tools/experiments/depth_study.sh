@@ -26,8 +26,9 @@ OUT=${OUT:-$DEF_OUT}
 JOBS=${JOBS:-$DEF_JOBS}
 NICE=${NICE:-19}
 DOC=${DOC-docs/depth_study.md}
-RECORD=${RECORD-docs/depth_study_runs$SUFFIX}   # each finished run's summary, kept in git (runs/ is not)
-THREADS=${THREADS:-0}                           # OpenBLAS threads per run; 1 on a busy machine
+# each finished run's summary, kept in git (runs/ is not); depth_study.py knows each device's folder
+RECORD=${RECORD-$(python3 tools/experiments/depth_study.py --device "$DEVICE" --print_record)}
+THREADS=${THREADS:-0}                    # OpenBLAS threads per run; 1 on a busy machine
 source launch/env.sh
 
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${CONF[@]}" >/dev/null
