@@ -28,8 +28,9 @@ MIX = {1: (5.05, [0.1] * 4, [1.0] * 4), 2: (5.25, [0.1] * 4, [1.0] * 4)}
 LNS_LR4 = {1: (4.75, [0.5] * 4, [0.1] * 4)}
 
 
-def write_run(root, scheme, seed, loss, drops, variance, lr=2e-3, status="ok", layers=4, seconds=10.0, device=None):
-    c = depth_study.cell("depth", layers, scheme, seed, lr=lr)
+def write_run(root, scheme, seed, loss, drops, variance, lr=2e-3, status="ok", layers=4, seconds=10.0, device=None,
+              steps=400):
+    c = depth_study.cell("depth", layers, scheme, seed, lr=lr, steps=steps)
     d = os.path.join(root, depth_study.run_name(c))
     os.makedirs(d)
     with open(os.path.join(d, "cell.json"), "w") as f:
@@ -370,6 +371,16 @@ class DeviceTest(unittest.TestCase):
             p = subprocess.run(cli + ["--marker", "nope"], capture_output=True, text=True)
             self.assertEqual(p.returncode, 1)
             self.assertIn("expected one '<!-- nope:begin -->' line", p.stderr)
+
+    def test_figures_take_the_prefix(self):
+        with tempfile.TemporaryDirectory() as t:
+            study, out = os.path.join(t, "s"), os.path.join(t, "img")
+            synthetic(study)
+            for scheme, loss in (("pre", 4.5), ("lns", 4.4)):  # the budget axis: 4x the steps
+                write_run(study, scheme, 1, loss, [0.1] * 4, [0.1] * 4, steps=1600)
+            depth_report.plots(depth_report.build_report(depth_report.find_runs(study)), out, "x_cuda")
+            self.assertEqual(sorted(os.listdir(out)), ["x_cuda_%s.png" % f for f in (
+                "angular", "budget", "depth", "layer_drop", "loss", "lr", "variance")])
 
     def test_records_by_device(self):
         self.assertEqual(depth_study.RECORDS, {"cpu": "docs/depth_study_runs", "cuda": "docs/depth_study_runs_cuda"})

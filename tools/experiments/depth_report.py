@@ -454,6 +454,31 @@ def plots(report, out_dir, prefix="depth_study"):
         fig.savefig(os.path.join(out_dir, "%s_schemes.png" % prefix), dpi=110)
         plt.close(fig)
 
+    # 5c. the budget axis: validation loss along the longest runs, one panel per depth, each
+    # seed a thin line and the mean over seeds a thick one (does the gap close with training?)
+    longest = max([c["steps"] for c in cells] or [0])
+    long_cells = [c for c in cells if c["steps"] == longest > 400 and c["scheme"] in ("pre", "lns")
+                  and c.get("curves") and abs(c["lr"] - 2e-3) < 1e-12 and abs(c["embed_std"] - 0.02) < 1e-12]
+    budget_depths = sorted({c["layers"] for c in long_cells})
+    if budget_depths:
+        fig, axes = plt.subplots(1, len(budget_depths), figsize=(4 * len(budget_depths), 3.4), squeeze=False,
+                                 sharey=True)
+        for ax, L in zip(axes[0], budget_depths):
+            for c in sorted((c for c in long_cells if c["layers"] == L), key=lambda c: c["scheme"] != "pre"):
+                curves = [cv for _, cv in sorted(c["curves"].items())]
+                for cv in curves:
+                    ax.plot([p[0] for p in cv], [p[1] for p in cv], color=colors[c["scheme"]], lw=0.6, alpha=0.5)
+                steps = sorted(set.intersection(*[{p[0] for p in cv} for cv in curves]))
+                means = [sum(dict(cv)[st] for cv in curves) / len(curves) for st in steps]
+                ax.plot(steps, means, color=colors[c["scheme"]], lw=2, label="%s (n=%d)" % (c["scheme"], len(curves)))
+            ax.set_title("%d blocks, %d steps" % (L, longest))
+            ax.set_xlabel("step")
+            ax.legend(fontsize=7)
+        axes[0][0].set_ylabel("validation loss")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "%s_budget.png" % prefix), dpi=110)
+        plt.close(fig)
+
     # 6. learning-rate sweep
     sweep = [c for c in cells if c["steps"] == 400 and abs(c["embed_std"] - 0.02) < 1e-12 and c["scheme"] in ("pre", "lns")]
     by = {}
