@@ -418,11 +418,13 @@ class GridTest(unittest.TestCase):
         full = [depth_study.run_name(c) for c in depth_study.grid("full")]
         self.assertGreater(len(full), len(session))
         # the full grid ends with the budget axis at 24, then 12 blocks (3 seeds each), then
-        # the sweep at 6 blocks (seed by seed)
-        self.assertEqual(full[-36:-24], ["L%02d_%s_lr2e-03_s1600_seed%d" % (L, s, seed)
+        # the sweeps at 6 and 48 blocks (seed by seed)
+        self.assertEqual(full[-60:-48], ["L%02d_%s_lr2e-03_s1600_seed%d" % (L, s, seed)
                                          for L in (24, 12) for seed in (1, 2, 3) for s in ("pre", "lns")])
-        self.assertEqual(full[-24:], ["L06_%s_lr%s_s400_seed%d" % (s, lr, seed) for seed in (1, 2, 3)
-                                      for lr in ("1e-03", "4e-03", "8e-03", "1.6e-02") for s in ("pre", "lns")])
+        self.assertEqual(full[-48:-24], ["L06_%s_lr%s_s400_seed%d" % (s, lr, seed) for seed in (1, 2, 3)
+                                         for lr in ("1e-03", "4e-03", "8e-03", "1.6e-02") for s in ("pre", "lns")])
+        self.assertEqual(full[-24:], ["L48_%s_lr%s_s400_seed%d" % (s, lr, seed) for seed in (1, 2, 3)
+                                      for lr in ("8e-03", "4e-03", "1.6e-02", "1e-03") for s in ("pre", "lns")])
         with self.assertRaises(SystemExit):
             depth_study.grid("huge")
 

@@ -132,12 +132,17 @@ def grid(name):
             for seed in seeds3:
                 for s in ("pre", "lns"):
                     out.append(cell("budget", layers, s, seed, steps=4 * STEPS))
-        # the learning-rate sweep at 6 blocks too, so that each depth up to 24 has one
-        # (added after the GPU run of 2026-11-26; 48 blocks has none)
+        # the learning-rate sweep at 6 blocks too, so that every depth has one (added after
+        # the GPU run of 2026-11-26)
         for seed in seeds3:
             for lr in (1e-3, 4e-3, 8e-3, 1.6e-2):
                 for s in ("pre", "lns"):
                     out.append(cell("lr", 6, s, seed, lr=lr))
+        # and at 48 blocks, the best rate at 12 and 24 blocks (8e-3) first
+        for seed in seeds3:
+            for lr in (8e-3, 4e-3, 1.6e-2, 1e-3):
+                for s in ("pre", "lns"):
+                    out.append(cell("lr", 48, s, seed, lr=lr))
     elif name != "session":
         raise SystemExit("depth_study: --grid=%s: expected smoke, session or full" % name)
     seen, uniq = set(), []
