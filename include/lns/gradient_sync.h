@@ -1,9 +1,5 @@
 // GradientSync: everything that happens to gradients between backward and the
 // optimizer, across ranks.
-//  0. Sequence parallelism: each tp rank's gradients of replicated parameters (norm
-//     gains and biases, learned residual scales) cover only its share of the tokens;
-//     they are summed over the tp group, packed into one all-reduce per step. (Sums
-//     commute, so buckets that overlap already summed over dp stay right.)
 //  1. Tied embeddings with pp > 1: the first stage's embedding gradient and the last
 //     stage's head copy are summed over the embed group, so both copies take the
 //     same update and stay equal.
@@ -18,7 +14,12 @@
 //     started as soon as the stage reports that every gradient in it is final
 //     (grads_ready), so on NCCL it runs beside the rest of backward. Overlapped or
 //     not, the pieces and their order are the same (last bucket first): same bits.
-//  3. The global gradient norm counts every parameter once: each dp rank sums its
+//  3. Sequence parallelism: each tp rank's gradients of replicated parameters (norm
+//     gains and biases, learned residual scales) cover only its share of the tokens;
+//     they are summed over the tp group, packed into one all-reduce per step. Always
+//     after step 2: overlapped buckets are summed over dp inside backward, so doing
+//     the tp sum last in both paths gives both the same association, the same bits.
+//  4. The global gradient norm counts every parameter once: each dp rank sums its
 //     shard, tensor-parallel replicas (norms) count on tp rank 0 only, the tied copy
 //     not at all; one all-reduce over the world.
 #pragma once
@@ -40,14 +41,14 @@ class GradientSync {
   int64_t shard_begin() const { return begin_; }
   int64_t shard_end() const { return end_; }
 
-  // Steps 1 and 2. full: all-reduce even under ZeRO, so every rank holds the whole
+  // Steps 1 to 3. full: all-reduce even under ZeRO, so every rank holds the whole
   // summed gradient (step dumps).
   void reduce(bool full = false);
   // Overlap: arm() before the last micro-batch's backward; the stage then calls
   // grads_ready(from) whenever the gradients at flat offsets >= from are final.
   void arm_overlap();
   void grads_ready(int64_t from);
-  double global_norm();    // step 3 (after reduce)
+  double global_norm();    // step 4 (after reduce)
   void scale(float f);     // clipping: scales the gradients the optimizer will read
   // ZeRO (no-op otherwise): every rank gets what its kernels read of every updated
   // shard. On the CPU that is the f32 master weights. On CUDA it is the bf16 copy plus
@@ -76,9 +77,10 @@ class GradientSync {
   // Step 2 for bucket k: all-reduced (no ZeRO, or full), or its pieces reduced to
   // their owners; started beside compute (overlap) or at once.
   void sum_bucket(int64_t k, bool start, bool full);
+  void sum_over_dp(bool full);  // step 2: every bucket, overlapped or not
   std::vector<std::pair<int64_t, int64_t>> norm_ranges_;  // flat ranges counted in the norm
-  std::vector<std::pair<int64_t, int64_t>> tp_sum_ranges_;  // step 0: replicated tensors' flat ranges
-  OwnedTensor tp_sum_;              // step 0 staging: the ranges packed
+  std::vector<std::pair<int64_t, int64_t>> tp_sum_ranges_;  // step 3: replicated tensors' flat ranges
+  OwnedTensor tp_sum_;              // step 3 staging: the ranges packed
   void sum_replicated_over_tp();
   OwnedTensor padded_, shard_;      // ZeRO all-gather staging when not in place: [dp * shard], [shard]
   bool master_stale_ = false;       // other shards' f32 master weights older than their bf16 copy

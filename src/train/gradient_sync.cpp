@@ -102,8 +102,6 @@ void GradientSync::sum_replicated_over_tp() {
 }
 
 void GradientSync::reduce(bool full) {
-  // 0. Sequence parallelism: replicated parameters' token-partial gradients.
-  sum_replicated_over_tp();
   // 1. Tied embedding copies on the first and last stage.
   if (tied_ && grid_.layout.pp > 1 && (grid_.first_stage() || grid_.last_stage())) {
     // Overlapped dp sums may still run: the embed group's sum goes behind them, so one
@@ -113,6 +111,17 @@ void GradientSync::reduce(bool full) {
     LNS_CHECK(i >= 0) << "tied embeddings: the first and last stage both hold the embedding";
     grid_.embed_comm().all_reduce(params_.grad(i), ReduceOp::Sum);
   }
+  sum_over_dp(full);
+  // 3. Sequence parallelism: replicated parameters' token-partial gradients, summed
+  //    over tp after the dp sums in both orders of work, since overlapped buckets
+  //    start inside backward, before this point: summing over tp first without
+  //    overlap would associate (a+b)+(c+d) against (a+c)+(b+d), other bits. Under
+  //    ZeRO only the owner's piece holds the dp sum; the tp ranks of one dp rank own
+  //    the same piece, so its tp sum is right where it is read.
+  sum_replicated_over_tp();
+}
+
+void GradientSync::sum_over_dp(bool full) {
   if (grid_.layout.dp == 1) return;
   if (armed_) {  // 2, overlapped: start what backward has not, then wait for all
     grads_ready(0);

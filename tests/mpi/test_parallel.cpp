@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
 
 #include "lns/data.h"
 #include "lns/device.h"
@@ -98,9 +99,30 @@ TrainConfig one_rank(TrainConfig t) {
   return t;
 }
 
-void compare_files(const std::string& got_path, const std::string& want_path) {
+// The layout's step (`got_path`, this rank's dump) against the single rank's, run here
+// (rank 0 only) from the same model and data: each tensor within kTol of its scale.
+// A tensor's scale is its largest entry, except for a scalar gradient (a learned
+// residual scale's: one sum over every token and feature, sum(dr * x)). The layout
+// changes dr and x by rounding, kTol of the layer's gradients' size, and the sum
+// cancels most of its terms, so the scalar moves by kTol of the terms, not of the
+// sum (measured: 1.4e-5 of its own size under tp = 2 with OpenBLAS's generic kernel).
+// Its scale is therefore the largest gradient entry of its layer, the size of what it
+// is summed from. A layout bug moves a tensor by orders of magnitude more.
+void compare_to_single_rank(const std::string& got_path, const LlamaConfig& c, TrainConfig t) {
+  const std::string want_path = got_path + ".single.safetensors";
+  t.virtual_stages = 1;
+  Trainer(c, t).dump_step_state(want_path);
   SafetensorsReader got(got_path), want(want_path);
   ASSERT_EQ(got.entries().size(), want.entries().size());
+  auto layer_of = [](const std::string& name) {  // "grad.model.layers.3." or ""
+    const std::string pre = "grad.model.layers.";
+    if (name.rfind(pre, 0) != 0) return std::string();
+    return name.substr(0, name.find('.', pre.size()) + 1);
+  };
+  std::map<std::string, double> layer_scale;
+  for (const auto& [name, e] : want.entries())
+    if (e.dtype == "F32" && !layer_of(name).empty())
+      for (float v : want.read_f32(name)) layer_scale[layer_of(name)] = std::max<double>(layer_scale[layer_of(name)], std::abs(v));
   double worst = 0;
   for (const auto& [name, e] : want.entries()) {
     ASSERT_TRUE(got.has(name)) << name;
@@ -113,6 +135,7 @@ void compare_files(const std::string& got_path, const std::string& want_path) {
     double err = 0, scale = 1e-30;
     for (size_t i = 0; i < a.size(); ++i)
       err = std::max(err, std::abs(double(a[i]) - b[i])), scale = std::max(scale, std::abs(double(b[i])));
+    if (a.size() == 1 && !layer_of(name).empty()) scale = std::max(scale, layer_scale[layer_of(name)]);
     EXPECT_LE(err / scale, kTol) << name;
     worst = std::max(worst, err / scale);
   }
@@ -137,11 +160,10 @@ class Layout : public ::testing::TestWithParam<Case> {};
 TEST_P(Layout, StepDumpEqualsSingleRank) {
   const Case c = GetParam();
   const std::string dir = ::testing::TempDir() + "/lns_mpi_" + std::to_string(::getppid());
-  const std::string got = dir + "_layout.safetensors", want = dir + "_single.safetensors";
+  const std::string got = dir + "_layout.safetensors";
   Trainer(model(c.scheme, c.tied, c.norm), train(c.mode), g_grid).dump_step_state(got);
   if (g_grid->rank != 0) return;
-  Trainer(model(c.scheme, c.tied, c.norm), one_rank(train(c.mode))).dump_step_state(want);
-  compare_files(got, want);
+  compare_to_single_rank(got, model(c.scheme, c.tied, c.norm), train(c.mode));
 }
 
 TEST_P(Layout, FiveStepsOfLossesEqualSingleRank) {
@@ -236,11 +258,10 @@ class MoreLayout : public Layout {
 TEST_P(MoreLayout, StepDumpEqualsSingleRank) {
   const Case c = GetParam();
   const std::string dir = ::testing::TempDir() + "/lns_mpi_more_" + std::to_string(::getppid());
-  const std::string got = dir + "_layout.safetensors", want = dir + "_single.safetensors";
+  const std::string got = dir + "_layout.safetensors";
   Trainer(model(c.scheme, c.tied, c.norm), train(c.mode), g_grid).dump_step_state(got);
   if (g_grid->rank != 0) return;
-  Trainer(model(c.scheme, c.tied, c.norm), one_rank(train(c.mode))).dump_step_state(want);
-  compare_files(got, want);
+  compare_to_single_rank(got, model(c.scheme, c.tied, c.norm), train(c.mode));
 }
 INSTANTIATE_TEST_SUITE_P(SpSchemes, MoreLayout,
                          ::testing::Values(Case{NormScheme::Pre, false, SampleMode::Packed},
@@ -435,8 +456,7 @@ TEST(InitFrom, ShardedLoadEqualsSingleRank) {
   const std::string dir = ::testing::TempDir() + "/lns_mpi_init_" + std::to_string(::getppid());
   Trainer(c, t, g_grid).dump_step_state(dir + "_layout.safetensors");
   if (g_grid->rank != 0) return;
-  Trainer(c, one_rank(t)).dump_step_state(dir + "_single.safetensors");
-  compare_files(dir + "_layout.safetensors", dir + "_single.safetensors");
+  compare_to_single_rank(dir + "_layout.safetensors", c, t);
 }
 
 // Padding rows of the FFN and the vocabulary start at zero, have zero gradients and
