@@ -3,6 +3,7 @@
 // clear UserError naming the file for every kind of damage.
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <unistd.h>
 
@@ -169,7 +170,30 @@ TEST(Safetensors, HostileHeadersAreOneLineWithoutTheirBytes) {
   uint64_t huge = uint64_t{1} << 62;
   std::string f(reinterpret_cast<const char*>(&huge), 8);
   write_all(tmp_path("huge"), f + "{}");
-  expect_user_error([&] { SafetensorsReader r(tmp_path("huge")); }, "header length 4611686018427387904 exceeds the file size");
+  expect_user_error([&] { SafetensorsReader r(tmp_path("huge")); },
+                    "huge.safetensors: not a safetensors file (its first 8 bytes, read as the header length, give more than the "
+                    "file's 10 bytes hold)");
+  // A text file (an index that names a JSON file as a shard, say): the message never
+  // echoes its first bytes as a number.
+  const std::string text = "{\n  \"metadata\": {\"total_size\": 1024},\n  \"weight_map\": {}\n}\n";
+  write_all(tmp_path("text"), text);
+  uint64_t as_length = 0;
+  std::memcpy(&as_length, text.data(), 8);
+  try {
+    SafetensorsReader r(tmp_path("text"));
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("text.safetensors: not a safetensors file (its first 8 bytes, read as the header length, give more "
+                       "than the file's 59 bytes hold)"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find(std::to_string(as_length)), std::string::npos) << msg;
+  }
+  // Within the file but past any real header: the limit, not the number, is named.
+  huge = kMaxSafetensorsHeaderBytes + 1;
+  write_all(tmp_path("past_limit"), std::string(reinterpret_cast<const char*>(&huge), 8));
+  std::filesystem::resize_file(tmp_path("past_limit"), 8 + huge);  // sparse: no 100 MiB written
+  expect_user_error([&] { SafetensorsReader r(tmp_path("past_limit")); },
+                    "give more than the limit of 104857600 bytes)");
   EXPECT_NO_THROW(SafetensorsReader(handmade("fine", "{\"t\":{" + ok + "}}")));
 }
 

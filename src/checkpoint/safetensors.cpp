@@ -44,8 +44,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path)
   uint64_t header_len = 0;
   std::memcpy(&header_len, bytes, 8);  // little-endian host (x86-64, aarch64)
   if (header_len > size - 8 || header_len > kMaxSafetensorsHeaderBytes)
-    fail(path, ": not a safetensors file (header length ", header_len, " exceeds ",
-         header_len > size - 8 ? absl::StrCat("the file size ", size)
+    // The length is the file's first 8 bytes as a number: for a file of another kind
+    // (text, JSON) that number is noise, so the message does not print it.
+    fail(path, ": not a safetensors file (its first 8 bytes, read as the header length, give more than ",
+         header_len > size - 8 ? absl::StrCat("the file's ", size, " bytes hold")
                                     : absl::StrCat("the limit of ", kMaxSafetensorsHeaderBytes, " bytes"),
          ")");
   data_ = bytes + 8 + header_len;
