@@ -291,6 +291,20 @@ __global__ void warp_sum_kernel(float* out, const float* in, bool diverge) {
   out[threadIdx.x] = v;
 }
 
+// Reports name files relative to the checkout whatever its directory is called: one
+// that ends in "src" once made them read src/src/cuda/common.cuh.
+TEST(SimReports, SourcePathsAreRelativeToTheCheckout) {
+  using sim::source_path;
+  EXPECT_EQ(source_path("/tmp/x.src/src/cuda/common.cuh:69", "/tmp/x.src"), "src/cuda/common.cuh:69");
+  EXPECT_EQ(source_path("/home/u/src/lns/tests/gpu/t.cpp", "/home/u/src/lns/"), "tests/gpu/t.cpp");
+  EXPECT_EQ(source_path("/tmp/x.src/build/../src/cuda/norm.cu:41", "/tmp/x.src"), "src/cuda/norm.cu:41");
+  EXPECT_EQ(source_path("build/../src/cuda/norm.cu:41", "/tmp/x.src"), "src/cuda/norm.cu:41");
+  EXPECT_EQ(source_path("/usr/include/c++/12/bits/stl_algo.h:5", "/tmp/x.src"), "stl_algo.h:5");
+  EXPECT_EQ(source_path("/tmp/x.srcfoo/src/a.cu", "/tmp/x.src"), "a.cu");  // a sibling, not the checkout
+  // This build's own root: the path this file was compiled from.
+  EXPECT_EQ(source_path(__FILE__), "tests/gpu/test_sim_checks.cpp");
+}
+
 TEST(SimChecks, ShuffleInADivergentBranchIsReported) {
   DevBuf in(64), out(64);
   std::vector<float> h(64);

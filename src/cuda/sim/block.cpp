@@ -166,11 +166,7 @@ std::string hex(unsigned v) {
   return buf;
 }
 std::string thread_str(const Thread& t) { return "thread " + dim_str(t.idx); }
-std::string site_str(const char* file, int line) {
-  const char* slash = std::strrchr(file, '/');
-  const char* src = std::strstr(file, "src/");
-  return std::string(src ? src : (slash ? slash + 1 : file)) + ":" + std::to_string(line);
-}
+std::string site_str(const char* file, int line) { return source_path(file) + ":" + std::to_string(line); }
 
 [[noreturn]] void fail_at(Block& b, Thread& t, const std::string& msg);
 

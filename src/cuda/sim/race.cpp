@@ -78,17 +78,6 @@ std::string byte_name(size_t index) {
   }
   return "shared byte " + std::to_string(index);
 }
-std::string short_path(const std::string& file) {
-  // from the last "src/" or "tests/" on: build/../src/cuda/norm.cu -> src/cuda/norm.cu
-  size_t cut = std::string::npos;
-  for (const char* top : {"src/", "tests/"}) {
-    const size_t at = file.rfind(top);
-    if (at != std::string::npos && (cut == std::string::npos || at > cut)) cut = at;
-  }
-  if (cut != std::string::npos) return file.substr(cut);
-  const size_t slash = file.rfind('/');
-  return slash == std::string::npos ? file : file.substr(slash + 1);
-}
 
 // The source line of a code address: addr2line on the object that holds it, with
 // the inline chain ("common.cuh:80 inlined in norm.cu:41"). The hooks' callers are
@@ -142,7 +131,7 @@ std::string code_line(const void* pc) {
     const size_t disc = where.find(" (discriminator");
     if (disc != std::string::npos) where.resize(disc);
     if (where.rfind("??", 0) == 0) where = lines[i] + " (no line table)";
-    out += (out.empty() ? "" : " inlined in ") + short_path(where);
+    out += (out.empty() ? "" : " inlined in ") + source_path(where);
   }
   return out.empty() ? addr : out;
 }
@@ -248,7 +237,7 @@ void race_after_slice(const char* waited_file, int waited_line) {
         if (w >= 0 && w != g_thread)
           fail("shared-memory race: " + thread_name(g_thread) + " and " + thread_name(w) + " both wrote " +
                byte_name(offset + i) + " with no __syncthreads between them (" + thread_name(g_thread) +
-               " last waited at " + short_path(waited_file) + ":" + std::to_string(waited_line) + ")");
+               " last waited at " + source_path(waited_file) + ":" + std::to_string(waited_line) + ")");
         w = g_thread;
         snap[i] = lo[i];
       }

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -310,6 +311,18 @@ void reset_device_memory_peak() {
   for (int d = 0; d < 64; ++d) registry().peak[d] = registry().in_use[d];
 }
 
+#ifndef LNS_SOURCE_ROOT
+#define LNS_SOURCE_ROOT ""  // CMakeLists.txt sets it to the checkout's path
+#endif
+std::string source_path(const std::string& file, std::string root) {
+  if (root.empty()) root = LNS_SOURCE_ROOT;
+  if (!root.empty() && root.back() != '/') root += '/';
+  const std::string p = std::filesystem::path(file).lexically_normal().string();
+  if (!root.empty() && p.compare(0, root.size(), root) == 0) return p.substr(root.size());
+  if (p.empty() || p[0] != '/') return p;
+  return p.substr(p.rfind('/') + 1);
+}
+
 // ---- launches -------------------------------------------------------------------------
 
 namespace {
@@ -327,8 +340,7 @@ LNS_SIM_RAW size_t raw_first_difference(const char* a, const char* b, size_t n) 
 }
 
 std::string site_of(const LaunchSite& s) {
-  const char* src = std::strstr(s.file, "src/");
-  return std::string("kernel ") + s.kernel + " (launched at " + (src ? src : s.file) + ":" + std::to_string(s.line) + ")";
+  return std::string("kernel ") + s.kernel + " (launched at " + source_path(s.file) + ":" + std::to_string(s.line) + ")";
 }
 
 // The device memory a grid can reach through its pointer arguments, copied.

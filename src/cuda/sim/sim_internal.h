@@ -58,6 +58,13 @@ void race_resume(int linear_thread);
 void race_after_slice(const char* waited_file, int waited_line);
 void race_barrier();
 void race_end_block();
+
+// A source path as every report prints it: relative to the checkout the emulator was
+// built from (`root`; by default the build's LNS_SOURCE_ROOT), so that
+// /home/u/lns.src/src/cuda/norm.cu:41 reads src/cuda/norm.cu:41 wherever the checkout
+// sits and whatever its name. A relative path (a line table's build/../src/x.cu) is
+// normalised; a path outside the checkout (a system header) keeps its last component.
+std::string source_path(const std::string& file, std::string root = "");
 // Whether the kernels were built with the access hooks, so that reads are seen too.
 bool race_sees_reads();
 
