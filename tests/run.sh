@@ -13,6 +13,25 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)"
 
+# ---- OpenBLAS kernels: the numerics again under each kernel family the CPU runs -----
+# The run above uses whatever kernel OpenBLAS picks here (its generic one on CPUs it does
+# not know, unless OPENBLAS_CORETYPE is set): every test must pass whichever it is. The
+# tests whose numbers flow through BLAS (unit: ops, model against PyTorch's golden
+# values; mpi: every layout against one rank) run once more under each of Prescott
+# (generic), Haswell (AVX2) and SkylakeX (AVX-512), those this CPU supports.
+# LNS_BLAS_KERNELS=OFF skips this part; a list (e.g. "Haswell") runs those only.
+BLAS_KERNELS=${LNS_BLAS_KERNELS:-Prescott Haswell SkylakeX}
+if [ "$BLAS_KERNELS" != "OFF" ]; then
+  for k in $BLAS_KERNELS; do
+    case $k in
+      Haswell) grep -qw avx2 /proc/cpuinfo || { echo "tests/run.sh: no AVX2: kernel $k skipped"; continue; } ;;
+      SkylakeX) grep -qw avx512f /proc/cpuinfo || { echo "tests/run.sh: no AVX-512: kernel $k skipped"; continue; } ;;
+    esac
+    echo "tests/run.sh: unit and mpi tests under OPENBLAS_CORETYPE=$k"
+    OPENBLAS_CORETYPE=$k ctest --test-dir "$BUILD_DIR" -L "unit|mpi" --output-on-failure -j"$(nproc)"
+  done
+fi
+
 # ---- sanitizers: the file-format tests under ASan/UBSan (build-asan/) --------------
 # LNS_SANITIZE=OFF skips this part.
 if [ "${LNS_SANITIZE:-ON}" != "OFF" ]; then
@@ -37,15 +56,16 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   # 2. Release (build-sim-rel/): the kernels carry the access hooks, so the race check
   #    sees reads too (GCC's -fsanitize=thread instrumentation, which excludes ASan);
   #    every `gpu` kernel test under it, then the two long runs without checks:
-  #    gpu_tiny_run at 20 steps (LNS_TINY_RUN_STEPS; 160 on a GPU), gpu_nccl_dp2, the
-  #    emulator-vs-model counts and the T=4096 fused attention case (label slow).
+  #    gpu_tiny_run (20 steps in an emulation build, 160 on a GPU: its ctest entry says
+  #    so), gpu_nccl_dp2, the emulator-vs-model counts and the T=4096 fused attention
+  #    case (label slow).
   SIM_REL_BUILD_DIR=${SIM_REL_BUILD_DIR:-build-sim-rel}
   cmake -S . -B "$SIM_REL_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA_SIM=ON >/dev/null
   cmake --build "$SIM_REL_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \
         lns_bench_step
   LNS_SIM_CHECKS=race ctest --test-dir "$SIM_REL_BUILD_DIR" -L gpu -LE 'slow|mpi' -E "$SIM_EXCLUDE|gpu_mpi_tp2_pp2" \
     --output-on-failure -j"$(nproc)"
-  LNS_TINY_RUN_STEPS=20 ctest --test-dir "$SIM_REL_BUILD_DIR" -R "^($SIM_EXCLUDE|gpu_flash_attention_t4096)\$" \
+  ctest --test-dir "$SIM_REL_BUILD_DIR" -R "^($SIM_EXCLUDE|gpu_flash_attention_t4096)\$" \
     --output-on-failure \
     -j"$(nproc)"
 fi
