@@ -39,7 +39,13 @@ class CollectiveError : public UserError {
 std::string current_exception_message();
 
 // Runs body; any exception becomes "<app>: error: <message>" on stderr and exit 1.
+// Calls line_buffered_stdout() first.
 int main_guard(const char* app, const std::function<int()>& body);
+
+// stdout flushed at every newline, also into a pipe or a file (C's default there is
+// full buffering): a run killed by `timeout` or a batch system has printed every line
+// it reached, its configuration first. Every app calls it before printing.
+void line_buffered_stdout();
 
 }  // namespace lns
 

@@ -28,7 +28,10 @@ std::string current_exception_message() {
   }
 }
 
+void line_buffered_stdout() { std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ); }
+
 int main_guard(const char* app, const std::function<int()>& body) {
+  line_buffered_stdout();
   try {
     return body();
   } catch (...) {

@@ -161,6 +161,7 @@ int run() {
 }  // namespace lns
 
 int main(int argc, char** argv) {
+  lns::line_buffered_stdout();
   gflags::SetUsageMessage("lns_train --flagfile=configs/tiny_lns.flags [--flag=value ...]");
   for (int i = 0; i < argc; ++i) absl::StrAppend(&lns::g_command_line, i ? " " : "", argv[i]);
   gflags::ParseCommandLineFlags(&argc, &argv, true);

@@ -202,6 +202,7 @@ int run() {
 }  // namespace lns
 
 int main(int argc, char** argv) {
+  lns::line_buffered_stdout();
   gflags::SetUsageMessage("lns_bench_kernels [--json=PATH] [--flagfile=configs/1b_lns.flags]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;

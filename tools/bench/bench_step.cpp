@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "lns/cpu_info.h"
 #include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/model_flags.h"
@@ -51,6 +52,17 @@ int main(int argc, char** argv) {
       mem_base = lns::cuda_memory_in_use();  // the context, before the model
     }
     lns::Trainer trainer(mc, tc);
+    // Configuration and backend first, then a line per step: stdout is line-buffered
+    // (main_guard), so a run cut short by `timeout` still says what it ran and how far.
+    std::printf("config: hidden %d, layers %d, heads %d/%d, intermediate %d, vocab %d, seq %lld, "
+                "batch %lld (micro %lld), %.2fM parameters\n",
+                mc.hidden_size, mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.intermediate_size,
+                mc.vocab_size, (long long)tc.seq_len, (long long)tc.global_batch,
+                (long long)tc.micro_batch, trainer.model().params().numel() / 1e6);
+    if (!gpu) {  // OPENBLAS_CORETYPE moves CPU figures by about 2x: every figure names its kernel
+      std::printf("CPU: %s\n", lns::cpu_blas_info().c_str());
+      if (const std::string w = lns::cpu_blas_warning(); !w.empty()) std::printf("warning: %s\n", w.c_str());
+    }
     std::vector<double> ms;
 #ifdef LNS_CUDA_SIM
     // The SIMT emulator (docs/cuda.md): what a step asks of the device is counted
@@ -70,6 +82,7 @@ int main(int argc, char** argv) {
 #endif
       const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (i >= FLAGS_bench_warmup) ms.push_back(dt);
+      std::printf("step %d/%d: %.1f ms%s\n", i + 1, tc.steps, dt, i < FLAGS_bench_warmup ? " (warm-up)" : "");
       if (gpu) mem_peak = std::max(mem_peak, std::max(lns::cuda_memory_in_use(), mem_base) - mem_base);
     }
     std::sort(ms.begin(), ms.end());
@@ -77,11 +90,6 @@ int main(int argc, char** argv) {
     for (double m : ms) mean += m / ms.size();
     const double median = ms[ms.size() / 2];
     const double tokens = double(tc.global_batch) * tc.seq_len;
-    std::printf("config: hidden %d, layers %d, heads %d/%d, intermediate %d, vocab %d, seq %lld, "
-                "batch %lld (micro %lld), %.2fM parameters\n",
-                mc.hidden_size, mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.intermediate_size,
-                mc.vocab_size, (long long)tc.seq_len, (long long)tc.global_batch,
-                (long long)tc.micro_batch, trainer.model().params().numel() / 1e6);
 #ifdef LNS_CUDA_SIM
     if (gpu) {
       int dev = 0;
