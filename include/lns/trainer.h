@@ -77,6 +77,17 @@ struct StepStats {
   double seconds = 0;
 };
 
+// Where the time from launch to the end of the first step went (seconds), as
+// `start-up ...` in the log and "startup_*" in the first metrics record: the process
+// (libraries, MPI, flags) until the Trainer starts, opening the data, the model's
+// buffers (host and device allocation), the initial weights (drawn, or read with
+// --init_from) and their upload, the rest of set-up (optimizer, checkpoint resume),
+// and the first step (the first use of every kernel, cuBLASLt's plans).
+struct StartupTimes {
+  double process = 0, data = 0, buffers = 0, weights = 0, setup = 0, first_step = 0;
+  double total() const { return process + data + buffers + weights + setup + first_step; }
+  std::string line() const;  // "start-up 12.3 s to the end of the first step: ..."
+};
 
 class Trainer {
  public:
@@ -119,6 +130,8 @@ class Trainer {
   // rank 0 as a step-state dump with logical (single-rank) names and shapes.
   void dump_step_state(const std::string& path);
   int64_t flops_per_token() const;  // 6 * parameters + attention (see docs/training.md)
+  // Filled by the constructor, and by the first train_step for first_step.
+  const StartupTimes& startup() const { return startup_; }
   // LN-free: the state (norms fixed so far, the schedule's progress), as a checkpoint
   // stores it; empty without --ln_free and without a resumed LN-free checkpoint.
   const LnFreeState& ln_free() const { return ln_free_; }
@@ -138,6 +151,7 @@ class Trainer {
       const std::vector<std::pair<std::string, CommCounts>>& counts);
 
  private:
+  StartupTimes startup_;
   bool is_root() const { return grid_->rank == 0; }
   void log_activation_accounts() const;
   double peak_memory_bytes();  // collective

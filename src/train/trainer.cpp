@@ -5,6 +5,8 @@
 #include <limits>
 #include <cstring>
 #include <fstream>
+#include <sstream>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <absl/strings/str_cat.h>
@@ -29,6 +31,27 @@ namespace {
 double now_seconds() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+// Seconds since this process started (the kernel's start time of the process against
+// the time since boot, both in /proc): loading the libraries and MPI_Init included.
+// 0 where /proc does not say.
+double seconds_since_process_start() {
+  std::ifstream stat("/proc/self/stat"), up("/proc/uptime");
+  std::string s;
+  double uptime = 0;
+  if (!std::getline(stat, s) || !(up >> uptime)) return 0;
+  const size_t close = s.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(s.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i)
+    if (i == 22) {
+      const long ticks = sysconf(_SC_CLK_TCK);
+      const double started = ticks > 0 ? std::strtod(field.c_str(), nullptr) / ticks : uptime;
+      return std::max(0.0, uptime - started);
+    }
+  return 0;
 }
 
 // Appends one JSON object per line; flushed so a crash loses at most the last line.
@@ -128,8 +151,22 @@ double Trainer::peak_memory_bytes() {
   return peak;
 }
 
+std::string StartupTimes::line() const {
+  return absl::StrFormat(
+      "start-up %.1f s to the end of the first step: process %.1f s, data %.1f s, model buffers %.1f s, initial weights "
+      "%.1f s, rest of set-up %.1f s, first step %.1f s",
+      total(), process, data, buffers, weights, setup, first_step);
+}
+
 Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGrid* grid)
     : model_cfg_(model_cfg), cfg_(cfg) {
+  startup_.process = seconds_since_process_start();
+  double mark = now_seconds();
+  auto lap = [&mark] {
+    const double t = now_seconds(), d = t - mark;
+    mark = t;
+    return d;
+  };
   if (!grid) {
     own_grid_ = ProcessGrid::single();
     grid = own_grid_.get();
@@ -169,6 +206,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
     val_data_ = TokenCorpus::open(cfg_.val_data);
     BatchSampler check(*val_data_, cfg_.data_mode, cfg_.seq_len, 0, false, model_cfg_.vocab_size);
   }
+  startup_.data = lap();
 
   const StageSpec spec = stage_spec(layout, grid_->coords.pp);
   model_ = std::make_unique<LlamaStage>(
@@ -176,12 +214,15 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
       chunk_slots(num_micro_, grid_->coords.pp, layout.pp, layout.virtual_stages), grid_->tensor_parallel(),
       cfg_.device);
   log_activation_accounts();
+  startup_.buffers = lap();
   if (cfg_.init_from.empty()) {
     model_->init_weights(cfg_.seed);
   } else {
     load_params(model_->params(), SafetensorsReader(cfg_.init_from), model_cfg_);
     if (is_root()) LOG(INFO) << "loaded weights from " << cfg_.init_from;
   }
+  device_synchronize(cfg_.device);  // the upload is part of it
+  startup_.weights = lap();
   pipeline_ = std::make_unique<PipelineSchedule1F1B>(*grid_, *model_, num_micro_);
   const EvalOptions eval{cfg_.seq_len, cfg_.micro_batch, cfg_.eval_tokens, cfg_.data_mode};
   if (val_data_) {
@@ -231,6 +272,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
       resume_from(dir);
     }
   }
+  startup_.setup = lap();
 }
 
 void Trainer::resume_from(const std::string& dir) {
@@ -427,6 +469,7 @@ StepStats Trainer::train_step() {
   device_synchronize(cfg_.device);  // the step's time includes its queued GPU work
   s.step = optim_->steps_taken();
   s.seconds = now_seconds() - t0;
+  if (startup_.first_step == 0) startup_.first_step = s.seconds;
   last_step_comm_ = grid_->comm_counts();
   for (size_t g = 0; g < last_step_comm_.size(); ++g) last_step_comm_[g].second = last_step_comm_[g].second - comm_before[g].second;
   if (VLOG_IS_ON(1)) {
@@ -562,8 +605,10 @@ bool Trainer::run() {
                    {"val_tokens", e.tokens}, {"elapsed_s", now_seconds() - start}});
   };
   const bool saves = !cfg_.out_dir.empty();
+  bool first = true;
   while (optim_->steps_taken() < cfg_.steps) {
     const StepStats s = train_step();
+    if (first && is_root()) LOG(INFO) << startup_.line();
     window_time += s.seconds;
     window_tokens += tokens_per_step;
     for (const nlohmann::json& r : ln_free_records_) metrics.write(r);
@@ -576,6 +621,11 @@ bool Trainer::run() {
                           {"tokens", s.step * tokens_per_step}};
       if (ln_free_schedule_)
         j["ln_free_fixed"] = ln_free_.norms.size(), j["ln_free_next_event"] = ln_free_.progress.next_event;
+      if (first) {
+        const StartupTimes& u = startup_;
+        j["startup_s"] = {{"total", u.total()}, {"process", u.process}, {"data", u.data}, {"buffers", u.buffers},
+                          {"weights", u.weights}, {"setup", u.setup}, {"first_step", u.first_step}};
+      }
       if (cfg_.peak_tflops > 0)
         j["mfu"] = flops_per_step / s.seconds / (cfg_.peak_tflops * 1e12 * grid_->world_size());
       const auto comm = comm_bytes_by_kind(last_step_comm_);
@@ -593,6 +643,7 @@ bool Trainer::run() {
       }
       metrics.write(j);
     }
+    first = false;
     if (s.step % cfg_.log_every == 0 || s.step == cfg_.steps || s.step == 1) {
       const double avg_tps = window_tokens / window_time;
       std::string mfu;

@@ -65,6 +65,25 @@ class Resume(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr[-3000:])
         return r
 
+    def test_startup_is_accounted(self):
+        # Where the time to the first step went: one log line and the first record's
+        # "startup_s", parts that add up to the total; the first step is timed.
+        out = os.path.join(self.dir, "startup")
+        r = self.run_train(out, "--steps=2")
+        line = [l for l in r.stderr.splitlines() if "start-up " in l]
+        self.assertEqual(len(line), 1, r.stderr[-2000:])
+        self.assertIn("to the end of the first step: process ", line[0])
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            rows = [json.loads(l) for l in f]
+        self.assertIn("startup_s", rows[0])
+        self.assertNotIn("startup_s", rows[1])
+        u = rows[0]["startup_s"]
+        parts = ["process", "data", "buffers", "weights", "setup", "first_step"]
+        self.assertTrue(all(u[p] >= 0 for p in parts), u)
+        self.assertGreater(u["first_step"], 0)
+        self.assertAlmostEqual(u["total"], sum(u[p] for p in parts), places=6)
+        self.assertAlmostEqual(u["first_step"], rows[0]["step_time_s"], places=6)
+
     def test_kill_during_save_resumes_from_last_complete(self):
         out = os.path.join(self.dir, "killed")
         cmd = [TRAIN, *self.flags, "--steps=12", "--save_every=4", "--out_dir=" + out,

@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
 #endif
       const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (i >= FLAGS_bench_warmup) ms.push_back(dt);
-      std::printf("step %d/%d: %.1f ms%s\n", i + 1, tc.steps, dt, i < FLAGS_bench_warmup ? " (warm-up)" : "");
+      std::printf("step %d/%lld: %.1f ms%s\n", i + 1, (long long)tc.steps, dt, i < FLAGS_bench_warmup ? " (warm-up)" : "");
+      if (i == 0) std::printf("%s\n", trainer.startup().line().c_str());
       if (gpu) mem_peak = std::max(mem_peak, std::max(lns::cuda_memory_in_use(), mem_base) - mem_base);
     }
     std::sort(ms.begin(), ms.end());
@@ -119,8 +120,9 @@ int main(int argc, char** argv) {
       std::printf("GPU: peak memory %.2f GiB (device total minus free, over the context) | MFU %.1f%% of %.0f TFLOP/s\n",
                   gib, 100 * mfu, tc.peak_tflops);
       std::printf("RESULT {\"impl\": \"lns\", \"device\": \"cuda\", \"median_ms\": %.3f, \"mean_ms\": %.3f, "
-                  "\"tokens_per_s\": %.1f, \"peak_mem_gib\": %.3f, \"mfu\": %.4f, \"peak_tflops\": %.1f}\n",
-                  median, mean, tps, gib, mfu, tc.peak_tflops);
+                  "\"tokens_per_s\": %.1f, \"peak_mem_gib\": %.3f, \"mfu\": %.4f, \"peak_tflops\": %.1f, "
+                  "\"startup_s\": %.2f, \"startup_weights_s\": %.2f}\n",
+                  median, mean, tps, gib, mfu, tc.peak_tflops, trainer.startup().total(), trainer.startup().weights);
     }
     return 0;
   });
