@@ -6,10 +6,15 @@
 #include "lns/tensor.h"
 
 #ifdef LNS_WITH_CUDA
+#include "cuda/op_profile.h"
 #include "cuda/ops_cuda.h"
+// The op profile (lns/op_profile.h) times each call from here: one place sees them all.
 #define LNS_DISPATCH(tensor, call)                                   \
   do {                                                               \
-    if ((tensor).device == ::lns::Device::CUDA) return ::lns::cuda::call; \
+    if ((tensor).device == ::lns::Device::CUDA) {                    \
+      ::lns::cuda::OpScope lns_op_scope_(__FILE__);                  \
+      return ::lns::cuda::call;                                      \
+    }                                                                \
   } while (0)
 #else
 #define LNS_DISPATCH(tensor, call)                                              \

@@ -25,6 +25,7 @@
 #include "lns/checkpoint.h"
 #include "lns/optim.h"
 #include "lns/device.h"
+#include "lns/op_profile.h"
 #include "lns/ops.h"
 #include "lns/stage.h"
 #include "tests/test_util.h"
@@ -805,6 +806,54 @@ TEST(ModelStep, TwoIdenticalGpuStepsAreBitwiseEqual) {
   }
   EXPECT_EQ(losses[0], losses[1]);
   EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * 4));
+}
+
+// The op profile (lns_bench_step --profile) sees every op a step sends to the GPU,
+// in a class of its table, and changes nothing it times: the same gradients bit for
+// bit with and without it. Each linear and each norm has one backward per forward, so
+// a forward-and-backward profile holds twice the forward's GEMMs and norms.
+TEST(OpProfile, ClassifiesEveryOpOfAStepAndChangesNothing) {
+  REQUIRE_GPU();
+  EXPECT_EQ(op_class_of_file("/x/src/cpu/linear.cpp"), "GEMMs (cuBLASLt)");
+  EXPECT_EQ(op_class_of_file("src/cpu/cross_entropy.cpp"), "embedding, cross-entropy");
+  EXPECT_EQ(op_class_of_file("/x/src/cpu/new_op.cpp"), "new_op");
+  const LlamaConfig c = test::small_model(NormScheme::LNS);
+  const int64_t B = 2, T = 8;
+  std::vector<int32_t> ids(B * T), tg(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = int32_t(i % c.vocab_size), tg[i] = int32_t((i + 1) % c.vocab_size);
+  auto count = [](const std::vector<OpClassTime>& rows, const std::string& name) {
+    for (const auto& r : rows)
+      if (r.name == name) return r.ops;
+    return int64_t{-1};
+  };
+  std::vector<std::vector<float>> grads;
+  std::vector<OpClassTime> fwd, both;
+  for (int profiled = 0; profiled < 2; ++profiled) {
+    LlamaStage s(c, StageSpec::whole(c), B, T, 1, {}, Device::CUDA);
+    s.init_weights(3);
+    if (profiled) op_profile_start();
+    s.forward(cpu(ids, {B, T}));
+    if (profiled) fwd = op_profile_stop(), op_profile_start();
+    s.loss(cpu(tg, {B * T}));
+    s.backward({}, 1.0f / (B * T));
+    if (profiled) {
+      const std::vector<OpClassTime> rest = op_profile_stop();
+      both = fwd;
+      for (size_t i = 0; i < both.size(); ++i) both[i].ops += rest.at(i).ops, both[i].ms += rest.at(i).ms;
+    }
+    grads.push_back(to_host_f32(s.params().flat_grads()));
+  }
+  EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * 4)) << "the profile changed the step";
+  ASSERT_EQ(both.size(), op_classes().size()) << "an op of a class the table does not name";
+  for (size_t i = 0; i < both.size(); ++i) {
+    EXPECT_EQ(both[i].name, op_classes()[i]);
+    EXPECT_GE(both[i].ms, 0.0) << both[i].name;
+    if (both[i].name != "optimizer, gradient norm") EXPECT_GT(both[i].ops, 0) << both[i].name;
+  }
+  const std::string gemm = "GEMMs (cuBLASLt)", norm = "norms with residual adds and LNS scale";
+  EXPECT_EQ(count(fwd, gemm), 7 * c.num_layers + 1) << "q, k, v, o, gate, up, down per layer and the head";
+  EXPECT_EQ(count(both, gemm), 2 * count(fwd, gemm));
+  EXPECT_EQ(count(both, norm), 2 * count(fwd, norm));
 }
 
 #ifdef LNS_WITH_CUDA

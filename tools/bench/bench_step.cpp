@@ -13,10 +13,13 @@
 #include <cstdio>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "lns/cpu_info.h"
 #include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/model_flags.h"
+#include "lns/op_profile.h"
 #include "lns/train_flags.h"
 #include "lns/trainer.h"
 
@@ -28,6 +31,9 @@
 
 DEFINE_int32(bench_steps, 10, "Timed steps.");
 DEFINE_int32(bench_warmup, 2, "Untimed steps first.");
+DEFINE_bool(profile, false,
+            "CUDA: after the timed steps, one more step with CUDA events around every op, printed as a "
+            "table of where the step goes by class of work (lns/op_profile.h) and as 'PROFILE {json}'.");
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
@@ -44,6 +50,7 @@ int main(int argc, char** argv) {
                 "--bench_steps must be >= 1 and --bench_warmup >= 0");
     tc.steps = FLAGS_bench_warmup + FLAGS_bench_steps;
     const bool gpu = tc.device == lns::Device::CUDA;
+    LNS_REQUIRE(!FLAGS_profile || gpu, "--profile times the ops of a CUDA step: it needs --device=cuda");
     size_t mem_base = 0, mem_peak = 0;
     if (gpu) {
       lns::bind_local_gpu(lns::local_rank_from_env());
@@ -85,6 +92,32 @@ int main(int argc, char** argv) {
       std::printf("step %d/%lld: %.1f ms%s\n", i + 1, (long long)tc.steps, dt, i < FLAGS_bench_warmup ? " (warm-up)" : "");
       if (i == 0) std::printf("%s\n", trainer.startup().line().c_str());
       if (gpu) mem_peak = std::max(mem_peak, std::max(lns::cuda_memory_in_use(), mem_base) - mem_base);
+    }
+    // The profiled step: its own wall time, the rows by class, and the rest (what no
+    // op covers: copies, casts, collectives, the host's gaps between launches) so that
+    // the rows add up to it.
+    std::string profile_json;
+    if (FLAGS_profile) {
+      lns::op_profile_start();
+      const auto t0 = std::chrono::steady_clock::now();
+      trainer.train_step();
+      const std::vector<lns::OpClassTime> rows = lns::op_profile_stop();
+      const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      double covered = 0;
+      int64_t ops = 0;
+      for (const auto& r : rows) covered += r.ms, ops += r.ops;
+      std::printf("profile of one step (%.1f ms with an event pair around each of %lld ops):\n", step_ms,
+                  (long long)ops);
+      std::printf("  %-48s %10s %7s %8s\n", "class of work", "ms", "share", "ops");
+      nlohmann::json j = {{"step_ms", step_ms}, {"rows", nlohmann::json::array()}};
+      auto row = [&](const std::string& name, double t, int64_t n) {
+        std::printf("  %-48s %10.2f %6.1f%% %8lld\n", name.c_str(), t, 100 * t / step_ms, (long long)n);
+        j["rows"].push_back({{"class", name}, {"ms", t}, {"ops", n}});
+      };
+      for (const auto& r : rows) row(r.name, r.ms, r.ops);
+      row("other device work and host gaps (the rest)", step_ms - covered, 0);
+      profile_json = j.dump();
+      std::printf("PROFILE %s\n", profile_json.c_str());
     }
     std::sort(ms.begin(), ms.end());
     double mean = 0;

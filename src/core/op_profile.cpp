@@ -1,0 +1,77 @@
+#include "lns/op_profile.h"
+
+#include <map>
+
+#include "lns/errors.h"
+#ifdef LNS_WITH_CUDA
+#include "cuda/op_profile.h"
+#endif
+
+namespace lns {
+namespace {
+
+// src/cpu/<op file>.cpp -> its class. One table: the classes of the profile's rows.
+const std::map<std::string, std::string>& file_classes() {
+  static const std::map<std::string, std::string> m = {
+      {"linear", "GEMMs (cuBLASLt)"},
+      {"attention", "attention"},
+      {"norm", "norms with residual adds and LNS scale"},
+      {"rope", "RoPE, SwiGLU, elementwise"},
+      {"swiglu", "RoPE, SwiGLU, elementwise"},
+      {"elementwise", "RoPE, SwiGLU, elementwise"},
+      {"route", "RoPE, SwiGLU, elementwise"},
+      {"embedding", "embedding, cross-entropy"},
+      {"cross_entropy", "embedding, cross-entropy"},
+      {"optimizer_kernels", "optimizer, gradient norm"},
+  };
+  return m;
+}
+
+}  // namespace
+
+std::string op_class_of_file(const std::string& file) {
+  const size_t slash = file.rfind('/');
+  std::string base = file.substr(slash == std::string::npos ? 0 : slash + 1);
+  const size_t dot = base.rfind('.');
+  if (dot != std::string::npos) base.resize(dot);
+  const auto it = file_classes().find(base);
+  return it == file_classes().end() ? base : it->second;
+}
+
+const std::vector<std::string>& op_classes() {
+  static const std::vector<std::string> order = {
+      "GEMMs (cuBLASLt)", "attention", "norms with residual adds and LNS scale", "RoPE, SwiGLU, elementwise",
+      "embedding, cross-entropy", "optimizer, gradient norm"};
+  return order;
+}
+
+void op_profile_start() {
+#ifdef LNS_WITH_CUDA
+  cuda::profile_start();
+#else
+  fail("the op profile (--profile) needs a CUDA build (-DLNS_CUDA=ON) and --device=cuda");
+#endif
+}
+
+std::vector<OpClassTime> op_profile_stop() {
+#ifdef LNS_WITH_CUDA
+  std::map<std::string, OpClassTime> by;
+  for (const cuda::OpTiming& t : cuda::profile_stop()) {
+    OpClassTime& c = by[op_class_of_file(t.file)];
+    c.ms += t.ms, c.ops += 1;
+  }
+  std::vector<OpClassTime> out;
+  for (const std::string& name : op_classes()) {
+    OpClassTime c = by[name];
+    c.name = name;
+    out.push_back(c);
+    by.erase(name);
+  }
+  for (auto& [name, c] : by) c.name = name, out.push_back(c);
+  return out;
+#else
+  fail("the op profile (--profile) needs a CUDA build (-DLNS_CUDA=ON) and --device=cuda");
+#endif
+}
+
+}  // namespace lns
