@@ -61,6 +61,7 @@ FLAG_DEFAULTS = {
     "weight_decay": 0.0, "grad_clip": 1.0, "eval_every": 0, "eval_tokens": 65536,
     "log_every": 10, "out_dir": "", "peak_tflops": 0.0, "init_from": "", "dump_step_state": "",
     "device": "cpu",  # a flagfile's --device; the command line's --device decides
+    "attention": "auto",  # lns's attention kernel choice: PyTorch always runs SDPA
 }
 MODEL_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
               "num_kv_heads", "rope_theta", "norm_eps", "norm_type", "norm_scheme",
@@ -138,6 +139,10 @@ def bench_args(argv):
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch default)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--fused_adam", action="store_true", help="AdamW(fused=True) (CUDA)")
+    ap.add_argument("--pad_ffn", type=int, default=0, metavar="N",
+                    help="build the FFN with intermediate_size rounded up to a multiple of N (lns pads "
+                         "its device FFN to a multiple of 64: the fair peer); FLOPs and MFU still count "
+                         "the config's size, as lns does")
     ap.add_argument("--peak_tflops", type=float, default=None,
                     help="peak TFLOP/s of the device for MFU (CUDA; default: the flagfile's "
                          "--peak_tflops if > 0, else %g)" % DEFAULT_PEAK_TFLOPS)
@@ -194,11 +199,15 @@ def main(argv=None):
         torch.backends.cudnn.allow_tf32 = True
 
     cfg = {k: flags[k] for k in MODEL_KEYS}
+    fpt = flops_per_token(cfg)
+    if args.pad_ffn < 0:
+        sys.exit("bench_step_torch: --pad_ffn must be >= 0")
+    if args.pad_ffn > 1:
+        cfg["intermediate_size"] = -(-cfg["intermediate_size"] // args.pad_ffn) * args.pad_ffn
     torch.manual_seed(flags["seed"])
     model = llama_torch.LlamaModel(cfg, dtype=dtype, device=dev, seed=flags["seed"])
     model.train()
     n_params = llama_torch.num_params(model)
-    fpt = flops_per_token(cfg)
     step_model = torch.compile(model) if args.compile else model
 
     decay = [p for p in model.parameters() if p.dim() == 2]
@@ -264,6 +273,7 @@ def main(argv=None):
           f"{tps:.0f} tokens/s | {gflops:.1f} GFLOP/s | last loss {last_loss:.4f}")
     result = {"impl": "torch", "device": args.device, "dtype": args.dtype, "autocast": args.autocast,
               "compile": args.compile, "threads": torch.get_num_threads(),
+              "intermediate_size": cfg["intermediate_size"], "fused_adam": args.fused_adam,
               "median_ms": round(median, 3), "mean_ms": round(mean, 3),
               "tokens_per_s": round(tps, 1), "gflops": round(gflops, 2), "steps": len(ms),
               "params": n_params, "hidden_size": cfg["hidden_size"], "num_layers": cfg["num_layers"],

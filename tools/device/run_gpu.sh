@@ -22,7 +22,9 @@
 #   build      configure + cmake --build $BUILD_DIR -j $JOBS
 #   test       ctest --test-dir $BUILD_DIR -L $TEST_LABEL --output-on-failure
 #   bench      lns_bench_kernels, bench_kernels_torch.py, and for each of
-#              $CONFIGS lns_bench_step and bench_step_torch.py
+#              $CONFIGS lns_bench_step --profile and bench_step_torch.py --compile
+#              (at the config's FFN and padded to a multiple of 64); then
+#              tools/device/bench_record.py writes the run's record <gpu>-<date>.json
 #   depth      the depth study's grid with --device=cuda (DEPTH_GRID full, DEPTH_JOBS 4,
 #              DEPTH_SECONDS 0 = no limit, DEPTH_OUT /tmp/depth_study_cuda), the cells
 #              recorded in docs/depth_study_runs_cuda skipped; the records and the runs'
@@ -31,7 +33,8 @@
 # Other settings (environment): OUT (results folder, default ./gpu-results),
 # BUILD_DIR (build-gpu), JOBS (16), LNS_CUDA (ON), CMAKE_ARGS (extra cmake
 # arguments), TEST_LABEL (gpu), CTEST_ARGS (extra ctest arguments), CONFIGS
-# ("130m_lns 1b_lns"), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
+# ("130m_lns 1b_lns 1b_lns_seq4k"), LNS_STEPS (10) and TORCH_STEPS (5) timed steps,
+# PROFILE (1; 0 = no per-class profile), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
 # .gpu-deps/bin when pack.sh --binaries made it and there is no build),
 # BENCH_LAUNCHER (e.g. "mpirun -np 1"; empty: run directly), STEP_TIMEOUT (seconds
 # a stage step may run, 0 = no limit), LNS_DEPS_PREFIX
@@ -59,7 +62,7 @@ LNS_CUDA=${LNS_CUDA:-ON}
 CMAKE_ARGS=${CMAKE_ARGS:-}
 TEST_LABEL=${TEST_LABEL:-gpu}
 CTEST_ARGS=${CTEST_ARGS:-}
-CONFIGS=${CONFIGS:-130m_lns 1b_lns}
+CONFIGS=${CONFIGS:-130m_lns 1b_lns 1b_lns_seq4k}
 BENCH_LAUNCHER=${BENCH_LAUNCHER:-}
 ARCH=x86_64-linux-gnu
 
@@ -290,13 +293,29 @@ if has_stage bench; then
   step kernels "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_kernels" --flagfile=configs/1b_lns.flags --json="$OUT/kernels.json"
   step kernels_torch "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_kernels_torch.py \
     --json "$OUT/kernels_torch.json"
+  # Per config: lns (with the per-class profile; PROFILE=0 skips it), then the fair
+  # PyTorch peer, torch.compile + fused AdamW + autocast, at the config's FFN and with
+  # the FFN padded to a multiple of 64 as lns pads it (where that changes the shape;
+  # seq 4096 is compared unpadded only, to keep the call short).
   for cfg in $CONFIGS; do
+    prof=()
+    [ "${PROFILE:-1}" = 0 ] || prof=(--profile)
     # shellcheck disable=SC2086
     step "step_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
-      --device=cuda --bench_steps=10 --bench_warmup=3
-    step "step_torch_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py \
-      --flagfile="configs/$cfg.flags" --device cuda --autocast --steps 10 --warmup 3
+      --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 "${prof[@]}"
+    torch_args=(--flagfile="configs/$cfg.flags" --device cuda --autocast --compile --fused_adam
+                --steps "${TORCH_STEPS:-5}" --warmup 2)
+    step "step_torch_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py "${torch_args[@]}"
+    ffn=$(sed -n 's/^--intermediate_size=\([0-9]*\).*/\1/p' "configs/$cfg.flags" | tail -1)
+    if [ -n "$ffn" ] && [ $((ffn % 64)) -ne 0 ] && [[ $cfg != *seq4k* ]]; then
+      step "step_torch_padded_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py \
+        "${torch_args[@]}" --pad_ffn 64
+    fi
   done
+  # One record of the whole run, $OUT/<gpu>-<date>.json: commit it as
+  # docs/benchmarks/<gpu>-<date>.json (tools/device/bench_record.py --tables then
+  # regenerates the BENCHMARKS tables from every record).
+  PYTHONDONTWRITEBYTECODE=1 python3 tools/device/bench_record.py "$OUT" --out "$OUT" || FAILED=1
 fi
 
 if has_stage depth; then

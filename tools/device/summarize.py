@@ -191,7 +191,7 @@ def main(argv):
     # ---- training steps ----------------------------------------------------------
     cfgs = []
     for n in steps:
-        m = re.match(r"step_(?:torch_)?(.+)$", n)
+        m = re.match(r"step_(?:torch_(?:padded_)?)?(.+)$", n)
         if m and m.group(1) not in cfgs:
             cfgs.append(m.group(1))
     figures = (("median_ms", "step, median ms (lower is better)"), ("tokens_per_s", "tokens/s"),

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""tools/device/bench_record.py: a GPU run's results folder becomes one record of the
+shape docs/BENCHMARKS.md's tables are made from, and bad input is one clear error.
+
+The folder is written here as run_gpu.sh writes it (env.json, run.log with step
+markers and RESULT/PROFILE lines), with figures chosen so that every number in the
+record and the tables can be checked by hand.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+TOOL = os.path.join(ROOT, "tools", "device", "bench_record.py")
+
+RUN_LOG = """### step kernels: lns_bench_kernels
+### done kernels rc=0 seconds=20
+### step step_1b_lns: lns_bench_step --profile
+config: hidden 2048
+PROFILE {"step_ms": 2000.0, "rows": [{"class": "GEMMs (cuBLASLt)", "ms": 1500.0, "ops": 1200}, {"class": "other device work and host gaps (the rest)", "ms": 500.0, "ops": 0}]}
+RESULT {"impl": "lns", "device": "cuda", "median_ms": 1800.0, "mfu": 0.58, "peak_mem_gib": 37.3, "startup_s": 9.5}
+### done step_1b_lns rc=0 seconds=60
+### step step_torch_1b_lns: bench_step_torch.py --compile
+RESULT {"impl": "torch", "median_ms": 2241.0, "mfu": 0.46, "peak_mem_gib": 39.5, "intermediate_size": 5461}
+### done step_torch_1b_lns rc=0 seconds=90
+### step step_torch_padded_1b_lns: bench_step_torch.py --compile --pad_ffn 64
+RESULT {"impl": "torch", "median_ms": 2106.0, "mfu": 0.49, "peak_mem_gib": 39.6, "intermediate_size": 5504}
+### done step_torch_padded_1b_lns rc=0 seconds=90
+### step step_1b_lns_seq4k: lns_bench_step
+### done step_1b_lns_seq4k rc=1 seconds=3
+"""
+
+
+def run(*args):
+    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True)
+
+
+class BenchRecord(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="lns_bench_record_")
+        self.res = os.path.join(self.dir, "results")
+        os.makedirs(self.res)
+        with open(os.path.join(self.res, "env.json"), "w") as f:
+            json.dump({"gpu": "NVIDIA H100 80GB HBM3, 580.159.04", "date": "2026-11-27 21:40 UTC", "git": "abc1234"}, f)
+        with open(os.path.join(self.res, "run.log"), "w") as f:
+            f.write(RUN_LOG)
+
+    def test_record_and_tables(self):
+        out = os.path.join(self.dir, "records")
+        r = run(self.res, "--out", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        path = r.stdout.strip()
+        self.assertEqual(path, os.path.join(out, "h100-2026-11-27.json"))
+        rec = json.load(open(path))
+        self.assertEqual((rec["gpu"], rec["driver"], rec["date"], rec["commit"]),
+                         ("NVIDIA H100 80GB HBM3", "580.159.04", "2026-11-27", "abc1234"))
+        c = rec["configs"]["1b_lns"]
+        self.assertEqual(c["lns"]["step_ms"], 1800.0)
+        self.assertEqual(c["lns"]["mfu"], 0.58)
+        self.assertEqual(c["lns"]["peak_gib"], 37.3)
+        self.assertEqual(c["lns"]["startup_s"], 9.5)
+        self.assertEqual(c["lns"]["profile"]["rows"][0]["ops"], 1200)
+        self.assertEqual(c["torch_compile"]["step_ms"], 2241.0)
+        self.assertEqual(c["torch_compile_padded"]["step_ms"], 2106.0)
+        self.assertNotIn("1b_lns_seq4k", rec["configs"])  # no figures: only its status
+        self.assertEqual(rec["status"]["1b_lns_seq4k"]["lns"], "FAILED (rc 1), 3 s")
+        # A second run the same day keeps the first record.
+        r2 = run(self.res, "--out", out)
+        self.assertEqual(r2.stdout.strip(), os.path.join(out, "h100-2026-11-27-2.json"))
+        os.remove(r2.stdout.strip())
+        # The tables: 2106 / 1800 = 1.17x against the padded peer; the profile's shares.
+        doc = os.path.join(self.dir, "BENCH.md")
+        with open(doc, "w") as f:
+            f.write("# B\n\nbefore\n<!-- bench_records:begin -->\nold\n<!-- bench_records:end -->\nafter\n")
+        r = run("--tables", "--records", out, "--doc", doc)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        text = open(doc).read()
+        self.assertIn("before\n<!-- bench_records:begin -->\n", text)
+        self.assertTrue(text.endswith("<!-- bench_records:end -->\nafter\n"))
+        self.assertNotIn("\nold\n", text)
+        self.assertIn("| NVIDIA H100 80GB HBM3, 2026-11-27, abc1234 | 1b_lns | 1,800.0 | 58.0% | 9.5 | 2,241.0 | "
+                      "2,106.0 | 1.17x |", text)
+        self.assertIn("| GEMMs (cuBLASLt) | 1,500.0 | 75.0% | 1200 |", text)
+
+    def test_bad_input_is_one_line(self):
+        os.remove(os.path.join(self.res, "env.json"))
+        r = run(self.res, "--out", self.dir)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertEqual(r.stderr.strip().count("\n"), 0, r.stderr)
+        self.assertIn("env.json: missing or without 'gpu' and 'date'", r.stderr)
+        doc = os.path.join(self.dir, "nomarkers.md")
+        open(doc, "w").write("# no markers\n")
+        r = run("--tables", "--records", self.dir, "--doc", doc)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("needs one '<!-- bench_records:begin -->' line", r.stderr)
+        self.assertEqual(open(doc).read(), "# no markers\n")  # untouched
+        bad = os.path.join(self.dir, "recs")
+        os.makedirs(bad)
+        open(os.path.join(bad, "x.json"), "w").write("[1, 2]")
+        open(doc, "w").write("<!-- bench_records:begin -->\n<!-- bench_records:end -->\n")
+        r = run("--tables", "--records", bad, "--doc", doc)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("x.json: not a record", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""The record of one GPU benchmark run, and the BENCHMARKS tables made from every record.
+
+    python3 tools/device/bench_record.py RESULTS_DIR [--out DIR]
+        reads RESULTS_DIR/env.json and run.log (tools/device/run_gpu.sh's bench stage)
+        and writes DIR/<gpu>-<date>.json (default DIR: docs/benchmarks); prints its path
+    python3 tools/device/bench_record.py --tables [--records docs/benchmarks] [--doc docs/BENCHMARKS.md]
+        rewrites the part of the doc between '<!-- bench_records:begin -->' and
+        '<!-- bench_records:end -->' from every record, newest last
+
+A record (one per GPU run, committed; never edited by hand):
+    {"gpu": "NVIDIA H100 80GB HBM3", "driver": "...", "date": "2026-11-27", "commit": "abc1234",
+     "configs": {"1b_lns": {"lns": {"step_ms", "mfu", "peak_gib", "startup_s", "profile": {...}},
+                            "torch_compile": {"step_ms", "mfu", "peak_gib"},
+                            "torch_compile_padded": {...}},
+                 "130m_lns": ..., "1b_lns_seq4k": {"lns", "torch_compile"}},
+     "kernels": {name: {"value", "metric"}}}
+A figure a step did not give is absent, and the step's status says why ("failed (rc 1)").
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+import summarize  # noqa: E402  (read_steps, kernel_records: the run.log format lives there)
+
+BEGIN, END = "<!-- bench_records:begin -->", "<!-- bench_records:end -->"
+PEERS = {"step_": "lns", "step_torch_": "torch_compile", "step_torch_padded_": "torch_compile_padded"}
+
+
+def fail(msg):
+    sys.exit(f"bench_record: {msg}")
+
+
+def gpu_slug(name):
+    m = re.search(r"\b([AHBL]\d{2,3}|GH200|GB200)\b", name, re.I)
+    if m:
+        return m.group(1).lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return slug or "gpu"
+
+
+def figures(result, profile):
+    out = {}
+    for key, name in (("median_ms", "step_ms"), ("mfu", "mfu"), ("peak_mem_gib", "peak_gib"),
+                      ("tokens_per_s", "tokens_per_s"), ("startup_s", "startup_s"),
+                      ("intermediate_size", "intermediate_size")):
+        if isinstance(result.get(key), (int, float)):
+            out[name] = result[key]
+    if profile:
+        out["profile"] = profile
+    return out
+
+
+def make_record(results_dir):
+    env_path = os.path.join(results_dir, "env.json")
+    env = summarize.load_json(env_path)
+    if not isinstance(env, dict) or not env.get("gpu") or not env.get("date"):
+        fail(f"{env_path}: missing or without 'gpu' and 'date' (run tools/device/run_gpu.sh first)")
+    gpu, _, driver = env["gpu"].partition(",")
+    m = re.match(r"(\d{4}-\d{2}-\d{2})", env["date"])
+    if not m:
+        fail(f"{env_path}: date {env['date']!r} is not YYYY-MM-DD ...")
+    steps = summarize.read_steps(os.path.join(results_dir, "run.log"))
+    if not steps:
+        fail(f"{os.path.join(results_dir, 'run.log')}: no '### step' markers")
+    configs, status = {}, {}
+    for name, s in steps.items():
+        for prefix, peer in sorted(PEERS.items(), key=lambda p: -len(p[0])):  # longest prefix first
+            if name.startswith(prefix):
+                cfg = name[len(prefix):]
+                status.setdefault(cfg, {})[peer] = summarize.status_of(steps, name)
+                result = s["results"][-1] if s["results"] else {}
+                profile = None
+                for line in s["lines"]:
+                    if line.startswith("PROFILE "):
+                        try:
+                            profile = json.loads(line[len("PROFILE "):])
+                        except ValueError:
+                            pass
+                got = figures(result, profile)
+                if got:
+                    configs.setdefault(cfg, {})[peer] = got
+                break
+    kernels = {}
+    for n, variants in summarize.kernel_records(summarize.load_json(os.path.join(results_dir, "kernels.json"))).items():
+        r = next(iter(variants.values()))
+        kernels[n] = {"value": r["value"], "metric": r.get("metric", "")}
+    return {"gpu": gpu.strip(), "driver": driver.strip(), "date": m.group(1), "commit": env.get("git", ""),
+            "configs": configs, "status": status, "kernels": kernels}
+
+
+def write_record(record, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{gpu_slug(record['gpu'])}-{record['date']}.json")
+    n = 2
+    while os.path.exists(path):  # a second run the same day keeps the first
+        path = os.path.join(out_dir, f"{gpu_slug(record['gpu'])}-{record['date']}-{n}.json")
+        n += 1
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return path
+
+
+def cell(d, key, fmt):
+    v = (d or {}).get(key)
+    return fmt.format(v) if isinstance(v, (int, float)) else "—"
+
+
+def tables(records):
+    out = ["| GPU, date, commit | config | lns step ms | lns MFU | start-up s | torch.compile ms | "
+           "padded FFN ms | lns speed-up (against the padded peer where there is one) |",
+           "|---|---|---|---|---|---|---|---|"]
+    for path, r in records:
+        for cfg in sorted(r.get("configs", {})):
+            c = r["configs"][cfg]
+            lns, tc, tp = c.get("lns"), c.get("torch_compile"), c.get("torch_compile_padded")
+            peer = tp or tc
+            speed = "—"
+            if lns and peer and lns.get("step_ms") and peer.get("step_ms"):
+                speed = f"{peer['step_ms'] / lns['step_ms']:.2f}x"
+            out.append(f"| {r['gpu']}, {r['date']}, {r.get('commit', '')} | {cfg} | {cell(lns, 'step_ms', '{:,.1f}')} | "
+                       f"{cell(lns, 'mfu', '{:.1%}')} | {cell(lns, 'startup_s', '{:.1f}')} | "
+                       f"{cell(tc, 'step_ms', '{:,.1f}')} | {cell(tp, 'step_ms', '{:,.1f}')} | {speed} |")
+    if records:
+        path, r = records[-1]
+        for cfg in sorted(r.get("configs", {})):
+            prof = (r["configs"][cfg].get("lns") or {}).get("profile")
+            if not prof:
+                continue
+            out += ["", f"Where the step goes, {cfg} on {r['gpu']} ({r['date']}): one profiled step of "
+                        f"{prof['step_ms']:,.1f} ms (CUDA events around every op; the unprofiled median is "
+                        f"{cell(r['configs'][cfg]['lns'], 'step_ms', '{:,.1f}')} ms).", "",
+                    "| class of work | ms | share | launches |", "|---|---|---|---|"]
+            for row in prof["rows"]:
+                share = row["ms"] / prof["step_ms"] if prof["step_ms"] else 0
+                out.append(f"| {row['class']} | {row['ms']:,.1f} | {share:.1%} | {row.get('ops', '—')} |")
+    return "\n".join(out)
+
+
+def write_tables(records_dir, doc):
+    paths = sorted(glob.glob(os.path.join(records_dir, "*.json")))
+    records = []
+    for p in paths:
+        try:
+            with open(p) as f:
+                r = json.load(f)
+        except (OSError, ValueError) as e:
+            fail(f"{p}: not a readable record ({e.__class__.__name__})")
+        if not isinstance(r, dict) or not isinstance(r.get("configs"), dict) or "date" not in r or "gpu" not in r:
+            fail(f"{p}: not a record (needs 'gpu', 'date' and a 'configs' object)")
+        records.append((p, r))
+    records.sort(key=lambda pr: (pr[1]["date"], pr[0]))
+    try:
+        text = open(doc).read()
+    except OSError as e:
+        fail(f"{doc}: cannot read ({e.strerror})")
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        fail(f"{doc}: needs one '{BEGIN}' line before one '{END}' line")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    body = tables(records) if records else "(no GPU benchmark record yet)"
+    with open(doc, "w") as f:
+        f.write(head + BEGIN + "\n" + body + "\n" + END + tail)
+    return len(records)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="?", help="a results folder of tools/device/run_gpu.sh")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks"), help="where the record goes")
+    ap.add_argument("--tables", action="store_true", help="regenerate the BENCHMARKS tables from the records")
+    ap.add_argument("--records", default=os.path.join(ROOT, "docs", "benchmarks"))
+    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
+    a = ap.parse_args(argv)
+    if a.tables:
+        n = write_tables(a.records, a.doc)
+        print(f"bench_record: {a.doc}: tables from {n} record(s)")
+        return 0
+    if not a.results:
+        ap.error("give a results folder, or --tables")
+    print(write_record(make_record(a.results), a.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
