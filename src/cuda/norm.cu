@@ -2,9 +2,11 @@
 // backward, bf16 activations with f32 statistics. CPU reference: src/cpu/norm.cpp.
 //
 // Forward: one block per row. The row is read once from DRAM; the second and third
-// passes (variance, output) re-read it from L1/L2. Only rstd (and mean) are saved.
+// passes (variance, output) work on registers (one 16-byte chunk per thread, the
+// *_chunk kernels, C <= 8192) or re-read it from L1/L2. Only rstd (and mean) are saved.
 // Backward: a fixed grid of row-strided blocks; each thread owns fixed columns, so
-// it accumulates dgain/dbias for them in shared memory without atomics; the per-block
+// it accumulates dgain/dbias for them without atomics (in registers when it owns one
+// 16-byte chunk of the row, the *_chunk kernels, else in shared memory); the per-block
 // partials [G, C] are summed over G in a fixed order by a second kernel. The grid
 // depends only on N, so two runs give the same bits.
 #include <vector>
@@ -86,6 +88,58 @@ __global__ void norm_forward_kernel(bf16* __restrict__ out, float* __restrict__ 
   }
 }
 
+// The same, when each thread's share of the row is one 16-byte chunk (C <= 8 x 1024,
+// every model here): the chunk stays in registers through the passes, so the row is
+// read from memory once and never re-read (the loop above reads it up to three
+// times). Each thread's sums are those of the loop above, in the same order.
+template <bool kLayerNorm>
+__global__ void norm_forward_chunk_kernel(bf16* __restrict__ out, float* __restrict__ mean_out,
+                                          float* __restrict__ rstd_out, bf16* res_out, const bf16* res_in,
+                                          const bf16* __restrict__ delta, float alpha,
+                                          const float* __restrict__ gain, const float* __restrict__ bias,
+                                          float scale, float eps, int C, FixedArgs fixed) {
+  __shared__ float red[32];
+  const int64_t row = blockIdx.x, c = int64_t(threadIdx.x) * kVec;  // 64-bit: see the backward's note
+  const bool mine = c < C;
+  float x[kVec] = {};  // [kVec] this thread's columns c..c+7 of the row
+  if (mine) {
+    load<kVec>(res_in + row * C + c, x);
+    if (delta) {
+      float dv[kVec];
+      load<kVec>(delta + row * C + c, dv);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) x[k] = to_f(to_bf(alpha * x[k] + dv[k]));  // as stored
+      store<kVec>(res_out + row * C + c, x);
+    }
+  }
+  float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) s1 += x[k], s2 += x[k] * x[k];
+  float mean = 0.0f, var;
+  if constexpr (kLayerNorm) {
+    mean = block_sum(s1, red) / C;
+    float sq = 0.0f;
+    if (mine) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) sq += (x[k] - mean) * (x[k] - mean);
+    }
+    var = block_sum(sq, red) / C;
+  } else {
+    var = block_sum(s2, red) / C;
+  }
+  const float rstd = fixed.rest > 0.0f ? fixed.rstd(row) : rsqrtf(var + eps);
+  if (mine) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k)
+      x[k] = scale * ((x[k] - mean) * rstd * gain[c + k] + (bias ? bias[c + k] : 0.0f));
+    store<kVec>(out + row * C + c, x);
+  }
+  if (threadIdx.x == 0) {
+    rstd_out[row] = rstd;
+    if (mean_out) mean_out[row] = mean;
+  }
+}
+
 // dx = dres + rstd * (dxhat - mean(dxhat) [LayerNorm] - xhat * mean(dxhat * xhat)),
 // the last term absent when the divisor is a constant (fixed: LN-free),
 // dxhat = scale * dout * gain; partial[blockIdx, c] = sum over this block's rows of
@@ -139,6 +193,57 @@ __global__ void norm_backward_kernel(bf16* dx, float* __restrict__ partial, cons
     partial[int64_t(blockIdx.x) * (kLayerNorm ? 2 : 1) * C + c] = acc[c];
 }
 
+// The same when each thread's share of a row is one 16-byte chunk (C <= 8 x 1024): x,
+// dout, the gain and this thread's dgain/dbias sums live in registers, so each row is
+// read once (the loop above reads x and dout twice) and the sums skip shared memory.
+// Rows, columns and the order of every sum are those of the loop above.
+template <bool kLayerNorm>
+__global__ void norm_backward_chunk_kernel(bf16* dx, float* __restrict__ partial, const bf16* dres,
+                                           const bf16* __restrict__ dout, const bf16* __restrict__ x,
+                                           const float* __restrict__ mean, const float* __restrict__ rstd,
+                                           const float* __restrict__ gain, float scale, int N, int C,
+                                           bool fixed) {
+  __shared__ float red[32];
+  const int64_t c = int64_t(threadIdx.x) * kVec;
+  const bool mine = c < C;
+  float g_c[kVec], dgain[kVec] = {}, dbias[kVec] = {};  // [kVec] each: columns c..c+7
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) g_c[k] = mine ? gain[c + k] : 0.0f;
+  for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const float m = kLayerNorm ? mean[row] : 0.0f, r = rstd[row];
+    const int64_t base = row * C;
+    float xv[kVec] = {}, dy[kVec] = {}, xhat[kVec], dxhat[kVec];
+    if (mine) load<kVec>(x + base + c, xv), load<kVec>(dout + base + c, dy);
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      xhat[k] = (xv[k] - m) * r;
+      const float g = scale * dy[k];
+      dxhat[k] = g * g_c[k];
+      s1 += dxhat[k], s2 += dxhat[k] * xhat[k];
+      dgain[k] += g * xhat[k];
+      if (kLayerNorm) dbias[k] += g;
+    }
+    const float m1 = kLayerNorm ? block_sum(s1, red) / C : 0.0f;
+    const float m2 = fixed ? 0.0f : block_sum(s2, red) / C;  // uniform over the block
+    if (mine) {
+      float dr[kVec];
+      if (dres) load<kVec>(dres + base + c, dr);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) xv[k] = r * (dxhat[k] - m1 - xhat[k] * m2) + (dres ? dr[k] : 0.0f);
+      store<kVec>(dx + base + c, xv);
+    }
+  }
+  if (mine) {
+    float* p = partial + int64_t(blockIdx.x) * (kLayerNorm ? 2 : 1) * C;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      p[c + k] = dgain[k];
+      if (kLayerNorm) p[C + c + k] = dbias[k];
+    }
+  }
+}
+
 // out[c] += sum over g of partial[g * stride + c] for c < count, g in order.
 __global__ void sum_partials_kernel(float* __restrict__ out, const float* __restrict__ partial,
                                     int G, int count, int stride) {
@@ -181,8 +286,10 @@ void launch_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tens
   const bool vec = vec_ok(x.data, C) && vec_ok(out.data, C) && (delta.empty() || (vec_ok(delta.data, C) && vec_ok(res_out.data, C)));
   const bool ln = type == NormType::LayerNorm;
   const int W = vec ? kVec : 1;
-  auto* fn = vec ? (ln ? norm_forward_kernel<kVec, true> : norm_forward_kernel<kVec, false>)
-                 : (ln ? norm_forward_kernel<1, true> : norm_forward_kernel<1, false>);
+  const bool chunk = vec && C <= block_for(C, W) * W;  // one 16-byte chunk per thread
+  auto* fn = chunk ? (ln ? norm_forward_chunk_kernel<true> : norm_forward_chunk_kernel<false>)
+             : vec ? (ln ? norm_forward_kernel<kVec, true> : norm_forward_kernel<kVec, false>)
+                   : (ln ? norm_forward_kernel<1, true> : norm_forward_kernel<1, false>);
   LNS_LAUNCH(fn, N, block_for(C, W), 0, stream())(
       ptr<bf16>(out), ln ? ptr<float>(mean) : nullptr, ptr<float>(rstd),
       delta.empty() ? nullptr : ptr<bf16>(res_out), ptr<bf16>(x),
@@ -210,9 +317,11 @@ void launch_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tenso
   const int G = static_cast<int>(N < 512 ? N : 512);
   const int width = (ln ? 2 : 1) * C;
   auto* partial = static_cast<float*>(scratch(Scratch::NormPartials, sizeof(float) * G * width));
-  const size_t smem = sizeof(float) * width;
-  auto* fn = vec ? (ln ? norm_backward_kernel<kVec, true> : norm_backward_kernel<kVec, false>)
-                 : (ln ? norm_backward_kernel<1, true> : norm_backward_kernel<1, false>);
+  const bool chunk = vec && C <= block_for(C, W) * W;  // one 16-byte chunk per thread
+  const size_t smem = chunk ? 0 : sizeof(float) * width;
+  auto* fn = chunk ? (ln ? norm_backward_chunk_kernel<true> : norm_backward_chunk_kernel<false>)
+             : vec ? (ln ? norm_backward_kernel<kVec, true> : norm_backward_kernel<kVec, false>)
+                   : (ln ? norm_backward_kernel<1, true> : norm_backward_kernel<1, false>);
   if (smem > 48 * 1024)
     LNS_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   LNS_LAUNCH(fn, G, block_for(C, W), smem, stream())(
