@@ -34,7 +34,8 @@
 # BUILD_DIR (build-gpu), JOBS (16), LNS_CUDA (ON), CMAKE_ARGS (extra cmake
 # arguments), TEST_LABEL (gpu), CTEST_ARGS (extra ctest arguments), CONFIGS
 # ("130m_lns 1b_lns 1b_lns_seq4k"), LNS_STEPS (10) and TORCH_STEPS (5) timed steps,
-# PROFILE (1; 0 = no per-class profile), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
+# PROFILE (1; 0 = no per-class profile), KERNELS_TORCH (1; 0 skips PyTorch's kernel
+# figures), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
 # .gpu-deps/bin when pack.sh --binaries made it and there is no build),
 # BENCH_LAUNCHER (e.g. "mpirun -np 1"; empty: run directly), STEP_TIMEOUT (seconds
 # a stage step may run, 0 = no limit), LNS_DEPS_PREFIX
@@ -291,8 +292,10 @@ fi
 if has_stage bench; then
   # shellcheck disable=SC2086  # BENCH_LAUNCHER is a command line
   step kernels "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_kernels" --flagfile=configs/1b_lns.flags --json="$OUT/kernels.json"
-  step kernels_torch "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_kernels_torch.py \
-    --json "$OUT/kernels_torch.json"
+  if [ "${KERNELS_TORCH:-1}" != 0 ]; then
+    step kernels_torch "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_kernels_torch.py \
+      --json "$OUT/kernels_torch.json"
+  fi
   # Per config: lns (with the per-class profile; PROFILE=0 skips it), then the fair
   # PyTorch peer, torch.compile + fused AdamW + autocast, at the config's FFN and with
   # the FFN padded to a multiple of 64 as lns pads it (where that changes the shape;
