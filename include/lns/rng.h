@@ -15,5 +15,8 @@ uint64_t rng_key(uint64_t seed, std::string_view name);
 float uniform_at(uint64_t key, uint64_t i);
 // Standard normal (Box-Muller on the pair (2*(i/2), 2*(i/2)+1)).
 float normal_at(uint64_t key, uint64_t i);
+// normal_at(key, i) and normal_at(key, i + 1) for an even i, from one Box-Muller draw
+// (the same bits as the two calls, half the work: initialisation draws billions).
+void normal_pair_at(uint64_t key, uint64_t i, float* at_i, float* at_i_plus_1);
 
 }  // namespace lns

@@ -71,6 +71,7 @@ class Buffer {
 
  private:
   void* data_ = nullptr;
+  void* host_block_ = nullptr;  // CPU: what calloc returned (data_ is it rounded up to 64 bytes)
   size_t nbytes_ = 0;
   Device device_ = Device::CPU;
 };

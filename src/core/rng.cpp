@@ -22,14 +22,28 @@ float uniform_at(uint64_t key, uint64_t i) {
   return (static_cast<float>(bits >> 40) + 0.5f) * (1.0f / 16777216.0f);
 }
 
-float normal_at(uint64_t key, uint64_t i) {
-  // Box-Muller in double so the result does not depend on libm's float paths.
-  const uint64_t pair = i & ~uint64_t{1};
+namespace {
+// Box-Muller in double so the result does not depend on libm's float paths: the
+// radius and angle of the pair (2k, 2k+1).
+void box_muller(uint64_t key, uint64_t pair, double* r, double* a) {
   const double u1 = uniform_at(key, pair);
   const double u2 = uniform_at(key, pair + 1);
-  const double r = std::sqrt(-2.0 * std::log(u1));
-  const double a = 2.0 * M_PI * u2;
+  *r = std::sqrt(-2.0 * std::log(u1));
+  *a = 2.0 * M_PI * u2;
+}
+}  // namespace
+
+float normal_at(uint64_t key, uint64_t i) {
+  double r, a;
+  box_muller(key, i & ~uint64_t{1}, &r, &a);
   return static_cast<float>((i & 1) ? r * std::sin(a) : r * std::cos(a));
+}
+
+void normal_pair_at(uint64_t key, uint64_t i, float* at_i, float* at_i_plus_1) {
+  double r, a;
+  box_muller(key, i, &r, &a);
+  *at_i = static_cast<float>(r * std::cos(a));
+  *at_i_plus_1 = static_cast<float>(r * std::sin(a));
 }
 
 }  // namespace lns

@@ -613,8 +613,24 @@ void LlamaStage::init_weights(uint64_t seed) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) {
-        int64_t li, lj;
-        w[r * cols + c] = info.to_logical(r, c, &li, &lj) ? std * normal_at(key, li * lcols + lj) : 0.0f;
+        int64_t li, lj, li2, lj2;
+        float* out = w + r * cols + c;
+        if (!info.to_logical(r, c, &li, &lj)) {
+          *out = 0.0f;
+          continue;
+        }
+        const uint64_t at = uint64_t(li * lcols + lj);
+        // Both numbers of a Box-Muller pair where the pair's two logical elements are
+        // neighbours here (almost always): one draw for two.
+        if (at % 2 == 0 && c + 1 < cols && info.to_logical(r, c + 1, &li2, &lj2) &&
+            uint64_t(li2 * lcols + lj2) == at + 1) {
+          float a, b;
+          normal_pair_at(key, at, &a, &b);
+          out[0] = std * a, out[1] = std * b;
+          ++c;
+        } else {
+          *out = std * normal_at(key, at);
+        }
       }
   }
   params_.upload();
