@@ -35,7 +35,8 @@
 # arguments), TEST_LABEL (gpu), CTEST_ARGS (extra ctest arguments), CONFIGS
 # ("130m_lns 1b_lns 1b_lns_seq4k"), LNS_STEPS (10) and TORCH_STEPS (5) timed steps,
 # PROFILE (1; 0 = no per-class profile), KERNELS_TORCH (1; 0 skips PyTorch's kernel
-# figures), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
+# figures), TORCH (1; 0 skips the PyTorch step peers: lns only, a short call),
+# GTEST_FILTER (the test stage with carried binaries runs only these gtests), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
 # .gpu-deps/bin when pack.sh --binaries made it and there is no build),
 # BENCH_LAUNCHER (e.g. "mpirun -np 1"; empty: run directly), STEP_TIMEOUT (seconds
 # a stage step may run, 0 = no limit), LNS_DEPS_PREFIX
@@ -282,10 +283,14 @@ if has_stage test; then
   else
     # No build here (pack.sh --binaries carried the programs): the single-GPU tests
     # from the carried test programs; the multi-rank ones need a build (ctest).
-    step test_gpu "$RUNLOG" "$BIN_DIR/lns_gpu_tests" --gtest_also_run_disabled_tests \
-      --gtest_output="json:$OUT/gtest_gpu.json"
-    step test_tiny_run "$RUNLOG" env LNS_TRAIN_BIN="$BIN_DIR/lns_train" PYTHONDONTWRITEBYTECODE=1 \
-      python3 tests/gpu/test_tiny_run.py
+    if [ -n "${GTEST_FILTER:-}" ]; then  # a chosen subset, e.g. the kernels a change touched
+      step test_gpu "$RUNLOG" "$BIN_DIR/lns_gpu_tests" --gtest_filter="$GTEST_FILTER"
+    else
+      step test_gpu "$RUNLOG" "$BIN_DIR/lns_gpu_tests" --gtest_also_run_disabled_tests \
+        --gtest_output="json:$OUT/gtest_gpu.json"
+      step test_tiny_run "$RUNLOG" env LNS_TRAIN_BIN="$BIN_DIR/lns_train" PYTHONDONTWRITEBYTECODE=1 \
+        python3 tests/gpu/test_tiny_run.py
+    fi
   fi
 fi
 
@@ -306,6 +311,7 @@ if has_stage bench; then
     # shellcheck disable=SC2086
     step "step_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
       --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 "${prof[@]}"
+    [ "${TORCH:-1}" = 0 ] && continue
     torch_args=(--flagfile="configs/$cfg.flags" --device cuda --autocast --compile --fused_adam
                 --steps "${TORCH_STEPS:-5}" --warmup 2)
     step "step_torch_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py "${torch_args[@]}"
