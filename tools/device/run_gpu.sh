@@ -36,7 +36,8 @@
 # ("130m_lns 1b_lns 1b_lns_seq4k"), LNS_STEPS (10) and TORCH_STEPS (5) timed steps,
 # PROFILE (1; 0 = no per-class profile), KERNELS_TORCH (1; 0 skips PyTorch's kernel
 # figures), TORCH (1; 0 skips the PyTorch step peers: lns only, a short call),
-# GTEST_FILTER (the test stage with carried binaries runs only these gtests), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
+# GTEST_FILTER (the test stage with carried binaries runs only these gtests),
+# LNS_COMMIT (the commit to record, default git's HEAD), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
 # .gpu-deps/bin when pack.sh --binaries made it and there is no build),
 # BENCH_LAUNCHER (e.g. "mpirun -np 1"; empty: run directly), STEP_TIMEOUT (seconds
 # a stage step may run, 0 = no limit), LNS_DEPS_PREFIX
@@ -222,7 +223,12 @@ write_env() {
   gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
   nvcc_v=$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' | head -1)
   glibc=$(ldd --version 2>/dev/null | head -1 | grep -o '[0-9.]*$')
-  if git_rev=$(git rev-parse --short HEAD 2>/dev/null); then
+  # LNS_COMMIT: the commit the carried binaries were built from, where the copy of the
+  # tree that travelled has other git metadata (the device tool's copy kept the
+  # session's starting commit and so read "62777b0+dirty").
+  if [ -n "${LNS_COMMIT:-}" ]; then
+    git_rev=$LNS_COMMIT
+  elif git_rev=$(git rev-parse --short HEAD 2>/dev/null); then
     git diff --quiet HEAD 2>/dev/null || git_rev+="+dirty"
   else
     git_rev="(no git)"
