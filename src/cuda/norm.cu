@@ -195,8 +195,7 @@ __global__ void norm_backward_kernel(bf16* dx, float* __restrict__ partial, cons
 
 // The same when each thread's share of a row is one 16-byte chunk (C <= 8 x 1024): x,
 // dout, the gain and this thread's dgain/dbias sums live in registers, so each row is
-// read once (the loop above reads x and dout twice), the sums skip shared memory, and
-// the next row's reads overlap this row's reductions.
+// read once (the loop above reads x and dout twice) and the sums skip shared memory.
 // Rows, columns and the order of every sum are those of the loop above.
 template <bool kLayerNorm>
 __global__ void norm_backward_chunk_kernel(bf16* dx, float* __restrict__ partial, const bf16* dres,
@@ -210,30 +209,16 @@ __global__ void norm_backward_chunk_kernel(bf16* dx, float* __restrict__ partial
   float g_c[kVec], dgain[kVec] = {}, dbias[kVec] = {};  // [kVec] each: columns c..c+7
 #pragma unroll
   for (int k = 0; k < kVec; ++k) g_c[k] = mine ? gain[c + k] : 0.0f;
-  // This thread's chunk of a row: x, dout and dres [kVec] each. The next row's is
-  // loaded before this row's two block reductions, so that its reads are in flight
-  // while the block waits (one row's reads per thread left the memory system idle).
-  struct Chunk {
-    float x[kVec] = {}, dy[kVec] = {}, dr[kVec] = {};
-  };
-  auto fetch = [&](int64_t row, Chunk& ch) {
-    if (row >= N || !mine) return;
-    load<kVec>(x + row * C + c, ch.x);
-    load<kVec>(dout + row * C + c, ch.dy);
-    if (dres) load<kVec>(dres + row * C + c, ch.dr);
-  };
-  Chunk cur;
-  fetch(blockIdx.x, cur);
   for (int64_t row = blockIdx.x; row < N; row += gridDim.x) {
-    Chunk next;
-    fetch(row + gridDim.x, next);
     const float m = kLayerNorm ? mean[row] : 0.0f, r = rstd[row];
-    float xhat[kVec], dxhat[kVec];
+    const int64_t base = row * C;
+    float xv[kVec] = {}, dy[kVec] = {}, xhat[kVec], dxhat[kVec];
+    if (mine) load<kVec>(x + base + c, xv), load<kVec>(dout + base + c, dy);
     float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      xhat[k] = (cur.x[k] - m) * r;
-      const float g = scale * cur.dy[k];
+      xhat[k] = (xv[k] - m) * r;
+      const float g = scale * dy[k];
       dxhat[k] = g * g_c[k];
       s1 += dxhat[k], s2 += dxhat[k] * xhat[k];
       dgain[k] += g * xhat[k];
@@ -242,12 +227,12 @@ __global__ void norm_backward_chunk_kernel(bf16* dx, float* __restrict__ partial
     const float m1 = kLayerNorm ? block_sum(s1, red) / C : 0.0f;
     const float m2 = fixed ? 0.0f : block_sum(s2, red) / C;  // uniform over the block
     if (mine) {
+      float dr[kVec];
+      if (dres) load<kVec>(dres + base + c, dr);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k)
-        cur.x[k] = r * (dxhat[k] - m1 - xhat[k] * m2) + (dres ? cur.dr[k] : 0.0f);
-      store<kVec>(dx + row * C + c, cur.x);
+      for (int k = 0; k < kVec; ++k) xv[k] = r * (dxhat[k] - m1 - xhat[k] * m2) + (dres ? dr[k] : 0.0f);
+      store<kVec>(dx + base + c, xv);
     }
-    cur = next;
   }
   if (mine) {
     float* p = partial + int64_t(blockIdx.x) * (kLayerNorm ? 2 : 1) * C;
