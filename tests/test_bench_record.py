@@ -81,8 +81,10 @@ class BenchRecord(unittest.TestCase):
         self.assertIn("before\n<!-- bench_records:begin -->\n", text)
         self.assertTrue(text.endswith("<!-- bench_records:end -->\nafter\n"))
         self.assertNotIn("\nold\n", text)
-        self.assertIn("| NVIDIA H100 80GB HBM3, 2026-11-27, abc1234 | 1b_lns | 1,800.0 | 58.0% | 9.5 | 2,241.0 | "
+        self.assertIn("| NVIDIA H100 80GB HBM3, 2026-11-27 21:40, abc1234 | 1b_lns | 1,800.0 | 58.0% | 9.5 | 2,241.0 | "
                       "2,106.0 | 1.17x |", text)
+        # A step without figures shows why.
+        self.assertIn("| NVIDIA H100 80GB HBM3, 2026-11-27 21:40, abc1234 | 1b_lns_seq4k | FAILED (rc 1), 3 s |", text)
         self.assertIn("| GEMMs (cuBLASLt) | 1,500.0 | 75.0% | 1200 |", text)
 
     def test_bad_input_is_one_line(self):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The record of one GPU benchmark run, and the BENCHMARKS tables made from every record.
 
-    python3 tools/device/bench_record.py RESULTS_DIR [--out DIR]
+    python3 tools/device/bench_record.py RESULTS_DIR [--out DIR] [--commit SHA]
         reads RESULTS_DIR/env.json and run.log (tools/device/run_gpu.sh's bench stage)
         and writes DIR/<gpu>-<date>.json (default DIR: docs/benchmarks); prints its path
     python3 tools/device/bench_record.py --tables [--records docs/benchmarks] [--doc docs/BENCHMARKS.md]
@@ -59,13 +59,13 @@ def figures(result, profile):
     return out
 
 
-def make_record(results_dir):
+def make_record(results_dir, commit=None):
     env_path = os.path.join(results_dir, "env.json")
     env = summarize.load_json(env_path)
     if not isinstance(env, dict) or not env.get("gpu") or not env.get("date"):
         fail(f"{env_path}: missing or without 'gpu' and 'date' (run tools/device/run_gpu.sh first)")
     gpu, _, driver = env["gpu"].partition(",")
-    m = re.match(r"(\d{4}-\d{2}-\d{2})", env["date"])
+    m = re.match(r"(\d{4}-\d{2}-\d{2})(?: (\d{2}:\d{2}))?", env["date"])
     if not m:
         fail(f"{env_path}: date {env['date']!r} is not YYYY-MM-DD ...")
     steps = summarize.read_steps(os.path.join(results_dir, "run.log"))
@@ -93,7 +93,8 @@ def make_record(results_dir):
     for n, variants in summarize.kernel_records(summarize.load_json(os.path.join(results_dir, "kernels.json"))).items():
         r = next(iter(variants.values()))
         kernels[n] = {"value": r["value"], "metric": r.get("metric", "")}
-    return {"gpu": gpu.strip(), "driver": driver.strip(), "date": m.group(1), "commit": env.get("git", ""),
+    return {"gpu": gpu.strip(), "driver": driver.strip(), "date": m.group(1), "time": m.group(2) or "",
+            "commit": commit or env.get("git", ""),
             "configs": configs, "status": status, "kernels": kernels}
 
 
@@ -110,26 +111,31 @@ def write_record(record, out_dir):
     return path
 
 
-def cell(d, key, fmt):
+def cell(d, key, fmt, status=None):
+    """A figure, or why there is none (the step's status: "did not finish"), or a dash."""
     v = (d or {}).get(key)
-    return fmt.format(v) if isinstance(v, (int, float)) else "—"
+    if isinstance(v, (int, float)):
+        return fmt.format(v)
+    return status if status and not status.startswith("ok") else "—"
 
 
 def tables(records):
-    out = ["| GPU, date, commit | config | lns step ms | lns MFU | start-up s | torch.compile ms | "
+    out = ["| GPU, date (UTC), commit | config | lns step ms | lns MFU | start-up s | torch.compile ms | "
            "padded FFN ms | lns speed-up (against the padded peer where there is one) |",
            "|---|---|---|---|---|---|---|---|"]
     for path, r in records:
-        for cfg in sorted(r.get("configs", {})):
-            c = r["configs"][cfg]
+        for cfg in sorted(set(r.get("configs", {})) | set(r.get("status", {}))):
+            c, st = r.get("configs", {}).get(cfg, {}), r.get("status", {}).get(cfg, {})
             lns, tc, tp = c.get("lns"), c.get("torch_compile"), c.get("torch_compile_padded")
             peer = tp or tc
             speed = "—"
             if lns and peer and lns.get("step_ms") and peer.get("step_ms"):
                 speed = f"{peer['step_ms'] / lns['step_ms']:.2f}x"
-            out.append(f"| {r['gpu']}, {r['date']}, {r.get('commit', '')} | {cfg} | {cell(lns, 'step_ms', '{:,.1f}')} | "
+            out.append(f"| {r['gpu']}, {r['date']} {r.get('time', '')}, {r.get('commit', '')} | {cfg} | "
+                       f"{cell(lns, 'step_ms', '{:,.1f}', st.get('lns'))} | "
                        f"{cell(lns, 'mfu', '{:.1%}')} | {cell(lns, 'startup_s', '{:.1f}')} | "
-                       f"{cell(tc, 'step_ms', '{:,.1f}')} | {cell(tp, 'step_ms', '{:,.1f}')} | {speed} |")
+                       f"{cell(tc, 'step_ms', '{:,.1f}', st.get('torch_compile'))} | "
+                       f"{cell(tp, 'step_ms', '{:,.1f}', st.get('torch_compile_padded'))} | {speed} |")
     if records:
         path, r = records[-1]
         for cfg in sorted(r.get("configs", {})):
@@ -139,7 +145,7 @@ def tables(records):
             out += ["", f"Where the step goes, {cfg} on {r['gpu']} ({r['date']}): one profiled step of "
                         f"{prof['step_ms']:,.1f} ms (CUDA events around every op; the unprofiled median is "
                         f"{cell(r['configs'][cfg]['lns'], 'step_ms', '{:,.1f}')} ms).", "",
-                    "| class of work | ms | share | launches |", "|---|---|---|---|"]
+                    "| class of work | ms | share | ops |", "|---|---|---|---|"]
             for row in prof["rows"]:
                 share = row["ms"] / prof["step_ms"] if prof["step_ms"] else 0
                 out.append(f"| {row['class']} | {row['ms']:,.1f} | {share:.1%} | {row.get('ops', '—')} |")
@@ -158,7 +164,7 @@ def write_tables(records_dir, doc):
         if not isinstance(r, dict) or not isinstance(r.get("configs"), dict) or "date" not in r or "gpu" not in r:
             fail(f"{p}: not a record (needs 'gpu', 'date' and a 'configs' object)")
         records.append((p, r))
-    records.sort(key=lambda pr: (pr[1]["date"], pr[0]))
+    records.sort(key=lambda pr: (pr[1]["date"], pr[1].get("time", ""), pr[0]))
     try:
         text = open(doc).read()
     except OSError as e:
@@ -177,6 +183,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="?", help="a results folder of tools/device/run_gpu.sh")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks"), help="where the record goes")
+    ap.add_argument("--commit", help="the commit the measured binaries were built from, where env.json's git "
+                                     "is not it (a run cut short before run_gpu.sh wrote the record)")
     ap.add_argument("--tables", action="store_true", help="regenerate the BENCHMARKS tables from the records")
     ap.add_argument("--records", default=os.path.join(ROOT, "docs", "benchmarks"))
     ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "BENCHMARKS.md"))
@@ -187,7 +195,7 @@ def main(argv=None):
         return 0
     if not a.results:
         ap.error("give a results folder, or --tables")
-    print(write_record(make_record(a.results), a.out))
+    print(write_record(make_record(a.results, a.commit), a.out))
     return 0
 
 
