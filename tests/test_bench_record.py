@@ -85,7 +85,9 @@ class BenchRecord(unittest.TestCase):
                       "2,106.0 | 1.17x |", text)
         # A step without figures shows why.
         self.assertIn("| NVIDIA H100 80GB HBM3, 2026-11-27 21:40, abc1234 | 1b_lns_seq4k | FAILED (rc 1), 3 s |", text)
-        self.assertIn("| GEMMs (cuBLASLt) | 1,500.0 | 75.0% | 1200 |", text)
+        # Each profile row beside the roofline model's bound for the same work.
+        self.assertRegex(text, r"\| GEMMs \(cuBLASLt\) \| 1,500\.0 \| 75\.0% \| 1200 \| [0-9,]+\.[0-9] \| [0-9.]+x \|")
+        self.assertIn("| other device work and host gaps (the rest) | 500.0 | 25.0% | 0 | 0.0 | — |", text)
 
     def test_bad_input_is_one_line(self):
         os.remove(os.path.join(self.res, "env.json"))

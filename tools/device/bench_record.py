@@ -31,6 +31,9 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 import summarize  # noqa: E402  (read_steps, kernel_records: the run.log format lives there)
 
+sys.path.insert(0, os.path.join(ROOT, "tools", "perf"))
+import profile_model  # noqa: E402  (the roofline bound of each profile row)
+
 BEGIN, END = "<!-- bench_records:begin -->", "<!-- bench_records:end -->"
 PEERS = {"step_": "lns", "step_torch_": "torch_compile", "step_torch_padded_": "torch_compile_padded"}
 
@@ -142,13 +145,24 @@ def tables(records):
             prof = (r["configs"][cfg].get("lns") or {}).get("profile")
             if not prof:
                 continue
+            try:  # the roofline model's bound per row (tools/perf/profile_model.py; projected)
+                bound = {c: t * 1e3 for c, t in profile_model.bounds(
+                    profile_model.model_for(cfg, profile_model.gpu_key(r["gpu"]))).items()}
+            except (OSError, ValueError, KeyError):
+                bound = {}
             out += ["", f"Where the step goes, {cfg} on {r['gpu']} ({r['date']}): one profiled step of "
                         f"{prof['step_ms']:,.1f} ms (CUDA events around every op; the unprofiled median is "
-                        f"{cell(r['configs'][cfg]['lns'], 'step_ms', '{:,.1f}')} ms).", "",
-                    "| class of work | ms | share | ops |", "|---|---|---|---|"]
+                        f"{cell(r['configs'][cfg]['lns'], 'step_ms', '{:,.1f}')} ms), beside the roofline "
+                        f"model's bound for the same work (tools/perf/profile_model.py: projected, not measured).", "",
+                    "| class of work | ms | share | ops | bound ms (projected) | measured / bound |",
+                    "|---|---|---|---|---|---|"]
             for row in prof["rows"]:
                 share = row["ms"] / prof["step_ms"] if prof["step_ms"] else 0
-                out.append(f"| {row['class']} | {row['ms']:,.1f} | {share:.1%} | {row.get('ops', '—')} |")
+                b = bound.get(row["class"])
+                b_text = f"{b:,.1f}" if b is not None else "—"
+                ratio = f"{row['ms'] / b:.2f}x" if b else "—"
+                out.append(f"| {row['class']} | {row['ms']:,.1f} | {share:.1%} | {row.get('ops', '—')} | "
+                           f"{b_text} | {ratio} |")
     return "\n".join(out)
 
 

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""tools/perf/profile_model.py: every kernel of the roofline model falls in one class of
+the measured profile, the classes add up to the model's step, and they are the classes
+the C++ profile prints (src/core/op_profile.cpp), so a measured row and its bound are
+always the same work."""
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+import unittest
+from contextlib import redirect_stdout
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tools", "perf"))
+import profile_model  # noqa: E402
+
+
+class ProfileModel(unittest.TestCase):
+    def test_classes_are_the_cpp_profiles(self):
+        src = open(os.path.join(ROOT, "src", "core", "op_profile.cpp")).read()
+        order = re.search(r"order = \{(.*?)\};", src, re.S).group(1)
+        cpp = re.findall(r'"([^"]+)"', order)
+        py = [profile_model.GEMMS, profile_model.ATTENTION, profile_model.NORMS, profile_model.ELEMENTWISE,
+              profile_model.EMBED, profile_model.OPTIM]
+        self.assertEqual(cpp, py)
+
+    def test_every_kernel_has_a_class_and_the_classes_add_up(self):
+        for cfg in ("130m_lns", "1b_lns", "1b_lns_seq4k", "1b_pre", "tiny_lns"):
+            m = profile_model.model_for(cfg, "h100")
+            b = profile_model.bounds(m)  # raises on a kernel without a class
+            want = m.num_micro() * m.micro_batch_time() + m.optimizer_time()
+            self.assertAlmostEqual(sum(b.values()), want, delta=1e-9 * want, msg=cfg)
+            self.assertGreater(b[profile_model.GEMMS], 0, cfg)
+            self.assertGreater(b[profile_model.ATTENTION], 0, cfg)
+
+    def test_prints_each_row_beside_its_bound(self):
+        m = profile_model.model_for("130m_lns", "h100")
+        b = profile_model.bounds(m)
+        rows = [{"class": c, "ms": 2e3 * t, "ops": 1} for c, t in b.items()]  # measured = 2 x bound
+        rec = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-27",
+               "configs": {"130m_lns": {"lns": {"profile": {"step_ms": 2e3 * sum(b.values()), "rows": rows}}}}}
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(rec, f)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            self.assertEqual(profile_model.main([f.name]), 0)
+        os.unlink(f.name)
+        text = out.getvalue()
+        self.assertIn("GEMMs (cuBLASLt)", text)
+        self.assertEqual(text.count("2.00x"), 7, text)  # six classes with a bound and the step
+
+
+if __name__ == "__main__":
+    unittest.main()
