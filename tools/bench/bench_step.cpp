@@ -96,7 +96,6 @@ int main(int argc, char** argv) {
     // The profiled step: its own wall time, the rows by class, and the rest (what no
     // op covers: copies, casts, collectives, the host's gaps between launches) so that
     // the rows add up to it.
-    std::string profile_json;
     if (FLAGS_profile) {
       lns::op_profile_start();
       const auto t0 = std::chrono::steady_clock::now();
@@ -116,8 +115,7 @@ int main(int argc, char** argv) {
       };
       for (const auto& r : rows) row(r.name, r.ms, r.ops);
       row("other device work and host gaps (the rest)", step_ms - covered, 0);
-      profile_json = j.dump();
-      std::printf("PROFILE %s\n", profile_json.c_str());
+      std::printf("PROFILE %s\n", j.dump().c_str());
     }
     std::sort(ms.begin(), ms.end());
     double mean = 0;
