@@ -41,9 +41,11 @@ fi
 # ---- the SIMT emulator: every `gpu` test with the kernels running on the CPU --------
 # (docs/cuda.md), in two builds. LNS_CUDA_SIM=OFF skips this part.
 if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
-  # 1. Under ASan/UBSan (build-sim/): memory errors, the two-order check and the
-  #    write-write race check. gpu_tiny_run and gpu_nccl_dp2 take too long here (over
-  #    10 minutes each under ASan); phase 2 runs them.
+  # 1. Under ASan/UBSan (build-sim/): memory errors, the two-order check, the
+  #    write-write race check and the cross-stream race check (on the accesses that
+  #    copies and the cuBLASLt/NCCL stand-ins declare: the kernels have no access hooks
+  #    here). gpu_tiny_run and gpu_nccl_dp2 take too long here (over 10 minutes each
+  #    under ASan); phase 2 runs them.
   SIM_BUILD_DIR=${SIM_BUILD_DIR:-build-sim}
   cmake -S . -B "$SIM_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
         -DLNS_CUDA_SIM=ON -DLNS_SANITIZE=ON >/dev/null
@@ -51,11 +53,12 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
         lns_bench_step
   SIM_EXCLUDE='gpu_tiny_run|gpu_nccl_dp2|emulator_counts_match_model'
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0 \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LNS_SIM_CHECKS=reverse,race \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LNS_SIM_CHECKS=reverse,race,streams \
     ctest --test-dir "$SIM_BUILD_DIR" -L gpu -LE slow -E "$SIM_EXCLUDE" --output-on-failure -j"$(nproc)"
   # 2. Release (build-sim-rel/): the kernels carry the access hooks, so the race check
-  #    sees reads too (GCC's -fsanitize=thread instrumentation, which excludes ASan);
-  #    every `gpu` kernel test under it, then the two long runs without checks:
+  #    sees reads too (GCC's -fsanitize=thread instrumentation, which excludes ASan),
+  #    and so does the cross-stream race check; every `gpu` kernel test under both,
+  #    then the long runs under the cross-stream check only:
   #    gpu_tiny_run (20 steps in an emulation build, 160 on a GPU: its ctest entry says
   #    so), gpu_nccl_dp2, the emulator-vs-model counts and the T=4096 fused attention
   #    case (label slow).
@@ -63,9 +66,9 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   cmake -S . -B "$SIM_REL_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA_SIM=ON >/dev/null
   cmake --build "$SIM_REL_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \
         lns_bench_step
-  LNS_SIM_CHECKS=race ctest --test-dir "$SIM_REL_BUILD_DIR" -L gpu -LE 'slow|mpi' -E "$SIM_EXCLUDE|gpu_mpi_tp2_pp2" \
+  LNS_SIM_CHECKS=race,streams ctest --test-dir "$SIM_REL_BUILD_DIR" -L gpu -LE 'slow|mpi' -E "$SIM_EXCLUDE|gpu_mpi_tp2_pp2" \
     --output-on-failure -j"$(nproc)"
-  ctest --test-dir "$SIM_REL_BUILD_DIR" -R "^($SIM_EXCLUDE|gpu_flash_attention_t4096)\$" \
+  LNS_SIM_CHECKS=streams ctest --test-dir "$SIM_REL_BUILD_DIR" -R "^($SIM_EXCLUDE|gpu_flash_attention_t4096)\$" \
     --output-on-failure \
     -j"$(nproc)"
 fi

@@ -31,15 +31,21 @@ struct DevBuf {
     LNS_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
     return h;
   }
+  // Returns when the copy is done: a cudaMemcpy from pageable memory may return while
+  // its last bytes are in flight (CUDA's API sync rules), and the stream tests below
+  // touch the buffer from non-blocking streams, which do not wait for the copy.
   void set(const std::vector<float>& h) {
     LNS_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    LNS_CUDA_CHECK(cudaDeviceSynchronize());
   }
 };
 
 // Checks on for one test (the suite may run without them, LNS_SIM_CHECKS).
 struct WithChecks {
   sim::Options saved = sim::options();
-  WithChecks(bool reverse, bool race) { sim::options().reverse_check = reverse, sim::options().race_check = race; }
+  WithChecks(bool reverse, bool race, bool streams = false) {
+    sim::options().reverse_check = reverse, sim::options().race_check = race, sim::options().stream_check = streams;
+  }
   ~WithChecks() { sim::options() = saved; }
 };
 
@@ -457,6 +463,7 @@ TEST(SimChecks, WriteIntoFlatBufferPaddingIsReported) {
 // runs it first (the latest enqueued work that may start), so the bug gives a wrong
 // result every time instead of once in a while.
 TEST(SimChecks, StreamReadWithoutEventWaitSeesStaleData) {
+  WithChecks off(false, false, false);  // the race on purpose (the check below reports it)
   cudaStream_t side;
   ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
   cudaEvent_t ready;
@@ -492,6 +499,156 @@ TEST(SimChecks, LegacyDefaultStreamOrdersBlockingStreams) {
   EXPECT_EQ(h[0], 5.0f);
   EXPECT_EQ(h[20], 3.0f);
   EXPECT_EQ(h[40], 0.0f);
+}
+
+// ---- cross-stream races (LNS_SIM_CHECKS=streams, happens_before.cpp) -------------------
+
+// out[i] = in[i]                                                                     [n]
+__global__ void copy_kernel(float* out, const float* in, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = in[i];
+}
+
+// Two non-blocking streams (as the NCCL communicator's side stream is) and an event.
+struct TwoStreams {
+  cudaStream_t a = nullptr, b = nullptr;
+  cudaEvent_t done = nullptr;
+  TwoStreams() {
+    LNS_CUDA_CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    LNS_CUDA_CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    LNS_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  }
+  // b waits for what a has queued so far
+  void b_after_a() {
+    LNS_CUDA_CHECK(cudaEventRecord(done, a));
+    LNS_CUDA_CHECK(cudaStreamWaitEvent(b, done, 0));
+  }
+  ~TwoStreams() {
+    cudaDeviceSynchronize();
+    cudaEventDestroy(done), cudaStreamDestroy(a), cudaStreamDestroy(b);
+  }
+};
+
+// The kernel accesses are seen through the access hooks.
+#define LNS_NEEDS_ACCESS_HOOKS()                                                                  \
+  if (!sim::race_sees_reads())                                                                    \
+  GTEST_SKIP() << "this build has no access hooks (an ASan build: GCC's -fsanitize=thread, which " \
+                  "provides them, excludes -fsanitize=address); the Release emulation build runs it"
+
+// What every report says after naming the two ops.
+#define LNS_UNORDERED "and nothing orders the two: no event recorded on stream [0-9]+ \\(non-blocking\\) after the first"
+
+TEST(SimStreams, KernelReadingAnotherStreamsWriteWithoutAnEventIsReported) {
+  LNS_NEEDS_ACCESS_HOOKS();
+  DevBuf in(256), out(256);
+  in.set(std::vector<float>(256, 0.0f));
+  {  // ordered by the event: runs and reads the new values
+    WithChecks on(false, false, true);
+    TwoStreams s;
+    LNS_LAUNCH(fill_kernel, 1, 256, 0, s.a)(in.p, 3.0f, 256);
+    s.b_after_a();
+    LNS_LAUNCH(copy_kernel, 1, 256, 0, s.b)(out.p, in.p, 256);
+    LNS_CUDA_CHECK(cudaStreamSynchronize(s.b));
+    EXPECT_EQ(out.get()[100], 3.0f);
+  }
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, false, true);
+        TwoStreams s;
+        LNS_LAUNCH(fill_kernel, 1, 256, 0, s.a)(in.p, 3.0f, 256);
+        LNS_LAUNCH(copy_kernel, 1, 256, 0, s.b)(out.p, in.p, 256);
+        cudaDeviceSynchronize();
+      },
+      "cross-stream race on bytes \\[[0-9]+, [0-9]+\\) of the 1024-byte device allocation at 0x[0-9a-f]+: "
+      "kernel fill_kernel \\(launched at tests/gpu/test_sim_checks.cpp:[0-9]+\\) on stream [0-9]+ \\(non-blocking\\) "
+      "wrote them, then kernel copy_kernel \\(launched at tests/gpu/test_sim_checks.cpp:[0-9]+\\) on stream [0-9]+ "
+      "\\(non-blocking\\) read them, " LNS_UNORDERED);
+}
+
+TEST(SimStreams, OverwritingWhatAnotherStreamStillReadsIsReported) {
+  // The next micro-batch's kernel on one stream overwrites the buffer that a reader on
+  // another stream (a collective's, here a kernel) has not been waited for.
+  LNS_NEEDS_ACCESS_HOOKS();
+  DevBuf in(64), out(64);
+  in.set(std::vector<float>(64, 1.0f));
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, false, true);
+        TwoStreams s;
+        LNS_LAUNCH(copy_kernel, 1, 64, 0, s.b)(out.p, in.p, 64);
+        LNS_LAUNCH(fill_kernel, 1, 64, 0, s.a)(in.p, 2.0f, 64);
+        cudaDeviceSynchronize();
+      },
+      "kernel copy_kernel .* read them, then kernel fill_kernel .* wrote them, " LNS_UNORDERED);
+}
+
+TEST(SimStreams, HostCopyWithoutSynchronisingWithTheWriterIsReported) {
+  // cudaMemcpy to the host runs on the legacy default stream, which does not wait for
+  // non-blocking streams: the copy may read the buffer before the kernel wrote it.
+  LNS_NEEDS_ACCESS_HOOKS();
+  DevBuf buf(32);
+  std::vector<float> h(32);
+  {  // after a synchronisation with the writer's stream: fine
+    WithChecks on(false, false, true);
+    TwoStreams s;
+    LNS_LAUNCH(fill_kernel, 1, 32, 0, s.a)(buf.p, 4.0f, 32);
+    LNS_CUDA_CHECK(cudaStreamSynchronize(s.a));
+    LNS_CUDA_CHECK(cudaMemcpy(h.data(), buf.p, sizeof(float) * 32, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(h[31], 4.0f);
+  }
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, false, true);
+        TwoStreams s;
+        LNS_LAUNCH(fill_kernel, 1, 32, 0, s.a)(buf.p, 4.0f, 32);
+        cudaMemcpy(h.data(), buf.p, sizeof(float) * 32, cudaMemcpyDeviceToHost);
+      },
+      "kernel fill_kernel .* on stream [0-9]+ \\(non-blocking\\) wrote them, then cudaMemcpy \\(called from .*\\) "
+      "on the legacy default stream read them, and nothing orders the two");
+}
+
+TEST(SimStreams, WorkTheEmulatorRanEarlyDoesNotHideAMissingWait) {
+  // The reader is queued before anything orders it after the writer; a later sync with
+  // the writer's stream makes the emulator run the writer first, so the reader sees the
+  // new values (no wrong result to notice). The program still declared no order.
+  LNS_NEEDS_ACCESS_HOOKS();
+  DevBuf in(64), out(64);
+  in.set(std::vector<float>(64, 0.0f));
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, false, true);
+        TwoStreams s;
+        LNS_LAUNCH(fill_kernel, 1, 64, 0, s.a)(in.p, 5.0f, 64);
+        LNS_LAUNCH(copy_kernel, 1, 64, 0, s.b)(out.p, in.p, 64);
+        cudaStreamSynchronize(s.a);  // runs the writer now
+        cudaStreamSynchronize(s.b);
+        std::fprintf(stderr, "read %g without a report\n", double(out.get()[0]));
+      },
+      "kernel fill_kernel .* wrote them, then kernel copy_kernel .* read them, " LNS_UNORDERED
+      ".*the emulator ran the first one first");
+}
+
+TEST(SimStreams, HostSynchronisationAndBlockingStreamsOrderWork) {
+  // No report where the program did order the two: a host sync between them, the
+  // legacy default stream's implicit waits for a blocking stream, an event re-recorded.
+  LNS_NEEDS_ACCESS_HOOKS();
+  WithChecks on(false, false, true);
+  DevBuf buf(64), out(64);
+  TwoStreams s;
+  LNS_LAUNCH(fill_kernel, 1, 64, 0, s.a)(buf.p, 1.0f, 64);
+  LNS_CUDA_CHECK(cudaStreamSynchronize(s.a));
+  LNS_LAUNCH(copy_kernel, 1, 64, 0, s.b)(out.p, buf.p, 64);  // after the host sync
+  LNS_CUDA_CHECK(cudaDeviceSynchronize());
+  LNS_LAUNCH(fill_kernel, 1, 64, 0, stream())(buf.p, 2.0f, 64);  // the blocking compute stream
+  LNS_CUDA_CHECK(cudaMemcpy(out.p, buf.p, 64 * sizeof(float), cudaMemcpyDeviceToDevice));  // legacy: waits for it
+  LNS_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // and the host waits for the copy
+  LNS_LAUNCH(fill_kernel, 1, 64, 0, s.a)(buf.p, 3.0f, 64);
+  s.b_after_a();
+  LNS_LAUNCH(fill_kernel, 1, 64, 0, s.a)(out.p, 9.0f, 64);  // after the record: not waited for, other buffer
+  LNS_LAUNCH(copy_kernel, 1, 64, 0, s.b)(out.p + 0, buf.p, 0);  // reads nothing
+  LNS_LAUNCH(copy_kernel, 1, 64, 0, s.b)(buf.p, buf.p, 64);   // reads and writes after the wait
+  LNS_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(buf.get()[7], 3.0f);
 }
 
 TEST(SimChecks, WorkRunsAtSyncPointsAndCudaFreeSynchronises) {

@@ -41,7 +41,12 @@ void require_device_range(const void* p, std::size_t bytes, const char* what) {
   fail(std::string(what) + ": " + b + " is not inside one live device allocation");
 }
 
-void enqueue(cudaStream_t, const char*, std::function<void()> op) { g_queue.push_back(std::move(op)); }
+void enqueue(cudaStream_t, const char*, std::function<void()> op, const void*) { g_queue.push_back(std::move(op)); }
+
+// The stand-ins declare what their queued work touches: it must be device memory.
+void declare_access(const void* p, std::size_t bytes, bool) {
+  if (bytes) require_device_range(p, bytes, "declared access");
+}
 
 int current_device() { return g_device; }
 

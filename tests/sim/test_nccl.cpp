@@ -293,6 +293,30 @@ int run_broken(const std::string& what) {
       return 1;
     }
 #endif
+  } else if (what == "bucket_unwaited" || what == "bucket_overwritten" || what == "bucket_waited") {
+#ifdef LNS_CUDA_SIM
+    // The cross-stream race check (LNS_SIM_CHECKS=streams): backward writes a gradient
+    // bucket on the compute stream and a side stream sums it (nccl_communicator.cpp's
+    // overlap). Unwaited: the collective may read the bucket before it is written.
+    // Overwritten: the compute stream writes the bucket again while the collective may
+    // still read it. Waited: the two events that order both, which must run.
+    cudaStream_t compute, side;
+    cudaEvent_t ready, done;
+    cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    DevBuf sum(1024);
+    const bool waited = what == "bucket_waited";
+    cudaMemsetAsync(b.p, 0, 1024, compute);  // "backward" writes the bucket
+    if (what != "bucket_unwaited") cudaEventRecord(ready, compute), cudaStreamWaitEvent(side, ready, 0);
+    ncclAllReduce(b.p, sum.p, 256, ncclFloat32, ncclSum, comm, side);
+    if (waited) cudaEventRecord(done, side), cudaStreamWaitEvent(compute, done, 0);
+    cudaMemsetAsync(b.p, 0, 1024, compute);  // the next micro-batch
+    lns::simtest::synchronize();
+    if (waited) {
+      std::printf("the ordered bucket reduction ran\n");
+      return 1;
+    }
+#endif
   } else if (what == "reduce_roots_disagree") {  // each rank names itself the root
     ncclReduce(b.p, b.p, 16, ncclFloat32, ncclSum, g_rank, comm, nullptr);
   } else if (what == "past_the_end") {

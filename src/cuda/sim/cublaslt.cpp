@@ -368,6 +368,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
 
   const bool ta = desc->trans_a == CUBLAS_OP_T, tb = desc->trans_b == CUBLAS_OP_T;
   const Operand oa{*Adesc, A}, ob{*Bdesc, B}, oc{*Cdesc, C}, od{*Ddesc, D};
-  lns::sim::enqueue(stream, "cublasLtMatmul", [=] { run_matmul(ta, tb, oa, ob, oc, od, a, b, workspace, need_ws); });
+  const uint64_t read_c = b != 0.0f ? bytes[2] : 0;
+  lns::sim::enqueue(
+      stream, "cublasLtMatmul",
+      [=] {
+        lns::sim::declare_access(A, bytes[0], false), lns::sim::declare_access(B, bytes[1], false);
+        lns::sim::declare_access(C, read_c, false), lns::sim::declare_access(workspace, need_ws, true);
+        lns::sim::declare_access(D, bytes[3], true);
+        run_matmul(ta, tb, oa, ob, oc, od, a, b, workspace, need_ws);
+      },
+      __builtin_return_address(0));
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -298,7 +298,7 @@ namespace {
 
 // Call-time checks shared by the collectives, then the queueing.
 ncclResult_t submit(Kind kind, const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                    int root, ncclComm_t comm, cudaStream_t stream) {
+                    int root, ncclComm_t comm, cudaStream_t stream, const void* caller) {
   const std::string name = kNames[kind];
   if (!comm) fail(name + ": null communicator");
   if (comm->destroyed) fail(name + ": communicator used after ncclCommDestroy");
@@ -345,7 +345,14 @@ ncclResult_t submit(Kind kind, const void* send, void* recv, size_t count, ncclD
   else
     cuda_ok(cudaStreamWaitEvent(stream, s.last, 0));
 #endif
-  lns::sim::enqueue(stream, kNames[kind], [state, c] { execute(*state, c); });
+  const size_t reads = reads_send ? send_bytes : 0;
+  lns::sim::enqueue(
+      stream, kNames[kind],
+      [state, c, reads, recv_bytes] {
+        lns::sim::declare_access(c.send, reads, false), lns::sim::declare_access(c.recv, recv_bytes, true);
+        execute(*state, c);
+      },
+      caller);
 #ifdef LNS_CUDA_SIM
   cuda_ok(cudaEventRecord(s.last, stream));
 #endif
@@ -486,24 +493,24 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  return submit(kAllReduce, sendbuff, recvbuff, count, datatype, op, 0, comm, stream);
+  return submit(kAllReduce, sendbuff, recvbuff, count, datatype, op, 0, comm, stream, __builtin_return_address(0));
 }
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  return submit(kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream);
+  return submit(kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream, __builtin_return_address(0));
 }
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
-  return submit(kAllGather, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm, stream);
+  return submit(kAllGather, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm, stream, __builtin_return_address(0));
 }
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
-  return submit(kBroadcast, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
+  return submit(kBroadcast, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream, __builtin_return_address(0));
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
-  return submit(kReduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
+  return submit(kReduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream, __builtin_return_address(0));
 }
 
 ncclResult_t ncclGroupStart() {

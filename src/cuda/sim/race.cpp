@@ -105,6 +105,8 @@ int find_object(dl_phdr_info* info, size_t, void* data) {
   }
   return 0;
 }
+}  // namespace
+
 std::string code_line(const void* pc) {
   char addr[32];
   std::snprintf(addr, sizeof addr, "%p", pc);
@@ -136,6 +138,8 @@ std::string code_line(const void* pc) {
   return out.empty() ? addr : out;
 }
 
+namespace {
+
 // The three kinds of race, as the report words them.
 enum class Race { WriteWrite, ReadAfterWrite, WriteAfterRead };
 [[noreturn]] void report(Race kind, int other, size_t index, const void* pc, const void* other_pc) {
@@ -165,7 +169,10 @@ inline void access(const void* p, size_t n, bool write, const void* pc) {
       break;
     }
   }
-  if (!room) return;
+  if (!room) {  // not shared memory: device memory, for the cross-stream check
+    if (hb_running) hb_access(p, n, write);
+    return;
+  }
   if (g_thread < 0) return;  // the engine itself (never instrumented; defensive)
   const auto t = static_cast<int16_t>(g_thread);
   for (size_t i = index; i < index + std::min(n, room); ++i) {

@@ -31,7 +31,8 @@
 
 struct Op {
   uint64_t seq = 0;  // global enqueue order
-  const char* name = "";
+  lns::sim::OpSource src;  // its name (src.name) and where it came from, for reports
+  lns::sim::Clock clock;   // what it is ordered after (happens_before.cpp)
   std::function<void()> fn;
   int device = 0;
   // must not start before these streams completed these sequence numbers
@@ -57,6 +58,8 @@ struct BusyAnswers {
 }  // namespace lns::sim
 
 struct CUstream_st {
+  int id = 0;             // index into every Clock
+  lns::sim::Clock clock;  // of its newest op
   int device = 0;
   bool legacy = false;    // the legacy default stream of `device`
   bool blocking = true;   // synchronises with the legacy default stream
@@ -72,6 +75,7 @@ struct CUevent_st {
   uint64_t record_id = 0, completed_id = 0;
   lns::sim::BusyAnswers busy;     // cudaEventQuery's NotReady answers for the pending record
   double time_ms = 0;
+  lns::sim::Clock clock;          // of the latest record: what a wait on it is ordered after
 };
 
 namespace lns::sim {
@@ -113,6 +117,7 @@ cudaError_t set_error(cudaError_t e) {
 
 struct Registry {
   std::map<uintptr_t, Allocation> live;  // by base address
+  uint64_t generation = 0;               // bumped by every change of `live`
   std::vector<size_t> in_use, peak;       // per device
   Registry() : in_use(64, 0), peak(64, 0) {}
 };
@@ -128,15 +133,31 @@ std::vector<CUstream_st*>& streams() {
   static std::vector<CUstream_st*> s;
   return s;
 }
+// A new stream: its clock index and the name reports give it.
+void add_stream(CUstream_st* s) {
+  static int next_id = 0;
+  s->id = next_id++;
+  std::string name = s->legacy ? "the legacy default stream" : "stream " + std::to_string(s->id);
+  if (!s->legacy && !s->blocking) name += " (non-blocking)";
+  if (s->device) name += " of device " + std::to_string(s->device);
+  hb_name_stream(s->id, name);
+  streams().push_back(s);
+}
 CUstream_st* legacy_stream(int device) {
   static std::vector<CUstream_st*> per(64, nullptr);
   if (!per[device]) {
     per[device] = new CUstream_st();
     per[device]->device = device;
     per[device]->legacy = true;
-    streams().push_back(per[device]);
+    add_stream(per[device]);
   }
   return per[device];
+}
+
+// What the host has synchronised with: every op queued from now on is ordered after it.
+Clock& host_clock() {
+  static Clock c;
+  return c;
 }
 CUstream_st* resolve(cudaStream_t s) {
   if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) return legacy_stream(t_device);
@@ -158,7 +179,11 @@ void execute(CUstream_st* s) {
   s->queue.pop_front();
   const int saved = t_device;
   t_device = op.device;
-  if (op.fn) op.fn();
+  if (op.fn) {
+    hb_begin_op(op.src, s->id, op.seq, op.clock);
+    op.fn();
+    hb_end_op();
+  }
   t_device = saved;
   s->completed = op.seq;
   if (op.records && op.records->record_id == op.record_id) {
@@ -204,30 +229,61 @@ void drain(int device) {
 
 void host_sync_counted() { ++counters().host_syncs; }
 
-void push(CUstream_st* s, const char* name, std::function<void()> fn, CUevent_st* records = nullptr) {
+// The host has waited for everything ordered before `c` (a stream's newest op, an
+// event's record): what it queues next is ordered after that.
+void host_waited(const Clock& c) { join(host_clock(), c); }
+void host_waited_device(int device) {
+  for (CUstream_st* o : streams())
+    if (device < 0 || o->device == device) host_waited(o->clock);
+}
+
+// Queues an op on `s`. It may start once `s`'s previous op, the legacy default
+// stream's implicit dependencies and the record `waits_for` (cudaStreamWaitEvent) are
+// complete; its clock is ordered after those and after what the host has waited for.
+void push(CUstream_st* s, OpSource src, std::function<void()> fn, CUevent_st* records = nullptr,
+          const CUevent_st* waits_for = nullptr) {
   Op op;
   op.seq = ++g_seq;
-  op.name = name;
+  op.src = src;
   op.fn = std::move(fn);
   op.device = t_device;
+  op.clock = s->clock;
+  join(op.clock, host_clock());
   if (s->last_enqueued) op.after.push_back({s, s->last_enqueued});
   // The legacy default stream waits for all earlier work of the device's blocking
   // streams, and they wait for its earlier work.
   if (s->legacy) {
     for (CUstream_st* o : streams())
-      if (o != s && o->device == s->device && o->blocking && o->last_enqueued) op.after.push_back({o, o->last_enqueued});
+      if (o != s && o->device == s->device && o->blocking && o->last_enqueued) {
+        op.after.push_back({o, o->last_enqueued});
+        join(op.clock, o->clock);
+      }
   } else if (s->blocking) {
     CUstream_st* l = legacy_stream(s->device);
     if (l->last_enqueued) op.after.push_back({l, l->last_enqueued});
+    join(op.clock, l->clock);
   }
+  if (waits_for && waits_for->stream) {
+    op.after.push_back({waits_for->stream, waits_for->seq});
+    join(op.clock, waits_for->clock);
+  }
+  if (op.clock.size() <= size_t(s->id)) op.clock.resize(size_t(s->id) + 1, 0);
+  op.clock[size_t(s->id)] = op.seq;
+  s->clock = op.clock;
   if (records) {
     op.records = records;
     op.record_id = ++records->record_id;
     records->stream = s;
     records->seq = op.seq;
+    records->clock = op.clock;
   }
   s->last_enqueued = op.seq;
   s->queue.push_back(std::move(op));
+}
+OpSource api(const char* name, const void* caller) {
+  OpSource o;
+  o.name = name, o.caller = caller;
+  return o;
 }
 
 // Padding that must stay zero (cuda/pool.h pool_padding), checked after every grid.
@@ -280,12 +336,35 @@ void require_device_range(const void* p, std::size_t bytes, const char* what) {
   }
 }
 
-void enqueue(cudaStream_t stream, const char* name, std::function<void()> op) {
+void enqueue(cudaStream_t stream, const char* name, std::function<void()> op, const void* caller) {
   std::lock_guard<std::recursive_mutex> lock(mu());
   CUstream_st* s = resolve(stream);
   if (!is_live_stream(s)) fail(std::string(name) + ": the stream was destroyed or never created");
-  push(s, name, std::move(op));
+  push(s, api(name, caller), std::move(op));
 }
+
+void declare_access(const void* p, std::size_t bytes, bool write) { hb_access(p, bytes, write); }
+
+bool allocation_or_gap(const void* p, Allocation* out, uintptr_t* gap_lo, uintptr_t* gap_hi) {
+  std::lock_guard<std::recursive_mutex> lock(mu());
+  const auto& live = registry().live;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto next = live.upper_bound(a);
+  uintptr_t lo = 0;
+  if (next != live.begin()) {
+    const Allocation& al = std::prev(next)->second;
+    const auto base = reinterpret_cast<uintptr_t>(al.base);
+    if (a - base < al.bytes) {
+      *out = al;
+      return true;
+    }
+    lo = base + al.bytes;
+  }
+  *gap_lo = lo;
+  *gap_hi = next == live.end() ? ~uintptr_t{0} : next->first;
+  return false;
+}
+uint64_t allocation_generation() { return registry().generation; }
 
 int current_device() { return t_device; }
 
@@ -296,6 +375,7 @@ Options& options() {
     const std::string s = v ? v : "";
     r.reverse_check = s.find("reverse") != std::string::npos;
     r.race_check = s.find("race") != std::string::npos;
+    r.stream_check = s.find("streams") != std::string::npos;
     return r;
   }();
   return o;
@@ -437,7 +517,9 @@ void launch_grid(const LaunchSite& site, const void* func, dim3 grid, dim3 block
   g->body = std::move(thread_body);
   g->pointers = std::move(pointers);
   g->template_shared = &template_static_shared(func);
-  push(s, site.kernel, [g] { run_checked(*g); });
+  OpSource src;
+  src.name = site.kernel, src.file = site.file, src.line = site.line;
+  push(s, src, [g] { run_checked(*g); });
 }
 
 }  // namespace lns::sim
@@ -480,6 +562,7 @@ void pool_use(const void* p, size_t bytes, cudaStream_t stream) {
 
 // ---- the CUDA runtime API ------------------------------------------------------------
 
+using lns::sim::declare_access;
 using lns::sim::fail;
 using lns::sim::mu;
 using lns::sim::registry;
@@ -586,6 +669,7 @@ cudaError_t cudaDeviceSynchronize() {
   Lock lock(mu());
   lns::sim::host_sync_counted();
   lns::sim::drain(t_device);
+  lns::sim::host_waited_device(t_device);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceReset() { return cudaDeviceSynchronize(); }
@@ -608,6 +692,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (posix_memalign(&p, 256, bytes) != 0) return set_error(cudaErrorMemoryAllocation);
   std::memset(p, 0xff, bytes);
   r.live[reinterpret_cast<uintptr_t>(p)] = lns::sim::Allocation{static_cast<char*>(p), bytes, t_device};
+  ++r.generation;
   r.in_use[t_device] += bytes;
   r.peak[t_device] = std::max(r.peak[t_device], r.in_use[t_device]);
   *ptr = p;
@@ -620,6 +705,7 @@ cudaError_t cudaFree(void* ptr) {
   // cudaFree synchronises the device: queued work may still use the memory.
   lns::sim::host_sync_counted();
   lns::sim::drain(-1);
+  lns::sim::host_waited_device(-1);
   auto& r = registry();
   const auto it = r.live.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == r.live.end()) {
@@ -635,6 +721,8 @@ cudaError_t cudaFree(void* ptr) {
                             [&](const lns::sim::Padding& p) { return p.p >= base && p.p < base + size; }),
              pads.end());
   r.live.erase(it);
+  ++r.generation;
+  lns::sim::hb_forget(ptr);
   std::free(ptr);
   return cudaSuccess;
 }
@@ -660,7 +748,7 @@ bool on_device(const void* p) { return p && lns::sim::find_allocation(p, 0, null
 // documents: the source of a host-to-device copy is staged before the call returns,
 // and a copy to the host returns only once it has completed.
 cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream, bool sync,
-                 const char* api) {
+                 const char* api, const void* caller) {
   Lock lock(mu());
   if (bytes == 0) return cudaSuccess;
   if (kind == cudaMemcpyDefault)
@@ -674,43 +762,65 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, 
   if (!dst_dev && on_device(dst)) fail(what + ": the destination is device memory but the kind says host");
   if (!src_dev && on_device(src)) fail(what + ": the source is device memory but the kind says host");
   CUstream_st* s = lns::sim::resolve(stream);
+  const lns::sim::OpSource from = lns::sim::api(api, caller);
   if (!src_dev) {  // pageable host source: staged now
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
-    if (sync) lns::sim::run_until(s, s->last_enqueued);  // cudaMemcpy: a stream sync first
-    lns::sim::push(s, api, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
+    if (sync) {  // cudaMemcpy: a stream sync first (the copy itself may still be in flight on return)
+      lns::sim::run_until(s, s->last_enqueued);
+      lns::sim::host_waited(s->clock);
+    }
+    lns::sim::push(s, from, [dst, staged, dst_dev] {
+      if (dst_dev) declare_access(dst, staged->size(), true);
+      std::memcpy(dst, staged->data(), staged->size());
+    });
     return cudaSuccess;
   }
-  lns::sim::push(s, api, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  lns::sim::push(s, from, [dst, src, bytes, dst_dev] {
+    declare_access(src, bytes, false);
+    if (dst_dev) declare_access(dst, bytes, true);
+    std::memmove(dst, src, bytes);
+  });
   if (sync || !dst_dev) {  // to pageable host memory, or cudaMemcpy: returns when done
     lns::sim::host_sync_counted();
     lns::sim::run_until(s, s->last_enqueued);
+    lns::sim::host_waited(s->clock);
   }
   return cudaSuccess;
 }
 }  // namespace
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  return copy(dst, src, bytes, kind, nullptr, true, "cudaMemcpy");
+  return copy(dst, src, bytes, kind, nullptr, true, "cudaMemcpy", __builtin_return_address(0));
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
-  return copy(dst, src, bytes, kind, stream, false, "cudaMemcpyAsync");
+  return copy(dst, src, bytes, kind, stream, false, "cudaMemcpyAsync", __builtin_return_address(0));
 }
-cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
+namespace {
+cudaError_t memset_on(void* ptr, int value, size_t bytes, cudaStream_t stream, const char* api, const void* caller) {
   Lock lock(mu());
   if (bytes == 0) return cudaSuccess;
   lns::sim::require_device_range(ptr, bytes, "cudaMemset");
-  lns::sim::push(lns::sim::resolve(stream), "cudaMemset", [ptr, value, bytes] { std::memset(ptr, value, bytes); });
+  lns::sim::push(lns::sim::resolve(stream), lns::sim::api(api, caller), [ptr, value, bytes] {
+    declare_access(ptr, bytes, true);
+    std::memset(ptr, value, bytes);
+  });
   return cudaSuccess;
 }
+}  // namespace
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
+  return memset_on(ptr, value, bytes, stream, "cudaMemsetAsync", __builtin_return_address(0));
+}
 // Asynchronous with respect to the host for device memory (CUDA's API sync rules).
-cudaError_t cudaMemset(void* ptr, int value, size_t bytes) { return cudaMemsetAsync(ptr, value, bytes, nullptr); }
+cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
+  return memset_on(ptr, value, bytes, nullptr, "cudaMemset", __builtin_return_address(0));
+}
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
   Lock lock(mu());
   auto* s = new CUstream_st();
   s->device = t_device;
   s->blocking = !(flags & cudaStreamNonBlocking);
-  lns::sim::streams().push_back(s);
+  lns::sim::add_stream(s);
   *stream = s;
   return cudaSuccess;
 }
@@ -732,15 +842,18 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!lns::sim::is_live_stream(s)) fail("cudaStreamSynchronize: the stream was destroyed or never created");
   lns::sim::host_sync_counted();
   lns::sim::run_until(s, s->last_enqueued);
+  lns::sim::host_waited(s->clock);
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t stream) {  // lns::sim::BusyAnswers
   Lock lock(mu());
   CUstream_st* s = lns::sim::resolve(stream);
-  if (s->completed >= s->last_enqueued) return cudaSuccess;
+  // Done: the host has seen the stream's work complete (a synchronisation).
+  if (s->completed >= s->last_enqueued) return lns::sim::host_waited(s->clock), cudaSuccess;
   if (s->busy.busy(s->last_enqueued)) return cudaErrorNotReady;
   lns::sim::host_sync_counted();
   lns::sim::run_until(s, s->last_enqueued);
+  lns::sim::host_waited(s->clock);
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
@@ -748,10 +861,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   CUstream_st* s = lns::sim::resolve(stream);
   if (!event) return set_error(cudaErrorInvalidResourceHandle);
   if (!event->stream) return cudaSuccess;  // never recorded: nothing to wait for
-  CUstream_st* on = event->stream;
-  const uint64_t seq = event->seq;
-  lns::sim::push(s, "cudaStreamWaitEvent", nullptr);
-  s->queue.back().after.push_back({on, seq});
+  lns::sim::push(s, lns::sim::api("cudaStreamWaitEvent", nullptr), nullptr, nullptr, event);
   return cudaSuccess;
 }
 
@@ -768,7 +878,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   Lock lock(mu());
   if (!event) return set_error(cudaErrorInvalidResourceHandle);
-  lns::sim::push(lns::sim::resolve(stream), "cudaEventRecord", nullptr, event);
+  lns::sim::push(lns::sim::resolve(stream), lns::sim::api("cudaEventRecord", nullptr), nullptr, event);
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -776,15 +886,17 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!event) return set_error(cudaErrorInvalidResourceHandle);
   lns::sim::host_sync_counted();
   if (event->stream) lns::sim::run_until(event->stream, event->seq);
+  lns::sim::host_waited(event->clock);
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {  // lns::sim::BusyAnswers
   Lock lock(mu());
   if (!event) return set_error(cudaErrorInvalidResourceHandle);
-  if (!event->stream || event->completed_id == event->record_id) return cudaSuccess;
+  if (!event->stream || event->completed_id == event->record_id) return lns::sim::host_waited(event->clock), cudaSuccess;
   if (event->busy.busy(event->record_id)) return cudaErrorNotReady;
   lns::sim::host_sync_counted();
   lns::sim::run_until(event->stream, event->seq);
+  lns::sim::host_waited(event->clock);
   return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {

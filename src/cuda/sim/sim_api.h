@@ -24,7 +24,13 @@ void require_device_range(const void* p, std::size_t bytes, const char* what);
 // Queues `op` on `stream` (nullptr: the legacy default stream). It runs at a later
 // synchronisation point, in the emulator's adversarial but legal order (stream order
 // and event waits respected, nothing else), on the device current at enqueue time.
-void enqueue(cudaStream_t stream, const char* name, std::function<void()> op);
+// `caller`: the code that called the API (its return address), for reports.
+void enqueue(cudaStream_t stream, const char* name, std::function<void()> op, const void* caller = nullptr);
+
+// Called by a queued op while it runs: it reads (or writes) device bytes [p, p + bytes).
+// The cross-stream race check (LNS_SIM_CHECKS=streams) sees kernels' accesses through
+// their access hooks; copies and the stand-ins declare theirs with this.
+void declare_access(const void* p, std::size_t bytes, bool write);
 
 // The device this host thread has bound with cudaSetDevice (several emulated devices
 // may live in one process).

@@ -38,10 +38,12 @@ struct Grid {
 // Which checks run (environment LNS_SIM_CHECKS, a comma list; tests set them directly):
 //   reverse: every grid runs twice, threads and blocks in opposite orders, and the
 //            device memory it can reach must come out bitwise equal;
-//   race:    shared-memory race detection (race.cpp, docs/cuda.md).
+//   race:    shared-memory race detection (race.cpp, docs/cuda.md);
+//   streams: the cross-stream race check over device memory (happens_before.cpp).
 struct Options {
   bool reverse_check = false;
   bool race_check = false;
+  bool stream_check = false;
 };
 Options& options();
 
@@ -79,5 +81,40 @@ struct Allocation {
   int device = 0;
 };
 bool find_allocation(const void* p, size_t bytes, Allocation* out);
+// The allocation holding address p (true), or the stretch [*gap_lo, *gap_hi) between
+// allocations that holds it (false). The answer stays valid while
+// allocation_generation() (bumped by every cudaMalloc and cudaFree) is unchanged.
+bool allocation_or_gap(const void* p, Allocation* out, uintptr_t* gap_lo, uintptr_t* gap_hi);
+uint64_t allocation_generation();
+
+// The source line of a code address through addr2line, with the inline chain
+// (race.cpp); the function's name where there is no line table.
+std::string code_line(const void* pc);
+
+// ---- the cross-stream race check (happens_before.cpp) --------------------------------
+// A vector clock: per stream id, the sequence number of that stream's newest op that
+// is ordered before this point. Op X (stream s, sequence q) happens before Y iff
+// Y.clock[s] >= q. The runtime gives every queued op one (push): its stream's previous
+// op, the events it waits for, the legacy default stream's implicit waits and what the
+// host has synchronised with.
+using Clock = std::vector<uint64_t>;
+void join(Clock& into, const Clock& other);
+// What a report calls an op: a kernel's launch site, or an API call and its caller.
+struct OpSource {
+  const char* name = "";
+  const char* file = nullptr;  // kernels: the launch
+  int line = 0;
+  const void* caller = nullptr;  // copies, memsets, stand-ins: the code that called the API
+};
+// The name reports give stream `id` ("stream 2 (non-blocking)").
+void hb_name_stream(int id, std::string name);
+// The runtime brackets every op it executes with these; between them the op's
+// accesses (hb_access) are checked when options().stream_check.
+void hb_begin_op(const OpSource& src, int stream, uint64_t seq, const Clock& clock);
+void hb_end_op();
+extern bool hb_running;  // an op runs under the check: hb_access has work to do
+void hb_access(const void* p, size_t bytes, bool write);
+// cudaFree: the allocation's history goes with it.
+void hb_forget(const void* base);
 
 }  // namespace lns::sim
