@@ -651,6 +651,91 @@ TEST(SimStreams, HostSynchronisationAndBlockingStreamsOrderWork) {
   EXPECT_EQ(buf.get()[7], 3.0f);
 }
 
+// ---- CUDA graphs (stream capture and replay) --------------------------------------------
+
+// fill then copy, captured on `s` into an instantiated graph
+cudaGraphExec_t capture_fill_copy(cudaStream_t s, float* buf, float* out, float v, int n) {
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  LNS_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  LNS_LAUNCH(fill_kernel, 1, n, 0, s)(buf, v, n);
+  LNS_LAUNCH(copy_kernel, 1, n, 0, s)(out, buf, n);
+  LNS_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  LNS_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+  LNS_CUDA_CHECK(cudaGraphDestroy(g));
+  return exec;
+}
+
+TEST(SimGraphs, CaptureRecordsWithoutRunningAndEachLaunchReplays) {
+  DevBuf buf(64), out(64);
+  buf.set(std::vector<float>(64, 0.0f));
+  out.set(std::vector<float>(64, 0.0f));
+  TwoStreams s;
+  const sim::Counters before = sim::counters();
+  cudaGraphExec_t exec = capture_fill_copy(s.a, buf.p, out.p, 6.0f, 64);
+  cudaStreamCaptureStatus status;
+  LNS_CUDA_CHECK(cudaStreamIsCapturing(s.a, &status));
+  EXPECT_EQ(status, cudaStreamCaptureStatusNone);
+  LNS_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(out.get()[9], 0.0f) << "capture ran the work";
+  EXPECT_EQ(sim::counters().launches - before.launches, 2u) << "the captured launches";
+  EXPECT_EQ(sim::counters().kernels_run, before.kernels_run);
+  for (int i = 0; i < 2; ++i) LNS_CUDA_CHECK(cudaGraphLaunch(exec, s.a));
+  LNS_CUDA_CHECK(cudaStreamSynchronize(s.a));
+  EXPECT_EQ(out.get()[9], 6.0f);
+  EXPECT_EQ(sim::counters().launches - before.launches, 2u) << "a replay launches nothing more";
+  EXPECT_EQ(sim::counters().graph_launches - before.graph_launches, 2u);
+  EXPECT_EQ(sim::counters().kernels_run - before.kernels_run, 4u);
+  LNS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+}
+
+TEST(SimGraphs, WhatAGpuRefusesDuringACaptureIsReported) {
+  DevBuf buf(64);
+  std::vector<float> h(64);
+  const auto capturing = [&](auto&& call) {
+    TwoStreams s;
+    LNS_CUDA_CHECK(cudaStreamBeginCapture(s.a, cudaStreamCaptureModeThreadLocal));
+    LNS_LAUNCH(fill_kernel, 1, 64, 0, s.a)(buf.p, 1.0f, 64);
+    call(s.a);
+  };
+  EXPECT_DEATH(capturing([](cudaStream_t a) { cudaStreamSynchronize(a); }),
+               "cudaStreamSynchronize while stream [0-9]+ \\(non-blocking\\) captures a CUDA graph: not permitted");
+  EXPECT_DEATH(capturing([&](cudaStream_t a) {
+                 cudaMemcpyAsync(h.data(), buf.p, 256, cudaMemcpyDeviceToHost, a);
+               }),
+               "cudaMemcpyAsync between host and device memory while stream [0-9]+ \\(non-blocking\\) captures a "
+               "CUDA graph: a pageable host copy cannot be captured");
+  EXPECT_DEATH(capturing([](cudaStream_t) {
+                 void* p = nullptr;
+                 cudaMalloc(&p, 64);
+               }),
+               "cudaMalloc while stream [0-9]+ \\(non-blocking\\) captures a CUDA graph");
+  EXPECT_DEATH(capturing([](cudaStream_t a) {
+                 cudaEvent_t e;
+                 cudaEventCreate(&e);
+                 cudaEventRecord(e, a);
+               }),
+               "cudaEventRecord on stream [0-9]+ \\(non-blocking\\) while it captures a CUDA graph: events inside a "
+               "capture .* are not emulated");
+}
+
+TEST(SimStreams, AGraphReplayReadByAnotherStreamWithoutAWaitIsReported) {
+  LNS_NEEDS_ACCESS_HOOKS();
+  DevBuf buf(64), out(64), other(64);
+  buf.set(std::vector<float>(64, 0.0f));
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, false, true);
+        TwoStreams s;
+        cudaGraphExec_t exec = capture_fill_copy(s.a, buf.p, out.p, 2.0f, 64);
+        cudaGraphLaunch(exec, s.a);
+        LNS_LAUNCH(copy_kernel, 1, 64, 0, s.b)(other.p, buf.p, 64);
+        cudaDeviceSynchronize();
+      },
+      "kernel fill_kernel \\(launched at tests/gpu/test_sim_checks.cpp:[0-9]+, replayed by cudaGraphLaunch\\) on "
+      "stream [0-9]+ \\(non-blocking\\) wrote them, then kernel copy_kernel .* read them, " LNS_UNORDERED);
+}
+
 TEST(SimChecks, WorkRunsAtSyncPointsAndCudaFreeSynchronises) {
   // Device memory is host memory here, so the test can look without a copy: queued
   // work has not run until something synchronises; cudaFree does (CUDA documents it).

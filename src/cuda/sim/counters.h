@@ -7,7 +7,9 @@
 namespace lns::sim {
 
 struct Counters {
-  uint64_t launches = 0;    // kernel launches
+  uint64_t launches = 0;    // kernel launches (a graph's kernels count once, when captured)
+  uint64_t graph_launches = 0;  // cudaGraphLaunch calls
+  uint64_t kernels_run = 0;     // grids executed: launched ones and graph replays' kernels
   uint64_t host_syncs = 0;  // host waits for the device: stream/event/device syncs,
                             // copies to host memory, cudaFree
 };

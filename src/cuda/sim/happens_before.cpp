@@ -96,9 +96,11 @@ std::string stream_name(int id) {
 std::string describe(const OpSource& s, int stream) {
   std::string what = s.name ? s.name : "an op";
   if (s.file) {
-    what = std::string("kernel ") + what + " (launched at " + source_path(s.file) + ":" + std::to_string(s.line) + ")";
-  } else if (s.caller) {
-    what += " (called from " + code_line(s.caller) + ")";
+    what = std::string("kernel ") + what + " (launched at " + source_path(s.file) + ":" + std::to_string(s.line);
+    what += s.replayed ? ", replayed by cudaGraphLaunch)" : ")";
+  } else {
+    if (s.caller) what += " (called from " + code_line(s.caller) + ")";
+    if (s.replayed) what += " (replayed by cudaGraphLaunch)";
   }
   return what + " on " + stream_name(stream);
 }
@@ -151,6 +153,8 @@ void hb_name_stream(int id, std::string name) {
   if (size_t(id) >= n.size()) n.resize(size_t(id) + 1);
   n[size_t(id)] = std::move(name);
 }
+
+std::string hb_stream_name(int id) { return stream_name(id); }
 
 void hb_begin_op(const OpSource& src, int stream, uint64_t seq, const Clock& clock) {
   g_running.push_back(Running{src, stream, seq, &clock, 0});

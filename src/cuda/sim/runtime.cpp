@@ -57,7 +57,22 @@ struct BusyAnswers {
 };
 }  // namespace lns::sim
 
+// A CUDA graph as stream capture records it: the ops, in the order they were queued.
+struct CapturedOp {
+  lns::sim::OpSource src;
+  std::function<void()> fn;
+};
+struct CUgraph_st {
+  int device = 0;
+  std::vector<CapturedOp> ops;
+};
+struct CUgraphExec_st {
+  int device = 0;
+  std::vector<CapturedOp> ops;
+};
+
 struct CUstream_st {
+  CUgraph_st* capture = nullptr;  // recording a graph (cudaStreamBeginCapture): ops go there
   int id = 0;             // index into every Clock
   lns::sim::Clock clock;  // of its newest op
   int device = 0;
@@ -237,11 +252,34 @@ void host_waited_device(int device) {
     if (device < 0 || o->device == device) host_waited(o->clock);
 }
 
+// What a GPU refuses while a stream captures a graph (cudaErrorStreamCaptureUnsupported:
+// waits for the device, allocations): `only` a given stream, or any of the device's.
+void refuse_in_capture(const char* api, const CUstream_st* only = nullptr) {
+  for (CUstream_st* o : streams())
+    if (o->capture && (only ? o == only : o->device == t_device))
+      fail(std::string(api) + " while " + hb_stream_name(o->id) + " captures a CUDA graph: not permitted (a GPU "
+           "returns cudaErrorStreamCaptureUnsupported and invalidates the capture); move it out of the captured work");
+}
+
 // Queues an op on `s`. It may start once `s`'s previous op, the legacy default
 // stream's implicit dependencies and the record `waits_for` (cudaStreamWaitEvent) are
 // complete; its clock is ordered after those and after what the host has waited for.
 void push(CUstream_st* s, OpSource src, std::function<void()> fn, CUevent_st* records = nullptr,
           const CUevent_st* waits_for = nullptr) {
+  const std::string what = std::string(src.name) + " on " + hb_stream_name(s->id);
+  if (s->capture) {  // recorded into the graph, not run
+    if (records || waits_for)
+      fail(what + " while it captures a CUDA graph: events inside a capture (forking the capture into other "
+                  "streams) are not emulated");
+    s->capture->ops.push_back({src, std::move(fn)});
+    return;
+  }
+  // The legacy stream's implicit synchronisation with a capturing blocking stream would
+  // pull the capture in.
+  for (CUstream_st* o : streams())
+    if (o->capture && o->device == s->device && o != s && o->blocking && s->legacy)
+      fail(what + " while " + hb_stream_name(o->id) + " captures a CUDA graph: the legacy default stream "
+                  "synchronises with it (a GPU returns cudaErrorStreamCaptureImplicit); use the capturing stream");
   Op op;
   op.seq = ++g_seq;
   op.src = src;
@@ -519,7 +557,10 @@ void launch_grid(const LaunchSite& site, const void* func, dim3 grid, dim3 block
   g->template_shared = &template_static_shared(func);
   OpSource src;
   src.name = site.kernel, src.file = site.file, src.line = site.line;
-  push(s, src, [g] { run_checked(*g); });
+  push(s, src, [g] {
+    ++counters().kernels_run;
+    run_checked(*g);
+  });
 }
 
 }  // namespace lns::sim
@@ -667,6 +708,7 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
 }
 cudaError_t cudaDeviceSynchronize() {
   Lock lock(mu());
+  lns::sim::refuse_in_capture("cudaDeviceSynchronize");
   lns::sim::host_sync_counted();
   lns::sim::drain(t_device);
   lns::sim::host_waited_device(t_device);
@@ -679,6 +721,7 @@ cudaError_t cudaDeviceReset() { return cudaDeviceSynchronize(); }
 // starts as NaN bytes: device memory is not zeroed.
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   Lock lock(mu());
+  lns::sim::refuse_in_capture("cudaMalloc");
   auto& r = registry();
   if (bytes == 0) {
     *ptr = nullptr;
@@ -702,6 +745,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 cudaError_t cudaFree(void* ptr) {
   Lock lock(mu());
   if (!ptr) return cudaSuccess;
+  lns::sim::refuse_in_capture("cudaFree");
   // cudaFree synchronises the device: queued work may still use the memory.
   lns::sim::host_sync_counted();
   lns::sim::drain(-1);
@@ -762,6 +806,10 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, 
   if (!dst_dev && on_device(dst)) fail(what + ": the destination is device memory but the kind says host");
   if (!src_dev && on_device(src)) fail(what + ": the source is device memory but the kind says host");
   CUstream_st* s = lns::sim::resolve(stream);
+  if (s->capture && !(src_dev && dst_dev))
+    fail(what + " between host and device memory while " + lns::sim::hb_stream_name(s->id) +
+         " captures a CUDA graph: a pageable host copy cannot be captured (the graph would replay the bytes the "
+         "host had at capture time); copy outside the captured work");
   const lns::sim::OpSource from = lns::sim::api(api, caller);
   if (!src_dev) {  // pageable host source: staged now
     auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
@@ -829,6 +877,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   Lock lock(mu());
   CUstream_st* s = stream;
   if (!lns::sim::is_live_stream(s) || s->legacy) return set_error(cudaErrorInvalidResourceHandle);
+  lns::sim::refuse_in_capture("cudaStreamDestroy", s);
   // Queued work still completes (CUDA's rule); the handle is gone at once.
   lns::sim::run_until(s, s->last_enqueued);
   auto& all = lns::sim::streams();
@@ -840,6 +889,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Lock lock(mu());
   CUstream_st* s = lns::sim::resolve(stream);
   if (!lns::sim::is_live_stream(s)) fail("cudaStreamSynchronize: the stream was destroyed or never created");
+  lns::sim::refuse_in_capture("cudaStreamSynchronize", s);
   lns::sim::host_sync_counted();
   lns::sim::run_until(s, s->last_enqueued);
   lns::sim::host_waited(s->clock);
@@ -848,6 +898,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {  // lns::sim::BusyAnswers
   Lock lock(mu());
   CUstream_st* s = lns::sim::resolve(stream);
+  lns::sim::refuse_in_capture("cudaStreamQuery", s);
   // Done: the host has seen the stream's work complete (a synchronisation).
   if (s->completed >= s->last_enqueued) return lns::sim::host_waited(s->clock), cudaSuccess;
   if (s->busy.busy(s->last_enqueued)) return cudaErrorNotReady;
@@ -910,5 +961,65 @@ cudaError_t lns_sim_func_set_attribute(const void* func, cudaFuncAttribute attr,
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return set_error(cudaErrorInvalidValue);
   if (value < 0 || size_t(value) > lns::sim::kSharedOptin) return set_error(cudaErrorInvalidValue);
   lns::sim::func_shared_limit()[func] = value;
+  return cudaSuccess;
+}
+
+// ---- CUDA graphs ------------------------------------------------------------------------
+// Capture records what a stream is given (kernels, copies, memsets, the stand-ins'
+// work) instead of queueing it; a launch queues the recorded ops on the launch stream,
+// in their order, as ops like any other (so every check, the cross-stream one
+// included, sees each replay). What a GPU refuses during a capture is reported
+// (refuse_in_capture, push, copy).
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  Lock lock(mu());
+  CUstream_st* s = lns::sim::resolve(stream);
+  if (s->legacy) fail("cudaStreamBeginCapture: the legacy default stream cannot capture; use a created stream");
+  if (s->capture) fail("cudaStreamBeginCapture: " + lns::sim::hb_stream_name(s->id) + " is already capturing");
+  s->capture = new CUgraph_st();
+  s->capture->device = s->device;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  Lock lock(mu());
+  CUstream_st* s = lns::sim::resolve(stream);
+  if (!s->capture) fail("cudaStreamEndCapture: " + lns::sim::hb_stream_name(s->id) + " is not capturing");
+  *graph = s->capture;
+  s->capture = nullptr;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  Lock lock(mu());
+  *status = lns::sim::resolve(stream)->capture ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  Lock lock(mu());
+  if (!graph) return set_error(cudaErrorInvalidResourceHandle);
+  *exec = new CUgraphExec_st{graph->device, graph->ops};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  Lock lock(mu());
+  if (!exec) return set_error(cudaErrorInvalidResourceHandle);
+  CUstream_st* s = lns::sim::resolve(stream);
+  if (!lns::sim::is_live_stream(s)) fail("cudaGraphLaunch: the stream was destroyed or never created");
+  if (s->device != exec->device) fail("cudaGraphLaunch: a graph of device " + std::to_string(exec->device) +
+                                      " launched on a stream of device " + std::to_string(s->device));
+  if (s->capture) fail("cudaGraphLaunch into a capturing stream (a child graph) is not emulated");
+  ++lns::sim::counters().graph_launches;
+  for (const CapturedOp& op : exec->ops) {
+    lns::sim::OpSource src = op.src;
+    src.replayed = true;
+    lns::sim::push(s, src, op.fn);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;  // queued replays hold copies of its ops
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
   return cudaSuccess;
 }

@@ -105,9 +105,11 @@ struct OpSource {
   const char* file = nullptr;  // kernels: the launch
   int line = 0;
   const void* caller = nullptr;  // copies, memsets, stand-ins: the code that called the API
+  bool replayed = false;         // queued by cudaGraphLaunch (recorded by a stream capture)
 };
 // The name reports give stream `id` ("stream 2 (non-blocking)").
 void hb_name_stream(int id, std::string name);
+std::string hb_stream_name(int id);
 // The runtime brackets every op it executes with these; between them the op's
 // accesses (hb_access) are checked when options().stream_check.
 void hb_begin_op(const OpSource& src, int stream, uint64_t seq, const Clock& clock);

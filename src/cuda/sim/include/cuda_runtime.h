@@ -100,6 +100,7 @@ enum cudaError_t {
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
+  cudaErrorStreamCaptureUnsupported = 900,
 };
 typedef cudaError_t cudaError;
 
@@ -107,6 +108,20 @@ struct CUstream_st;
 typedef CUstream_st* cudaStream_t;
 struct CUevent_st;
 typedef CUevent_st* cudaEvent_t;
+struct CUgraph_st;
+typedef CUgraph_st* cudaGraph_t;
+struct CUgraphExec_st;
+typedef CUgraphExec_st* cudaGraphExec_t;
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
 
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -193,6 +208,16 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+// CUDA graphs by stream capture (one stream: a capture that forks into other streams
+// through events is not emulated and is reported).
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
 // Kernel attributes: `func` is any kernel (a function pointer).
 cudaError_t lns_sim_func_set_attribute(const void* func, cudaFuncAttribute attr, int value);
