@@ -4,6 +4,7 @@
 // weights, gradients and optimizer state, and runs activations and GEMM inputs in bf16
 // (activation_dtype); statistics (norm rstd/mean, losses) stay f32 on both.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,27 @@ std::vector<float> to_host_f32(Tensor src);
 void guard_device_padding(Tensor padding);
 // Waits for every kernel queued on the CUDA stream (no-op on the CPU).
 void device_synchronize(Device d);
+
+// Device work recorded once and replayed with one launch: a CUDA graph of what the
+// host queues on the compute stream while `work` runs. record() runs nothing; each
+// launch() queues the recorded work. The work must not wait for the device, allocate,
+// free or copy host memory, use another stream or take a new cuBLASLt shape (a GPU
+// refuses, the emulator reports each); what it reads at record time (pointers,
+// scalars) is what every launch uses. CUDA builds only.
+class DeviceGraph {
+ public:
+  DeviceGraph() = default;
+  DeviceGraph(const DeviceGraph&) = delete;
+  DeviceGraph& operator=(const DeviceGraph&) = delete;
+  ~DeviceGraph() { reset(); }
+  void record(const std::function<void()>& work);
+  void launch() const;
+  bool empty() const { return exec_ == nullptr; }
+  void reset();
+
+ private:
+  void* exec_ = nullptr;  // cudaGraphExec_t
+};
 // Peak bytes allocated by Buffers on the CUDA device since start (0 on the CPU), and
 // the bytes they hold now.
 size_t cuda_peak_allocated_bytes();

@@ -30,5 +30,7 @@ const std::vector<std::string>& op_classes();
 // then any other class seen, in that order.
 void op_profile_start();
 std::vector<OpClassTime> op_profile_stop();
+// Between op_profile_start() and op_profile_stop() (work then runs op by op, ungraphed).
+bool op_profile_running();
 
 }  // namespace lns

@@ -13,6 +13,7 @@
 #include <functional>
 #include <vector>
 
+#include "lns/device.h"
 #include "lns/stage.h"
 #include "parallel/process_grid.h"
 
@@ -68,6 +69,15 @@ class PipelineSchedule1F1B {
   // tags (callers making several calls in a row).
   double forward_only(int count, const std::function<Tensor(int)>& inputs,
                       const std::function<Tensor(int)>& targets, int tag_base = 0);
+  // --cuda_graphs: where graphs_apply(), micro-batches 0..M-2 of each step run their
+  // forward, loss and backward as one CUDA graph (DeviceGraph), recorded at micro-batch
+  // 0 of every step from the second on and launched for each. Same kernels, same
+  // arguments, same order as ungraphed: the same bits.
+  void set_cuda_graphs(bool on) { cuda_graphs_ = on; }
+  // The rule: one stage holding the whole model (pp = 1, one chunk: no messages inside
+  // a micro-batch), tp = 1 (no collectives inside it), on CUDA, nothing to hand the
+  // logits to, no op profile running (it times op by op).
+  bool graphs_apply(bool has_on_logits) const;
 
  private:
   // Micro-batch m (its message tags from `tag`) through `chunk` in `slot`: receives
@@ -80,6 +90,11 @@ class PipelineSchedule1F1B {
   // The message into model chunk k for micro-batch m: activations (forward) or
   // gradients; unique per micro-batch, model chunk and direction.
   int tag(int m, int model_chunk, bool forward) const;
+  // Micro-batch m's forward, loss and backward through the graph (recorded first when
+  // `record`): its inputs and targets copied into fixed buffers the graph reads, its
+  // token losses copied out of the one it writes.
+  void run_graphed(int m, const std::function<Tensor(int)>& inputs, const std::function<Tensor(int)>& targets,
+                   float grad_scale, bool record);
 
   ProcessGrid& grid_;
   LlamaStage& stage_;
@@ -89,6 +104,10 @@ class PipelineSchedule1F1B {
   OwnedTensor step_losses_, step_losses_host_;     // [num_micro, B*T] f32, last stage
   // one per micro-batch and chunk (index m * V + c): sends complete late
   std::vector<OwnedTensor> send_act_, send_grad_;
+  bool cuda_graphs_ = false;
+  bool trained_ = false;  // a step has run: scratch buffers have grown, every GEMM shape is known
+  DeviceGraph micro_graph_;
+  OwnedTensor graph_in_, graph_tg_, graph_loss_;  // [B,T] i32, [B*T] i32, [B*T] f32
 };
 
 }  // namespace lns

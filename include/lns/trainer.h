@@ -45,6 +45,7 @@ struct TrainConfig {
   bool sequence_parallel = false;  // Megatron's sequence parallelism over tp (Layout)
   double dp_bucket_mb = 25;  // data-parallel all-reduce bucket size
   bool overlap_grad_reduce = true;  // all-reduce buckets during the last backward (GradientSync)
+  bool cuda_graphs = false;  // micro-batches as CUDA graphs where PipelineSchedule1F1B::graphs_apply
   // Checkpoints (docs/checkpoints.md), under out_dir/checkpoints.
   int64_t save_every = 0;     // 0: only at the end and on SIGTERM/SIGUSR1
   int keep_checkpoints = 0;   // 0: keep all

@@ -160,4 +160,42 @@ void device_synchronize(Device d) {
 #endif
 }
 
+void DeviceGraph::record(const std::function<void()>& work) {
+#ifdef LNS_WITH_CUDA
+  reset();
+  // Thread-local: only this thread's calls may not be made during the capture.
+  LNS_CUDA_CHECK(cudaStreamBeginCapture(cuda::stream(), cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    work();
+  } catch (...) {
+    cudaStreamEndCapture(cuda::stream(), &graph);  // leave the stream usable
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  LNS_CUDA_CHECK(cudaStreamEndCapture(cuda::stream(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  LNS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  LNS_CUDA_CHECK(cudaGraphDestroy(graph));
+  exec_ = exec;
+#else
+  (void)work;
+  LNS_CHECK(false) << "DeviceGraph needs a CUDA build";
+#endif
+}
+
+void DeviceGraph::launch() const {
+  LNS_CHECK(exec_) << "DeviceGraph::launch before record";
+#ifdef LNS_WITH_CUDA
+  LNS_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cuda::stream()));
+#endif
+}
+
+void DeviceGraph::reset() {
+#ifdef LNS_WITH_CUDA
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+#endif
+  exec_ = nullptr;
+}
+
 }  // namespace lns

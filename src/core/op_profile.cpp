@@ -53,6 +53,14 @@ void op_profile_start() {
 #endif
 }
 
+bool op_profile_running() {
+#ifdef LNS_WITH_CUDA
+  return cuda::g_profile_on;
+#else
+  return false;
+#endif
+}
+
 std::vector<OpClassTime> op_profile_stop() {
 #ifdef LNS_WITH_CUDA
   std::map<std::string, OpClassTime> by;

@@ -5,6 +5,7 @@
 
 #include "lns/device.h"
 #include "lns/errors.h"
+#include "lns/op_profile.h"
 
 namespace lns {
 
@@ -117,10 +118,20 @@ double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
   const std::vector<int> slots = chunk_slots(num_micro_, s, P, chunks_);
   const std::vector<PipelineOp> ops = pipeline_schedule(num_micro_, s, P, chunks_);
   const int next = layout.next_stage_rank(grid_.coords), prev = layout.prev_stage_rank(grid_.coords);
+  // Not in the first step: it grows the scratch buffers and meets every GEMM shape
+  // (allocations a capture may not make). Not the last micro-batch: it arms the
+  // overlapped gradient reduction (side-stream collectives).
+  const bool graphs = trained_ && graphs_apply(static_cast<bool>(on_logits));
   for (size_t i = 0; i < ops.size(); ++i) {
     const int m = ops[i].micro, c = ops[i].chunk, slot = m % slots[c];  // in flight: consecutive m
     OwnedTensor& sa = send_act_[m * chunks_ + c];
     OwnedTensor& sg = send_grad_[m * chunks_ + c];
+    if (graphs && ops[i].forward && m + 1 < num_micro_) {
+      if (before_forward) before_forward(m, slot, c);
+      run_graphed(m, inputs, targets, grad_scale, /*record=*/m == 0);
+      ++i;  // pp = 1: the next op is this micro-batch's backward, which the graph ran
+      continue;
+    }
     if (ops[i].forward) {
       if (before_forward) before_forward(m, slot, c);
       const Tensor out = forward_micro(m, m, slot, c, inputs);
@@ -147,6 +158,7 @@ double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
     }
   }
   world.wait_sends();
+  trained_ = true;
   if (!grid_.last_stage()) return 0.0;
   const float* host = step_losses_.f32();
   if (step_losses_.t.device != Device::CPU) {  // the step's one read of the losses
@@ -161,6 +173,34 @@ double PipelineSchedule1F1B::train(const std::function<Tensor(int)>& inputs,
     loss_sum += sum;
   }
   return loss_sum;
+}
+
+bool PipelineSchedule1F1B::graphs_apply(bool has_on_logits) const {
+  return cuda_graphs_ && stage_.device() == Device::CUDA && grid_.layout.pp == 1 && chunks_ == 1 &&
+         grid_.layout.tp == 1 && !has_on_logits && !op_profile_running();
+}
+
+void PipelineSchedule1F1B::run_graphed(int m, const std::function<Tensor(int)>& inputs,
+                                       const std::function<Tensor(int)>& targets, float grad_scale, bool record) {
+  const Tensor in = inputs(m), tg = targets(m);
+  if (graph_in_.t.empty()) {
+    graph_in_ = OwnedTensor(in.dtype, in.shape, in.device);
+    graph_tg_ = OwnedTensor(tg.dtype, tg.shape, tg.device);
+    graph_loss_ = OwnedTensor(DType::F32, Shape{stage_.tokens()}, stage_.device());
+  }
+  copy_tensor(graph_in_, in);  // device to device, queued before the launch
+  copy_tensor(graph_tg_, tg);
+  if (record) {
+    // Read at record time and fixed in the graph: this step's grad_scale, the
+    // activation and scratch pointers. Recorded again every step.
+    micro_graph_.record([&] {
+      stage_.forward(graph_in_, 0, 0);
+      copy_tensor(graph_loss_, stage_.loss_tokens(graph_tg_, 0));
+      stage_.backward(Tensor(), grad_scale, 0, 0);
+    });
+  }
+  micro_graph_.launch();
+  copy_tensor(step_losses_.t.rows(m, m + 1).view({stage_.tokens()}), graph_loss_);
 }
 
 double PipelineSchedule1F1B::forward_only(int count, const std::function<Tensor(int)>& inputs,

@@ -64,6 +64,11 @@ DEFINE_double(dp_bucket_mb, 25, "Data-parallel gradient all-reduce bucket size i
 DEFINE_bool(overlap_grad_reduce, true,
             "Start each data-parallel all-reduce bucket as soon as the last micro-batch's backward "
             "has finished its gradients (runs beside backward with --comm=nccl).");
+DEFINE_bool(cuda_graphs, false,
+            "With --device=cuda, --pp=1, --tp=1: run each step's micro-batches but the last as one "
+            "CUDA graph (forward, loss, backward), recorded at the first micro-batch of every step from "
+            "the second step on: one launch instead of hundreds; the same bits (docs/cuda.md). Ignored "
+            "where it does not apply.");
 DEFINE_int64(diag_every, 0,
              "Write per-block depth diagnostics (variance, norm, angular distance, gradient "
              "norm) to metrics.jsonl every N steps; 0 = off.");
@@ -127,6 +132,7 @@ TrainConfig train_config_from_flags() {
   c.sequence_parallel = FLAGS_sequence_parallel;
   c.dp_bucket_mb = FLAGS_dp_bucket_mb;
   c.overlap_grad_reduce = FLAGS_overlap_grad_reduce;
+  c.cuda_graphs = FLAGS_cuda_graphs;
   c.save_every = FLAGS_save_every;
   c.diag_every = FLAGS_diag_every;
   c.keep_checkpoints = FLAGS_keep_checkpoints;

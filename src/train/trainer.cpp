@@ -224,6 +224,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   device_synchronize(cfg_.device);  // the upload is part of it
   startup_.weights = lap();
   pipeline_ = std::make_unique<PipelineSchedule1F1B>(*grid_, *model_, num_micro_);
+  pipeline_->set_cuda_graphs(cfg_.cuda_graphs);
   const EvalOptions eval{cfg_.seq_len, cfg_.micro_batch, cfg_.eval_tokens, cfg_.data_mode};
   if (val_data_) {
     evaluator_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, *val_data_, eval);

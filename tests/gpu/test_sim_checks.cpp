@@ -797,6 +797,50 @@ TEST(SimCounts, AStepWaitsForTheDeviceTheSameTimesWhateverItsMicroBatches) {
   EXPECT_GT(launches[1], 3 * launches[0]) << "the 4 micro-batches did not run";
 }
 
+// --cuda_graphs (PipelineSchedule1F1B::graphs_apply): the graphed step runs the same
+// kernels as the ungraphed one, from one launch per step for all micro-batches but the
+// last, and computes the same bits (losses and weights after three steps; the first
+// step runs ungraphed, the second records, the third records again: grad_scale and
+// pointers are read at record time).
+TEST(SimGraphs, GraphedStepsEqualUngraphedBitForBit) {
+  LlamaConfig c;
+  c.vocab_size = 61, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 2;
+  c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = NormScheme::LNS;
+  (void)cudaGetLastError();  // run with the others in one process: an earlier test's deliberate error
+  std::vector<double> losses[2];
+  std::vector<float> weights[2];
+  uint64_t launches[2], kernels[2], graphs[2];
+  for (int graphed = 0; graphed < 2; ++graphed) {
+    TrainConfig tc;
+    tc.device = Device::CUDA;
+    tc.seq_len = 16, tc.global_batch = 8, tc.micro_batch = 1, tc.steps = 3;
+    tc.cuda_graphs = graphed;
+    Trainer tr(c, tc);
+    for (int step = 0; step < 3; ++step) {
+      synchronize();
+      const sim::Counters before = sim::counters();
+      losses[graphed].push_back(tr.train_step().loss);
+      synchronize();
+      launches[graphed] = sim::counters().launches - before.launches;
+      kernels[graphed] = sim::counters().kernels_run - before.kernels_run;
+      graphs[graphed] = sim::counters().graph_launches - before.graph_launches;
+    }
+    weights[graphed] = to_host_f32(tr.model().params().flat_params());
+  }
+  std::printf("[ graphs ] per step: ungraphed %llu launches; graphed %llu launches + %llu graph launches; %llu "
+              "kernels run in both\n",
+              (unsigned long long)launches[0], (unsigned long long)launches[1], (unsigned long long)graphs[1],
+              (unsigned long long)kernels[1]);
+  EXPECT_EQ(graphs[0], 0u);
+  EXPECT_EQ(graphs[1], 7u) << "micro-batches 0..6 of 8";
+  EXPECT_EQ(kernels[1], kernels[0]) << "the graphed step runs other kernels";
+  // Recorded (the launches counted at record time) once per step, run 7 times.
+  EXPECT_LT(launches[1], launches[0] / 3) << "the graph did not replace the launches";
+  for (int step = 0; step < 3; ++step) EXPECT_EQ(losses[1][step], losses[0][step]) << "step " << step + 1;
+  ASSERT_EQ(weights[0].size(), weights[1].size());
+  EXPECT_EQ(0, std::memcmp(weights[0].data(), weights[1].data(), weights[0].size() * 4));
+}
+
 TEST(SimChecks, DevicePropertiesAreAnH100) {
   cudaDeviceProp p;
   ASSERT_EQ(cudaGetDeviceProperties(&p, 0), cudaSuccess);

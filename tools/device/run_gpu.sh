@@ -22,8 +22,9 @@
 #   build      configure + cmake --build $BUILD_DIR -j $JOBS
 #   test       ctest --test-dir $BUILD_DIR -L $TEST_LABEL --output-on-failure
 #   bench      lns_bench_kernels, bench_kernels_torch.py, and for each of
-#              $CONFIGS lns_bench_step --profile and bench_step_torch.py --compile
-#              (at the config's FFN and padded to a multiple of 64); then
+#              $CONFIGS lns_bench_step --profile, lns_bench_step --cuda_graphs and
+#              bench_step_torch.py --compile (at the config's FFN and padded to a
+#              multiple of 64); then
 #              tools/device/bench_record.py writes the run's record <gpu>-<date>.json
 #   depth      the depth study's grid with --device=cuda (DEPTH_GRID full, DEPTH_JOBS 4,
 #              DEPTH_SECONDS 0 = no limit, DEPTH_OUT /tmp/depth_study_cuda), the cells
@@ -34,7 +35,7 @@
 # BUILD_DIR (build-gpu), JOBS (16), LNS_CUDA (ON), CMAKE_ARGS (extra cmake
 # arguments), TEST_LABEL (gpu), CTEST_ARGS (extra ctest arguments), CONFIGS
 # ("130m_lns 1b_lns 1b_lns_seq4k"), LNS_STEPS (10) and TORCH_STEPS (5) timed steps,
-# PROFILE (1; 0 = no per-class profile), KERNELS_TORCH (1; 0 skips PyTorch's kernel
+# PROFILE (1; 0 = no per-class profile), GRAPHS (1; 0 = no --cuda_graphs run), KERNELS_TORCH (1; 0 skips PyTorch's kernel
 # figures), TORCH (1; 0 skips the PyTorch step peers: lns only, a short call),
 # GTEST_FILTER (the test stage with carried binaries runs only these gtests),
 # LNS_COMMIT (the commit to record, default git's HEAD), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
@@ -317,6 +318,11 @@ if has_stage bench; then
     # shellcheck disable=SC2086
     step "step_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
       --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 "${prof[@]}"
+    if [ "${GRAPHS:-1}" != 0 ]; then  # the same step with its micro-batches as CUDA graphs
+      # shellcheck disable=SC2086
+      step "step_graphs_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
+        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --cuda_graphs
+    fi
     [ "${TORCH:-1}" = 0 ] && continue
     torch_args=(--flagfile="configs/$cfg.flags" --device cuda --autocast --compile --fused_adam
                 --steps "${TORCH_STEPS:-5}" --warmup 2)
