@@ -51,7 +51,7 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
         -DLNS_CUDA_SIM=ON -DLNS_SANITIZE=ON >/dev/null
   cmake --build "$SIM_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \
         lns_bench_step
-  SIM_EXCLUDE='gpu_tiny_run|gpu_nccl_dp2|emulator_counts_match_model'
+  SIM_EXCLUDE='gpu_tiny_run|gpu_nccl_dp2|emulator_counts_match_model|gpu_layouts_one_gpu|gpu_layouts_one_gpu_fires'
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LNS_SIM_CHECKS=reverse,race,streams \
     ctest --test-dir "$SIM_BUILD_DIR" -L gpu -LE slow -E "$SIM_EXCLUDE" --output-on-failure -j"$(nproc)"
@@ -60,12 +60,13 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   #    and so does the cross-stream race check; every `gpu` kernel test under both,
   #    then the long runs under the cross-stream check only:
   #    gpu_tiny_run (20 steps in an emulation build, 160 on a GPU: its ctest entry says
-  #    so), gpu_nccl_dp2, the emulator-vs-model counts and the T=4096 fused attention
-  #    case (label slow).
+  #    so), gpu_nccl_dp2, the emulator-vs-model counts, every parallel layout on one
+  #    device against one rank (gpu_layouts_one_gpu, its miniature, and the test that
+  #    its check fires) and the T=4096 fused attention case (label slow).
   SIM_REL_BUILD_DIR=${SIM_REL_BUILD_DIR:-build-sim-rel}
   cmake -S . -B "$SIM_REL_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA_SIM=ON >/dev/null
   cmake --build "$SIM_REL_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \
-        lns_bench_step
+        lns_bench_step lns_eval
   LNS_SIM_CHECKS=race,streams ctest --test-dir "$SIM_REL_BUILD_DIR" -L gpu -LE 'slow|mpi' -E "$SIM_EXCLUDE|gpu_mpi_tp2_pp2" \
     --output-on-failure -j"$(nproc)"
   LNS_SIM_CHECKS=streams ctest --test-dir "$SIM_REL_BUILD_DIR" -R "^($SIM_EXCLUDE|gpu_flash_attention_t4096)\$" \

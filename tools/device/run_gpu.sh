@@ -21,6 +21,11 @@
 #   configure  cmake -S . -B $BUILD_DIR -G Ninja -DLNS_CUDA=ON -DCMAKE_BUILD_TYPE=Release
 #   build      configure + cmake --build $BUILD_DIR -j $JOBS
 #   test       ctest --test-dir $BUILD_DIR -L $TEST_LABEL --output-on-failure
+#   multi      tests/gpu/test_layouts_one_gpu.py: every parallel layout over
+#              --comm=mpi on this one GPU (tp2, pp2, dp2 with ZeRO, tp2 with sequence
+#              parallelism, pp2 interleaved, tp2 x pp2 x dp2, tp2 x pp2 with
+#              --recompute=full) against the one-rank CUDA run, and a resume under
+#              another layout on the GPU and the CPU (issue 29; under 2 minutes)
 #   bench      lns_bench_kernels, bench_kernels_torch.py, and for each of
 #              $CONFIGS lns_bench_step --profile, lns_bench_step --cuda_graphs and
 #              bench_step_torch.py --compile (at the config's FFN and padded to a
@@ -56,7 +61,7 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
-STAGES=${STAGES:-build test bench}
+STAGES=${STAGES:-build test multi bench}
 PREFIX=${LNS_DEPS_PREFIX:-/tmp/lns-deps}
 DEBS=${LNS_DEBS:-$ROOT/.gpu-deps/debs}
 OUT=${OUT:-$ROOT/gpu-results}
@@ -299,6 +304,11 @@ if has_stage test; then
         python3 tests/gpu/test_tiny_run.py
     fi
   fi
+fi
+
+if has_stage multi; then
+  step multi "$RUNLOG" env LNS_TRAIN_BIN="$BIN_DIR/lns_train" LNS_EVAL_BIN="$BIN_DIR/lns_eval" MPIRUN=mpirun \
+    PYTHONDONTWRITEBYTECODE=1 python3 tests/gpu/test_layouts_one_gpu.py
 fi
 
 if has_stage bench; then
