@@ -25,7 +25,8 @@
 #              --comm=mpi on this one GPU (tp2, pp2, dp2 with ZeRO, tp2 with sequence
 #              parallelism, pp2 interleaved, tp2 x pp2 x dp2, tp2 x pp2 with
 #              --recompute=full) against the one-rank CUDA run, and a resume under
-#              another layout on the GPU and the CPU (issue 29; under 2 minutes)
+#              another layout on the GPU and the CPU, and NCCL's collectives at a
+#              world of one rank (issue 29; under 2 minutes)
 #   bench      lns_bench_kernels, bench_kernels_torch.py, and for each of
 #              $CONFIGS lns_bench_step --profile, lns_bench_step --cuda_graphs and
 #              bench_step_torch.py --compile (at the config's FFN and padded to a
@@ -309,6 +310,10 @@ fi
 if has_stage multi; then
   step multi "$RUNLOG" env LNS_TRAIN_BIN="$BIN_DIR/lns_train" LNS_EVAL_BIN="$BIN_DIR/lns_eval" MPIRUN=mpirun \
     PYTHONDONTWRITEBYTECODE=1 python3 tests/gpu/test_layouts_one_gpu.py
+  # NCCL for real at a world of one rank (the only NCCL a one-GPU machine can run)
+  mpi_tests=$BIN_DIR/tests/lns_mpi_tests
+  [ -x "$mpi_tests" ] || mpi_tests=$BIN_DIR/lns_mpi_tests
+  step nccl_one_rank "$RUNLOG" mpirun -np 1 "$mpi_tests" --device=cuda --comm=nccl --gtest_filter='NcclOneRank.*'
 fi
 
 if has_stage bench; then
