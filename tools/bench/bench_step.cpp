@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
 #ifdef LNS_CUDA_SIM
     // The SIMT emulator (docs/cuda.md): what a step asks of the device is counted
     // exactly; its times are the CPU's emulation, not a GPU's, and are not printed.
-    uint64_t launches = 0, syncs = 0;
+    uint64_t launches = 0, syncs = 0, graphs = 0, kernels = 0;
 #endif
     for (int i = 0; i < tc.steps; ++i) {
 #ifdef LNS_CUDA_SIM
@@ -86,6 +86,8 @@ int main(int argc, char** argv) {
       if (gpu) lns::device_synchronize(lns::Device::CUDA);  // the step's queued work runs now
       launches = lns::sim::counters().launches - before.launches;
       syncs = lns::sim::counters().host_syncs - before.host_syncs;
+      graphs = lns::sim::counters().graph_launches - before.graph_launches;
+      kernels = lns::sim::counters().kernels_run - before.kernels_run;
 #endif
       const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (i >= FLAGS_bench_warmup) ms.push_back(dt);
@@ -127,14 +129,15 @@ int main(int argc, char** argv) {
       int dev = 0;
       cudaGetDevice(&dev);
       std::printf("emulated: counts are real, times are not (lns-sim, %s)\n", lns::current_gpu_description().c_str());
-      std::printf("per step: %llu kernel launches, %llu host-device synchronisations | device memory high-water "
-                  "mark %.1f MiB\n",
-                  (unsigned long long)launches, (unsigned long long)syncs,
-                  lns::sim::device_memory_peak(dev) / double(1 << 20));
+      std::printf("per step: %llu kernel launches and %llu CUDA graph launches (%llu kernels run), %llu "
+                  "host-device synchronisations | device memory high-water mark %.1f MiB\n",
+                  (unsigned long long)launches, (unsigned long long)graphs, (unsigned long long)kernels,
+                  (unsigned long long)syncs, lns::sim::device_memory_peak(dev) / double(1 << 20));
       std::printf("RESULT {\"impl\": \"lns\", \"device\": \"cuda-emulated\", \"launches_per_step\": %llu, "
-                  "\"host_syncs_per_step\": %llu, \"peak_device_mib\": %.1f}\n",
-                  (unsigned long long)launches, (unsigned long long)syncs,
-                  lns::sim::device_memory_peak(dev) / double(1 << 20));
+                  "\"graph_launches_per_step\": %llu, \"kernels_per_step\": %llu, \"host_syncs_per_step\": %llu, "
+                  "\"peak_device_mib\": %.1f}\n",
+                  (unsigned long long)launches, (unsigned long long)graphs, (unsigned long long)kernels,
+                  (unsigned long long)syncs, lns::sim::device_memory_peak(dev) / double(1 << 20));
       return 0;
     }
 #endif
