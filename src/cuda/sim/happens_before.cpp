@@ -19,10 +19,11 @@
 // NCCL stand-ins declare theirs (sim_api.h declare_access). Under ASan the kernels
 // have no hooks, so only the declared accesses are checked there.
 //
-// Never a false report on correctly ordered code: a granule is 4 bytes (no f32 and
-// no aligned bf16 pair is split between two tensors), the clock is exactly the
-// declared order. It can miss (a third concurrent reader stream of one granule
-// evicts the oldest one), never invent.
+// No false report on correctly ordered code: the clock is exactly the declared order,
+// and a granule is 4 bytes, so a false one would need two tensors written by unordered
+// streams to share a 4-byte word (allocations are 256-byte aligned, flat buffers padded
+// per tensor, pool carvings aligned). It can miss (a third concurrent reader stream of
+// one granule evicts the oldest one), never invent otherwise.
 #include <cstdint>
 #include <cstdio>
 #include <string>
