@@ -802,10 +802,12 @@ TEST(SimCounts, AStepWaitsForTheDeviceTheSameTimesWhateverItsMicroBatches) {
 // last, and computes the same bits (losses and weights after three steps; the first
 // step runs ungraphed, the second records, the third records again: grad_scale and
 // pointers are read at record time).
-TEST(SimGraphs, GraphedStepsEqualUngraphedBitForBit) {
+// LNS, and every block routed (each micro-batch's Gumbel noise uploaded before its launch).
+class SimGraphsScheme : public ::testing::TestWithParam<NormScheme> {};
+TEST_P(SimGraphsScheme, GraphedStepsEqualUngraphedBitForBit) {
   LlamaConfig c;
   c.vocab_size = 61, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 2;
-  c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = NormScheme::LNS;
+  c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = GetParam();
   // The kernels' own checks run in their tests; the cross-stream check stays as the
   // environment sets it (it sees every replay).
   WithChecks kernels_off(false, false, sim::options().stream_check);
@@ -830,9 +832,9 @@ TEST(SimGraphs, GraphedStepsEqualUngraphedBitForBit) {
     }
     weights[graphed] = to_host_f32(tr.model().params().flat_params());
   }
-  std::printf("[ graphs ] per step: ungraphed %llu launches; graphed %llu launches + %llu graph launches; %llu "
+  std::printf("[ graphs ] %s, per step: ungraphed %llu launches; graphed %llu launches + %llu graph launches; %llu "
               "kernels run in both\n",
-              (unsigned long long)launches[0], (unsigned long long)launches[1], (unsigned long long)graphs[1],
+              norm_scheme_name(GetParam()), (unsigned long long)launches[0], (unsigned long long)launches[1], (unsigned long long)graphs[1],
               (unsigned long long)kernels[1]);
   EXPECT_EQ(graphs[0], 0u);
   EXPECT_EQ(graphs[1], 7u) << "micro-batches 0..6 of 8";
@@ -843,6 +845,8 @@ TEST(SimGraphs, GraphedStepsEqualUngraphedBitForBit) {
   ASSERT_EQ(weights[0].size(), weights[1].size());
   EXPECT_EQ(0, std::memcmp(weights[0].data(), weights[1].data(), weights[0].size() * 4));
 }
+INSTANTIATE_TEST_SUITE_P(Schemes, SimGraphsScheme, ::testing::Values(NormScheme::LNS, NormScheme::Routed),
+                         [](const auto& info) { return std::string(norm_scheme_name(info.param)); });
 
 TEST(SimChecks, DevicePropertiesAreAnH100) {
   cudaDeviceProp p;
