@@ -805,6 +805,14 @@ TEST(SimCounts, AStepWaitsForTheDeviceTheSameTimesWhateverItsMicroBatches) {
 // LNS, and every block routed (each micro-batch's Gumbel noise uploaded before its launch).
 class SimGraphsScheme : public ::testing::TestWithParam<NormScheme> {};
 TEST_P(SimGraphsScheme, GraphedStepsEqualUngraphedBitForBit) {
+#if defined(__SANITIZE_ADDRESS__)
+  // Under ASan (3 minutes for routed blocks at 8 micro-batches): LNS at 4. The Release
+  // emulation build runs both at 8.
+  if (GetParam() != NormScheme::LNS) GTEST_SKIP() << "routed blocks: the Release emulation build runs them";
+  constexpr int kMicro = 4;
+#else
+  constexpr int kMicro = 8;
+#endif
   LlamaConfig c;
   c.vocab_size = 61, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 2;
   c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = GetParam();
@@ -818,7 +826,7 @@ TEST_P(SimGraphsScheme, GraphedStepsEqualUngraphedBitForBit) {
   for (int graphed = 0; graphed < 2; ++graphed) {
     TrainConfig tc;
     tc.device = Device::CUDA;
-    tc.seq_len = 16, tc.global_batch = 8, tc.micro_batch = 1, tc.steps = 3;
+    tc.seq_len = 16, tc.global_batch = kMicro, tc.micro_batch = 1, tc.steps = 3;
     tc.cuda_graphs = graphed;
     Trainer tr(c, tc);
     for (int step = 0; step < 3; ++step) {
@@ -834,13 +842,14 @@ TEST_P(SimGraphsScheme, GraphedStepsEqualUngraphedBitForBit) {
   }
   std::printf("[ graphs ] %s, per step: ungraphed %llu launches; graphed %llu launches + %llu graph launches; %llu "
               "kernels run in both\n",
-              norm_scheme_name(GetParam()), (unsigned long long)launches[0], (unsigned long long)launches[1], (unsigned long long)graphs[1],
-              (unsigned long long)kernels[1]);
+              norm_scheme_name(GetParam()), (unsigned long long)launches[0], (unsigned long long)launches[1],
+              (unsigned long long)graphs[1], (unsigned long long)kernels[1]);
   EXPECT_EQ(graphs[0], 0u);
-  EXPECT_EQ(graphs[1], 7u) << "micro-batches 0..6 of 8";
+  EXPECT_EQ(graphs[1], uint64_t(kMicro - 1)) << "micro-batches 0..M-2";
   EXPECT_EQ(kernels[1], kernels[0]) << "the graphed step runs other kernels";
-  // Recorded (the launches counted at record time) once per step, run 7 times.
-  EXPECT_LT(launches[1], launches[0] / 3) << "the graph did not replace the launches";
+  // Launched: the graph's kernels once, at record time, and the last micro-batch's,
+  // about 2 of the M micro-batches' launches (plus the optimizer's): under 3/M.
+  EXPECT_LT(launches[1] * kMicro, launches[0] * 3) << "the graph did not replace the launches";
   for (int step = 0; step < 3; ++step) EXPECT_EQ(losses[1][step], losses[0][step]) << "step " << step + 1;
   ASSERT_EQ(weights[0].size(), weights[1].size());
   EXPECT_EQ(0, std::memcmp(weights[0].data(), weights[1].data(), weights[0].size() * 4));
