@@ -45,7 +45,10 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   #    write-write race check and the cross-stream race check (on the accesses that
   #    copies and the cuBLASLt/NCCL stand-ins declare: the kernels have no access hooks
   #    here). gpu_tiny_run and gpu_nccl_dp2 take too long here (over 10 minutes each
-  #    under ASan); phase 2 runs them.
+  #    under ASan), and so do the 4-rank pipeline runs gpu_mpi_tp2_pp2 and
+  #    gpu_mpi_pp2_vp2 (418 s and 359 s on both cores, 2026-11-28; 14 s and 22 s in
+  #    Release, where the cross-stream check also sees their kernels): phase 2 runs
+  #    them. gpu_mpi_tp2_sp (84 s) keeps the multi-rank host staging under ASan.
   SIM_BUILD_DIR=${SIM_BUILD_DIR:-build-sim}
   cmake -S . -B "$SIM_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
         -DLNS_CUDA_SIM=ON -DLNS_SANITIZE=ON >/dev/null
@@ -54,11 +57,13 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   SIM_EXCLUDE='gpu_tiny_run|gpu_nccl_dp2|emulator_counts_match_model|gpu_layouts_one_gpu|gpu_layouts_one_gpu_fires'
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LNS_SIM_CHECKS=reverse,race,streams \
-    ctest --test-dir "$SIM_BUILD_DIR" -L gpu -LE slow -E "$SIM_EXCLUDE" --output-on-failure -j"$(nproc)"
+    ctest --test-dir "$SIM_BUILD_DIR" -L gpu -LE slow -E "$SIM_EXCLUDE|gpu_mpi_tp2_pp2|gpu_mpi_pp2_vp2" \
+    --output-on-failure -j"$(nproc)"
   # 2. Release (build-sim-rel/): the kernels carry the access hooks, so the race check
   #    sees reads too (GCC's -fsanitize=thread instrumentation, which excludes ASan),
-  #    and so does the cross-stream race check; every `gpu` kernel test under both,
-  #    then the long runs under the cross-stream check only:
+  #    and so does the cross-stream race check; every `gpu` test under both but the
+  #    long runs (the multi-rank ones set the cross-stream check alone in their ctest
+  #    entries), then the long runs under the cross-stream check only:
   #    gpu_tiny_run (20 steps in an emulation build, 160 on a GPU: its ctest entry says
   #    so), gpu_nccl_dp2, the emulator-vs-model counts, every parallel layout on one
   #    device against one rank (gpu_layouts_one_gpu, its miniature, and the test that
@@ -67,7 +72,7 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   cmake -S . -B "$SIM_REL_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA_SIM=ON >/dev/null
   cmake --build "$SIM_REL_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \
         lns_bench_step lns_eval
-  LNS_SIM_CHECKS=race,streams ctest --test-dir "$SIM_REL_BUILD_DIR" -L gpu -LE 'slow|mpi' -E "$SIM_EXCLUDE|gpu_mpi_tp2_pp2" \
+  LNS_SIM_CHECKS=race,streams ctest --test-dir "$SIM_REL_BUILD_DIR" -L gpu -LE 'slow|mpi' -E "$SIM_EXCLUDE" \
     --output-on-failure -j"$(nproc)"
   LNS_SIM_CHECKS=streams ctest --test-dir "$SIM_REL_BUILD_DIR" -R "^($SIM_EXCLUDE|gpu_flash_attention_t4096)\$" \
     --output-on-failure \
