@@ -26,7 +26,7 @@ GPU must equal the CPU's within 2^-8 (the step-1 argument: same weights, same to
 Runs with MPIRUN and LNS_TRAIN_BIN (LNS_EVAL_BIN, next to it by default); LNS_LAYOUTS
 names a subset (comma-separated), which skips the resume check unless it names its layout. On a GPU the
 model is 8 layers x 512 wide for 30 steps; in the emulation build (the ctest entry sets
-LNS_LAYOUTS_MINI=1) a miniature for 4 steps, so that the script cannot rot between GPU
+LNS_LAYOUTS_MINI=1) a miniature for 3 steps, so that the script cannot rot between GPU
 sessions. Prints every figure; exit 77 (skipped) when lns_train has no GPU.
 """
 
@@ -56,7 +56,7 @@ TRAJECTORY = 0.03       # of the reference's mean loss over the second half (gpu
 if MINI:  # seconds per run under the emulator
     MODEL = ["--hidden_size=32", "--intermediate_size=64", "--num_layers=4", "--num_heads=4", "--num_kv_heads=2",
              "--micro_batch_size=2", "--global_batch_size=8"]
-    STEPS, RESUME_AT = 4, 2
+    STEPS, RESUME_AT = 3, 2
     SEQ_LEN = "--seq_len=16"
 else:  # the model of the by-hand check of 2026-11-27 on one H100 (issue 29)
     MODEL = ["--hidden_size=512", "--intermediate_size=1376", "--num_layers=8", "--num_heads=8",
