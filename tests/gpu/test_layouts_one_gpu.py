@@ -39,7 +39,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
-from test_tiny_run import NO_GPU, corpus  # noqa: E402  (the synthetic grammar corpus)
+from test_tiny_run import corpus, run_and_read_losses  # noqa: E402  (the grammar corpus, one run's losses)
 
 TRAIN = os.environ.get("LNS_TRAIN_BIN", os.path.join(ROOT, "build-cuda", "lns_train"))
 EVAL = os.environ.get("LNS_EVAL_BIN", os.path.join(os.path.dirname(TRAIN), "lns_eval"))
@@ -89,19 +89,7 @@ def train(name, ranks, flags, data, out, device="cuda", extra=()):
            f"--data={data}.train.tok", f"--val_data={data}.val.tok", f"--out_dir={out}", f"--steps={STEPS}",
            "--warmup_steps=2", "--eval_every=0", "--eval_tokens=2048", "--log_every=1",
            f"--save_every={RESUME_AT}", *flags, *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **MPI_ENV})
-    if r.returncode != 0:
-        if device == "cuda" and any(s in r.stderr for s in NO_GPU):
-            print("[ SKIPPED ] " + r.stderr.strip().splitlines()[-1])
-            sys.exit(77)
-        sys.exit(f"{name}: lns_train failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-3000:]}")
-    losses = {}
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        for line in f:
-            rec = json.loads(line)
-            if "loss" in rec and "step" in rec and rec.get("kind", "train") == "train":
-                losses[rec["step"]] = rec["loss"]
-    return losses
+    return run_and_read_losses(cmd, device, out, f"{name}: lns_train", env={**os.environ, **MPI_ENV})
 
 
 def eval_loss(ckpt, data, device, out):

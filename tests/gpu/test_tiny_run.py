@@ -44,19 +44,26 @@ def train(device, data, out):
            f"--data={data}.train.tok", f"--val_data={data}.val.tok", f"--out_dir={out}",
            f"--steps={STEPS}", "--warmup_steps=10", "--eval_every=0", "--eval_tokens=4096",
            "--log_every=10"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    losses = run_and_read_losses(cmd, device, out, f"{device} run")
+    return [losses[s] for s in sorted(losses)]
+
+
+def run_and_read_losses(cmd, device, out, what, env=None):
+    """Runs an lns_train command line; returns {step: training loss} from its metrics.
+    Exit 77 (ctest: skipped) when a CUDA run finds no GPU; any other failure exits."""
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         if device == "cuda" and any(s in r.stderr for s in NO_GPU):
             print("[ SKIPPED ] " + r.stderr.strip().splitlines()[-1])
             sys.exit(77)
-        sys.exit(f"{device} run failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        sys.exit(f"{what} failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-3000:]}")
     losses = {}
     with open(os.path.join(out, "metrics.jsonl")) as f:
         for line in f:
             rec = json.loads(line)
             if "loss" in rec and "step" in rec and rec.get("kind", "train") == "train":
                 losses[rec["step"]] = rec["loss"]
-    return [losses[s] for s in sorted(losses)]
+    return losses
 
 
 def main():
