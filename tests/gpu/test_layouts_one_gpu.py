@@ -39,7 +39,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
-from test_tiny_run import corpus, run_and_read_losses  # noqa: E402  (the grammar corpus, one run's losses)
+from test_tiny_run import prepared_corpus, run_and_read_losses  # noqa: E402  (the grammar corpus, one run's losses)
 
 TRAIN = os.environ.get("LNS_TRAIN_BIN", os.path.join(ROOT, "build-cuda", "lns_train"))
 EVAL = os.environ.get("LNS_EVAL_BIN", os.path.join(os.path.dirname(TRAIN), "lns_eval"))
@@ -127,12 +127,7 @@ def follows(name, got, ref, first, last, failures):
 def main():
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        text = os.path.join(tmp, "grammar.txt")
-        corpus(text)
-        data = os.path.join(tmp, "grammar")
-        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "prepare_data.py"), "--input", text,
-                        "--doc_sep", "line", "--val_fraction", "0.02", "--out", data, "--no_progress"],
-                       check=True, capture_output=True)
+        data = prepared_corpus(tmp)
         ref = train("one rank", 1, [], data, os.path.join(tmp, "ref"))
         print(f"one rank (reference)  {len(ref)} steps: loss {ref[1]:.5f} -> {ref[STEPS]:.5f}")
         if not MINI and ref[1] - ref[STEPS] < 1.0:

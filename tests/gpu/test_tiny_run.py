@@ -39,6 +39,17 @@ def corpus(path):
             f.write(f"{rnd.choice(subjects)} {rnd.choice(verbs)} {rnd.choice(objects)}.\n")
 
 
+def prepared_corpus(tmp):
+    """The grammar corpus as token files under `tmp`; returns their prefix."""
+    text = os.path.join(tmp, "grammar.txt")
+    corpus(text)
+    data = os.path.join(tmp, "grammar")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "prepare_data.py"), "--input", text,
+                    "--doc_sep", "line", "--val_fraction", "0.02", "--out", data, "--no_progress"],
+                   check=True, capture_output=True)
+    return data
+
+
 def train(device, data, out):
     cmd = [TRAIN, f"--flagfile={ROOT}/configs/tiny_lns.flags", f"--device={device}",
            f"--data={data}.train.tok", f"--val_data={data}.val.tok", f"--out_dir={out}",
@@ -68,12 +79,7 @@ def run_and_read_losses(cmd, device, out, what, env=None):
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        text = os.path.join(tmp, "grammar.txt")
-        corpus(text)
-        data = os.path.join(tmp, "grammar")
-        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "prepare_data.py"), "--input", text,
-                        "--doc_sep", "line", "--val_fraction", "0.02", "--out", data, "--no_progress"],
-                       check=True, capture_output=True)
+        data = prepared_corpus(tmp)
         gpu = train("cuda", data, os.path.join(tmp, "gpu"))
         cpu = train("cpu", data, os.path.join(tmp, "cpu"))
     assert len(gpu) == len(cpu) == STEPS, (len(gpu), len(cpu))
