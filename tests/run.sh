@@ -92,6 +92,8 @@ if [ "${LNS_CUDA:-auto}" = "ON" ] && [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
 fi
 if [ "${LNS_CUDA:-auto}" != "OFF" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then
   CUDA_BUILD_DIR=${CUDA_BUILD_DIR:-build-cuda}
+  # cuDNN's headers, so that the real --attention=cudnn path is compiled too (docs/cuda.md)
+  bash tools/fetch_cudnn.sh || echo "tests/run.sh: warning: no cuDNN headers: the CUDA build leaves --attention=cudnn out" >&2
   cmake -S . -B "$CUDA_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA=ON \
         -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" >/dev/null
   cmake --build "$CUDA_BUILD_DIR" -j"$(nproc)"

@@ -9,13 +9,13 @@ namespace lns {
 namespace {
 
 TEST(AttentionImpl, ParsesTheFlagAndNamesBadValues) {
-  for (AttentionImpl a : {AttentionImpl::Auto, AttentionImpl::Fused, AttentionImpl::Materialized})
+  for (AttentionImpl a : {AttentionImpl::Auto, AttentionImpl::Fused, AttentionImpl::Materialized, AttentionImpl::Cudnn})
     EXPECT_EQ(parse_attention_impl(attention_impl_name(a)), a);
   try {
     parse_attention_impl("flash");
     FAIL() << "no error";
   } catch (const UserError& e) {
-    EXPECT_STREQ(e.what(), "--attention=flash is not an attention implementation; expected auto, fused or materialized");
+    EXPECT_STREQ(e.what(), "--attention=flash is not an attention implementation; expected auto, fused, cudnn or materialized");
   }
 }
 
@@ -28,8 +28,12 @@ TEST(AttentionImpl, AutoTakesFusedWhereTheKernelsApply) {
   EXPECT_EQ(choose_attention_impl(AttentionImpl::Materialized, Device::CUDA, 64), AttentionImpl::Materialized);
   EXPECT_EQ(choose_attention_impl(AttentionImpl::Fused, Device::CUDA, 128), AttentionImpl::Fused);
   // the CPU has one attention whatever the flag says (a GPU flagfile still runs there)
-  for (AttentionImpl a : {AttentionImpl::Auto, AttentionImpl::Fused, AttentionImpl::Materialized})
+  for (AttentionImpl a : {AttentionImpl::Auto, AttentionImpl::Fused, AttentionImpl::Materialized, AttentionImpl::Cudnn})
     EXPECT_EQ(choose_attention_impl(a, Device::CPU, 96), AttentionImpl::Materialized);
+  // cuDNN's head dims: multiples of 8 up to 128, wider than the fused kernels'
+  for (int64_t d : {8, 32, 64, 72, 96, 128})
+    EXPECT_EQ(choose_attention_impl(AttentionImpl::Cudnn, Device::CUDA, d), AttentionImpl::Cudnn) << d;
+  EXPECT_EQ(attention_library(AttentionImpl::Fused), "");  // the project's own kernels load nothing
 }
 
 TEST(AttentionImpl, FusedForAShapeItDoesNotTakeIsAUserError) {
@@ -41,6 +45,17 @@ TEST(AttentionImpl, FusedForAShapeItDoesNotTakeIsAUserError) {
         << e.what();
     EXPECT_NE(std::string(e.what()).find("got 96"), std::string::npos) << e.what();
   }
+}
+
+TEST(AttentionImpl, CudnnForAHeadDimItDoesNotTakeIsAUserError) {
+  for (int64_t d : {36, 136, 256}) try {
+      choose_attention_impl(AttentionImpl::Cudnn, Device::CUDA, d);
+      FAIL() << "no error for " << d;
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()), "--attention=cudnn takes head dims that are multiples of 8 up to 128 "
+                                       "(hidden_size / num_heads), got " + std::to_string(d) +
+                                           "; use --attention=materialized or auto");
+    }
 }
 
 }  // namespace

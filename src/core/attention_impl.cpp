@@ -3,6 +3,9 @@
 #include "lns/errors.h"
 #include "lns/files.h"
 #include "lns/ops.h"
+#ifdef LNS_WITH_CUDA
+#include "cuda/sdpa.h"
+#endif
 
 namespace lns {
 
@@ -11,6 +14,7 @@ const char* attention_impl_name(AttentionImpl a) {
     case AttentionImpl::Auto: return "auto";
     case AttentionImpl::Fused: return "fused";
     case AttentionImpl::Materialized: return "materialized";
+    case AttentionImpl::Cudnn: return "cudnn";
   }
   return "?";
 }
@@ -19,11 +23,16 @@ AttentionImpl parse_attention_impl(const std::string& s, const std::string& flag
   if (s == "auto") return AttentionImpl::Auto;
   if (s == "fused") return AttentionImpl::Fused;
   if (s == "materialized") return AttentionImpl::Materialized;
-  fail(flag, "=", printable(s), " is not an attention implementation; expected auto, fused or materialized");
+  if (s == "cudnn") return AttentionImpl::Cudnn;
+  fail(flag, "=", printable(s), " is not an attention implementation; expected auto, fused, cudnn or materialized");
 }
 
 // The fused kernels (src/cuda/flash_attention.cu) are instantiated for these.
 bool fused_attention_takes(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
+// cuDNN's support table for bf16 fused attention on Ampere and Hopper (its larger head
+// dims need newer versions and are left out); the emulator's stand-in checks the same.
+bool cudnn_attention_takes(int64_t head_dim) { return head_dim > 0 && head_dim % 8 == 0 && head_dim <= 128; }
 
 AttentionImpl choose_attention_impl(AttentionImpl requested, Device device, int64_t head_dim,
                                     const std::string& flag) {
@@ -39,8 +48,20 @@ AttentionImpl choose_attention_impl(AttentionImpl requested, Device device, int6
         fail(flag, "=fused takes head dims 64 and 128 (hidden_size / num_heads), got ", head_dim,
              "; use --attention=materialized or auto");
       return AttentionImpl::Fused;
+    case AttentionImpl::Cudnn:
+      if (!cudnn_attention_takes(head_dim))
+        fail(flag, "=cudnn takes head dims that are multiples of 8 up to 128 (hidden_size / num_heads), got ",
+             head_dim, "; use --attention=materialized or auto");
+      return AttentionImpl::Cudnn;
   }
   return AttentionImpl::Materialized;
+}
+
+std::string attention_library(AttentionImpl impl, const std::string& flag) {
+#ifdef LNS_WITH_CUDA
+  if (impl == AttentionImpl::Cudnn) return cuda::sdpa_library(flag);
+#endif
+  return "";
 }
 
 }  // namespace lns

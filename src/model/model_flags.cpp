@@ -13,8 +13,9 @@ DEFINE_double(norm_eps, 1e-5, "Epsilon inside RMSNorm / LayerNorm.");
 DEFINE_string(norm_type, "rmsnorm", "rmsnorm or layernorm.");
 DEFINE_string(attention, "auto",
               "Attention on CUDA: fused (tensor-core FlashAttention-style kernels, head dim 64 or 128, "
-              "memory linear in T), materialized (cuBLASLt through score chunks, any head dim) or auto "
-              "(fused where it applies). Chosen once per model and logged.");
+              "memory linear in T), cudnn (cuDNN's fused attention, loaded at run time; head dims "
+              "multiples of 8 up to 128), materialized (cuBLASLt through score chunks, any head dim) or "
+              "auto (fused where it applies). Chosen once per model and logged.");
 DEFINE_string(recompute, "none",
               "Activation recomputation: none, selective (the attention core and the SwiGLU product "
               "are recomputed in backward) or full (a layer keeps only its output and re-runs its "

@@ -173,9 +173,11 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   cfg_.validate();
   init_dims();
   attn_ = choose_attention_impl(cfg_.attention, device_, cfg_.head_dim());
-  if (device_ == Device::CUDA)
-    LOG(INFO) << "attention: " << attention_impl_name(attn_) << " (--attention="
+  if (device_ == Device::CUDA) {
+    const std::string lib = attention_library(attn_);
+    LOG(INFO) << "attention: " << attention_impl_name(attn_) << (lib.empty() ? "" : ", " + lib) << " (--attention="
               << attention_impl_name(cfg_.attention) << ", head dim " << cfg_.head_dim() << ")";
+  }
   for (const auto& [first, last] : spec.chunk_ranges())
     LNS_CHECK(0 <= first && first <= last && last <= cfg.num_layers);
   LNS_CHECK(static_cast<int>(chunk_slots.size()) == spec.num_chunks() && B_ > 0 && T_ > 0);

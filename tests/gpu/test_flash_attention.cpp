@@ -1,5 +1,6 @@
-// The fused attention kernels (src/cuda/flash_attention.cu, AttentionImpl::Fused)
-// against the CPU attention, and the whole model step with the fused path against the
+// The fused attention kernels (src/cuda/flash_attention.cu, AttentionImpl::Fused) and
+// cuDNN's (AttentionImpl::Cudnn: the library on a GPU, its stand-in under emulation,
+// src/cuda/sdpa.h) against the CPU attention, and the whole model step with the fused path against the
 // CPU step (label `gpu`; skips without a GPU; runs under the emulation build,
 // -DLNS_CUDA_SIM=ON). Inputs are rounded to bf16 and the CPU op runs on the same
 // values in f32; the GPU differs by its bf16 P and dS operands and bf16 outputs.
@@ -8,10 +9,12 @@
 // list and run by its own ctest entry, gpu_flash_attention_t4096, label `slow`.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "lns/bf16.h"
 #include "lns/device.h"
+#include "lns/errors.h"
 #include "lns/ops.h"
 #include "lns/stage.h"
 #include "tests/test_util.h"
@@ -26,6 +29,30 @@ constexpr double kAttn = 2e-2, kStep = 5e-2;
   do {                                                                                     \
     if (cuda_device_count() == 0) GTEST_SKIP() << "skipped: " << cuda_unavailable_reason(); \
   } while (0)
+
+#ifndef LNS_CUDA_SIM
+// The real build loads libcudnn.so.9 when a model asks for it; a library that is not
+// there is a one-line UserError naming the flag and what was tried (no GPU needed: it
+// fails before any device call; a build without the headers says that instead). In a
+// child process, since the load happens once; this
+// test comes first in the file so that no earlier test has loaded the library.
+TEST(CudnnLibrary, AMissingLibraryIsAOneLineError) {
+  EXPECT_EXIT(
+      {
+        setenv("LNS_CUDNN_LIB", "/nonexistent/libcudnn.so.9", 1);
+        try {
+          attention_library(AttentionImpl::Cudnn);
+        } catch (const UserError& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          std::exit(3);
+        }
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(3),
+      "^--attention=cudnn: (could not load /nonexistent/libcudnn.so.9 \\(.*\\); set LNS_CUDNN_LIB to its path or "
+      "add its folder to LD_LIBRARY_PATH|this binary was built without cuDNN's headers; .*)\n$");
+}
+#endif
 
 // A bf16 device copy of `host` (which is rounded to bf16 in place, so the CPU
 // reference sees the same values); offset 1 element into its allocation when
@@ -47,10 +74,15 @@ Tensor cpu(std::vector<float>& v, Shape s) { return Tensor{v.data(), DType::F32,
 struct Case {
   int64_t B, T, Hq, Hkv, D;
   bool misalign = false;
+  AttentionImpl impl = AttentionImpl::Fused;
 };
 std::string name_of(const Case& c) {
   return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_H" + std::to_string(c.Hq) + "_" +
          std::to_string(c.Hkv) + "_D" + std::to_string(c.D) + (c.misalign ? "_misaligned" : "");
+}
+Case cudnn(Case c) {
+  c.impl = AttentionImpl::Cudnn;
+  return c;
 }
 
 // Everything the fused forward and backward produce for one case.
@@ -64,8 +96,8 @@ Result run_fused(const Case& c, std::vector<float>& q, std::vector<float>& k, st
   std::vector<float> zq(qs.numel(), 0.0f), zk(ks.numel(), 0.0f), zk2 = zk, zq2 = zq;
   DevBf16 out(zq, qs, c.misalign), gq(zq2, qs, c.misalign), gk(zk, ks, c.misalign), gv(zk2, ks, c.misalign);
   OwnedTensor lse(DType::F32, attention_saved_shape(Device::CUDA, c.B, c.T, c.Hq), Device::CUDA);
-  attention_forward(out.t, lse, dq_.t, dk_.t, dv_.t, AttentionImpl::Fused);
-  attention_backward(gq.t, gk.t, gv.t, ddo.t, lse, dq_.t, dk_.t, dv_.t, out.t, AttentionImpl::Fused);
+  attention_forward(out.t, lse, dq_.t, dk_.t, dv_.t, c.impl);
+  attention_backward(gq.t, gk.t, gv.t, ddo.t, lse, dq_.t, dk_.t, dv_.t, out.t, c.impl);
   return {to_host_f32(out.t), to_host_f32(lse), to_host_f32(gq.t), to_host_f32(gk.t), to_host_f32(gv.t)};
 }
 
@@ -125,6 +157,34 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttention,
                                            Case{1, 45, 2, 1, 64, true}),
                          [](const auto& info) { return name_of(info.param); });
 
+// cuDNN's path: T = 1, odd T, GQA 1, 2, 4, head dims 64 and 128, and 32 and 72, which
+// the fused kernels do not take (the library's stand-in checks what cuDNN requires).
+class CudnnAttention : public ::testing::TestWithParam<Case> {};
+TEST_P(CudnnAttention, ForwardAndBackwardMatchCpu) {
+  REQUIRE_GPU();
+  expect_matches_cpu(GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttention,
+                         ::testing::Values(cudnn({1, 1, 2, 1, 64}), cudnn({2, 37, 4, 2, 64}), cudnn({1, 50, 4, 1, 128}),
+                                           cudnn({1, 29, 4, 4, 32}), cudnn({1, 21, 2, 1, 72})),
+                         [](const auto& info) { return name_of(info.param); });
+
+// The two implementations save the same log-sum-exp, so either backward can follow
+// either forward: the model's choice is per model, but the claim in sdpa.h is tested.
+TEST(CudnnAttention, SavesTheFusedKernelsLogSumExp) {
+  REQUIRE_GPU();
+  Case f{1, 45, 4, 2, 64}, c = cudnn(f);
+  std::vector<Result> r;
+  for (const Case* k : {&f, &c}) {
+    const Shape qs{k->B, k->T, k->Hq, k->D}, ks{k->B, k->T, k->Hkv, k->D};
+    std::vector<float> q = randn(qs.numel(), 60), kk = randn(ks.numel(), 61), v = randn(ks.numel(), 62),
+                       dout = randn(qs.numel(), 63);
+    r.push_back(run_fused(*k, q, kk, v, dout));
+  }
+  EXPECT_LE(test::rel_max_err(r[1].lse.data(), r[0].lse.data(), int64_t(r[0].lse.size()), 1.0), 1e-4);
+  EXPECT_LE(test::rel_max_err(r[1].out.data(), r[0].out.data(), int64_t(r[0].out.size()), 1e-2), kAttn);
+}
+
 // Same inputs, same bits: forward and backward twice (the emulator runs each block's
 // threads in its own order; on a GPU this is what fixed-order accumulation buys).
 TEST(FlashAttentionDeterminism, TwoRunsAreBitwiseEqual) {
@@ -156,10 +216,10 @@ double rel_l2(const float* got, const float* want, int64_t n) {
   return std::sqrt(e / s);
 }
 
-LlamaConfig fused_model(NormScheme s) {
+LlamaConfig fused_model(NormScheme s, AttentionImpl impl = AttentionImpl::Fused) {
   LlamaConfig c = test::small_model(s);
   c.hidden_size = 128, c.num_heads = 2, c.num_kv_heads = 1, c.num_layers = 3;  // head dim 64, GQA 2
-  c.attention = AttentionImpl::Fused;
+  c.attention = impl;
   return c;
 }
 
@@ -167,15 +227,14 @@ class FusedModelStep : public ::testing::TestWithParam<NormScheme> {};
 
 // One forward, loss and backward of the same weights and batch: CUDA with the fused
 // attention against the CPU (relative L2 error of every gradient <= kStep).
-TEST_P(FusedModelStep, GpuStepMatchesCpuStep) {
-  REQUIRE_GPU();
-  const LlamaConfig c = fused_model(GetParam());
+void expect_step_matches_cpu(NormScheme scheme, AttentionImpl impl) {
+  const LlamaConfig c = fused_model(scheme, impl);
   const int64_t B = 2, T = 40;
   std::vector<int32_t> ids(B * T), tg(B * T);
   for (int64_t i = 0; i < B * T; ++i) ids[i] = int32_t((i * 17 + 3) % c.vocab_size), tg[i] = int32_t((i * 5 + 1) % c.vocab_size);
   tg[7] = kIgnoreIndex;
   LlamaStage host(c, StageSpec::whole(c), B, T), gpu(c, StageSpec::whole(c), B, T, 1, {}, Device::CUDA);
-  ASSERT_EQ(gpu.attention_impl(), AttentionImpl::Fused);
+  ASSERT_EQ(gpu.attention_impl(), impl);
   host.init_weights(7), gpu.init_weights(7);
   const Tensor idt{ids.data(), DType::I32, Device::CPU, Shape{B, T}}, tgt{tg.data(), DType::I32, Device::CPU, Shape{B * T}};
   host.forward(idt), gpu.forward(idt);
@@ -195,8 +254,16 @@ TEST_P(FusedModelStep, GpuStepMatchesCpuStep) {
     worst = std::max(worst, e);
     EXPECT_LE(e, kStep) << host.params().info(i).name;
   }
-  std::printf("[ fused step ] %s: loss cpu %.6f gpu %.6f, worst gradient relative L2 error %.2e\n",
-              norm_scheme_name(GetParam()), lc, lg, worst);
+  std::printf("[ %s step ] %s: loss cpu %.6f gpu %.6f, worst gradient relative L2 error %.2e\n",
+              attention_impl_name(impl), norm_scheme_name(scheme), lc, lg, worst);
+}
+TEST_P(FusedModelStep, GpuStepMatchesCpuStep) {
+  REQUIRE_GPU();
+  expect_step_matches_cpu(GetParam(), AttentionImpl::Fused);
+}
+TEST(CudnnModelStep, GpuStepMatchesCpuStep) {
+  REQUIRE_GPU();
+  expect_step_matches_cpu(NormScheme::LNS, AttentionImpl::Cudnn);
 }
 INSTANTIATE_TEST_SUITE_P(Schemes, FusedModelStep, ::testing::Values(NormScheme::Pre, NormScheme::LNS),
                          [](const auto& info) { return std::string(norm_scheme_name(info.param)); });

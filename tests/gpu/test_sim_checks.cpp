@@ -14,6 +14,7 @@
 #include "cuda/pool.h"
 #include "cuda/runtime.h"
 #include "cuda/sim/counters.h"
+#include "cuda/sdpa.h"
 #include "cuda/sim/sim_internal.h"
 #include "lns/trainer.h"
 
@@ -873,6 +874,35 @@ TEST(SimChecks, DevicePropertiesAreAnH100) {
   }
   ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
   EXPECT_EQ(total_b - free_b, before);
+}
+
+
+// ---- the cuDNN attention stand-in (src/cuda/sim/cudnn_sdpa.cpp) ------------------------
+// It refuses what the library refuses, naming the call and the tensor; the accepted
+// problem next to each refusal runs.
+TEST(SimCudnn, RefusesWhatTheLibraryRefuses) {
+  DevBuf q(1 << 14), k(1 << 14), v(1 << 14), o(1 << 14), stats(1 << 10);  // 64 KiB each, 4 KiB stats
+  const auto* qb = reinterpret_cast<const uint16_t*>(q.p);
+  const auto run = [&](SdpaProblem p, const uint16_t* qp, uint16_t* op) {
+    sdpa_forward(p, SdpaForward{op, stats.p, qp, reinterpret_cast<const uint16_t*>(k.p),
+                                reinterpret_cast<const uint16_t*>(v.p)},
+                 nullptr);
+    LNS_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  auto* ob = reinterpret_cast<uint16_t*>(o.p);
+  const SdpaProblem ok{1, 8, 4, 2, 64, 0.125f};
+  run(ok, qb, ob);
+  EXPECT_DEATH(run(ok, qb + 1, ob), "cuDNN sdpa forward: Q is not 16-byte aligned");
+  SdpaProblem wide = ok;
+  wide.D = 136;
+  EXPECT_DEATH(run(wide, qb, ob), "cuDNN sdpa forward: head dim 136 is not supported for bf16");
+  SdpaProblem groups = ok;
+  groups.Hq = 3;
+  EXPECT_DEATH(run(groups, qb, ob), "cuDNN sdpa forward: Hq=3 is not a multiple of Hkv=2");
+  EXPECT_DEATH(run(ok, qb, const_cast<uint16_t*>(qb)), "cuDNN sdpa forward: O overlaps Q");
+  SdpaProblem longer = ok;
+  longer.T = 4096;  // 4 MiB of Q in a 64 KiB buffer
+  EXPECT_DEATH(run(longer, qb, ob), "cuDNN sdpa forward: Q: .* is not inside one live device allocation");
 }
 
 }  // namespace
