@@ -168,11 +168,19 @@ int run() {
             flop / ms / 1e9, ms, {M, N, K}, "flops", flop);
     }
 
-  // ---- causal attention, fused and materialised ------------------------------------------
+  // ---- causal attention: fused, cuDNN's (where its library loads) and materialised ------
   const int64_t D = cfg.head_dim(), Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
+  bool cudnn = cudnn_attention_takes(D);
+  if (cudnn) try {
+      std::printf("attention_cudnn: %s\n", attention_library(AttentionImpl::Cudnn).c_str());
+    } catch (const UserError& e) {
+      std::printf("attention_cudnn: not measured: %s\n", e.what());
+      cudnn = false;
+    }
   for (auto [B, T] : {std::pair<int64_t, int64_t>{FLAGS_micro_batch_size, FLAGS_seq_len}, {1, 4096}})
-    for (AttentionImpl impl : {AttentionImpl::Fused, AttentionImpl::Materialized}) {
+    for (AttentionImpl impl : {AttentionImpl::Fused, AttentionImpl::Cudnn, AttentionImpl::Materialized}) {
       if (impl == AttentionImpl::Fused && !fused_attention_takes(D)) continue;
+      if (impl == AttentionImpl::Cudnn && !cudnn) continue;
       const Shape qs{B, T, Hq, D}, ks{B, T, Hkv, D};
       OwnedTensor q = filled(DType::BF16, qs, 0.1f), k = filled(DType::BF16, ks, 0.1f),
                   v = filled(DType::BF16, ks, 1.0f), out(DType::BF16, qs, Device::CUDA),

@@ -28,7 +28,8 @@
 #              another layout on the GPU and the CPU, and NCCL's collectives at a
 #              world of one rank (issue 29; under 2 minutes)
 #   bench      lns_bench_kernels, bench_kernels_torch.py, and for each of
-#              $CONFIGS lns_bench_step --profile, lns_bench_step --cuda_graphs and
+#              $CONFIGS lns_bench_step --profile, lns_bench_step --cuda_graphs,
+#              lns_bench_step --attention=cudnn and
 #              bench_step_torch.py --compile (at the config's FFN and padded to a
 #              multiple of 64); then
 #              tools/device/bench_record.py writes the run's record <gpu>-<date>.json
@@ -41,7 +42,8 @@
 # BUILD_DIR (build-gpu), JOBS (16), LNS_CUDA (ON), CMAKE_ARGS (extra cmake
 # arguments), TEST_LABEL (gpu), CTEST_ARGS (extra ctest arguments), CONFIGS
 # ("130m_lns 1b_lns 1b_lns_seq4k"), LNS_STEPS (10) and TORCH_STEPS (5) timed steps,
-# PROFILE (1; 0 = no per-class profile), GRAPHS (1; 0 = no --cuda_graphs run), KERNELS_TORCH (1; 0 skips PyTorch's kernel
+# PROFILE (1; 0 = no per-class profile), GRAPHS (1; 0 = no --cuda_graphs run), CUDNN (1; 0 = no
+# --attention=cudnn run; LNS_CUDNN_LIB names libcudnn.so.9, else python3's is found), KERNELS_TORCH (1; 0 skips PyTorch's kernel
 # figures), TORCH (1; 0 skips the PyTorch step peers: lns only, a short call),
 # GTEST_FILTER (the test stage with carried binaries runs only these gtests),
 # LNS_COMMIT (the commit to record, default git's HEAD), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
@@ -216,12 +218,36 @@ setup_env() {
   ssh=$(command -v ssh || command -v rsh || true)
   [ -f "$ssh" ] && [ -x "$ssh" ] || export OMPI_MCA_plm_rsh_agent=${OMPI_MCA_plm_rsh_agent:-false}
   find_nccl
+  find_cudnn
   if [ -n "$NCCL_DIR" ]; then
     export NCCL_ROOT=$NCCL_DIR NCCL_HOME=$NCCL_DIR
     export CMAKE_PREFIX_PATH=$CMAKE_PREFIX_PATH:$NCCL_DIR
     export CMAKE_INCLUDE_PATH=$NCCL_DIR/include${CMAKE_INCLUDE_PATH:+:$CMAKE_INCLUDE_PATH}
     export CMAKE_LIBRARY_PATH=$NCCL_DIR/lib${CMAKE_LIBRARY_PATH:+:$CMAKE_LIBRARY_PATH}
     [ "$NCCL_DIR" = /usr/local/cuda ] || export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$NCCL_DIR/lib
+  fi
+}
+
+# libcudnn.so.9 for --attention=cudnn (src/cuda/cudnn/sdpa_cudnn.cpp loads it at run
+# time): PyTorch's environment brings it as the nvidia-cudnn wheel. LNS_CUDNN_LIB names
+# it; its folder goes on the library path for the sub-libraries it opens itself.
+find_cudnn() {
+  if [ -z "${LNS_CUDNN_LIB:-}" ]; then
+    LNS_CUDNN_LIB=$(python3 - 2>/dev/null <<'PY'
+import glob, site, sys
+dirs = site.getsitepackages() + [site.getusersitepackages()] + sys.path
+for d in dirs:
+    for f in sorted(glob.glob(d + "/nvidia/cudnn/lib/libcudnn.so.9")) + sorted(glob.glob(d + "/nvidia/cu*/lib/libcudnn.so.9")):
+        print(f)
+        sys.exit()
+PY
+) || true
+  fi
+  if [ -n "${LNS_CUDNN_LIB:-}" ] && [ -f "$LNS_CUDNN_LIB" ]; then
+    export LNS_CUDNN_LIB LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "$LNS_CUDNN_LIB")
+    log "cuDNN: $LNS_CUDNN_LIB"
+  else
+    log "cuDNN: no libcudnn.so.9 found in python3's packages: --attention=cudnn runs will say so"
   fi
 }
 
@@ -337,6 +363,11 @@ if has_stage bench; then
       # shellcheck disable=SC2086
       step "step_graphs_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
         --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --cuda_graphs
+    fi
+    if [ "${CUDNN:-1}" != 0 ]; then  # the same step with cuDNN's fused attention
+      # shellcheck disable=SC2086
+      step "step_cudnn_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
+        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --attention=cudnn
     fi
     [ "${TORCH:-1}" = 0 ] && continue
     torch_args=(--flagfile="configs/$cfg.flags" --device cuda --autocast --compile --fused_adam
