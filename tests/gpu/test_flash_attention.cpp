@@ -30,8 +30,8 @@ constexpr double kAttn = 2e-2, kStep = 5e-2;
     if (cuda_device_count() == 0) GTEST_SKIP() << "skipped: " << cuda_unavailable_reason(); \
   } while (0)
 
-#ifndef LNS_CUDA_SIM
-// The real build loads libcudnn.so.9 when a model asks for it; a library that is not
+#if defined(LNS_WITH_CUDA) && !defined(LNS_CUDA_SIM)
+// The real CUDA build loads libcudnn.so.9 when a model asks for it; a library that is not
 // there is a one-line UserError naming the flag and what was tried (no GPU needed: it
 // fails before any device call; a build without the headers says that instead). In a
 // child process, since the load happens once; this
