@@ -45,13 +45,39 @@ RECORDS = {"cpu": "docs/depth_study_runs", "cuda": "docs/depth_study_runs_cuda"}
 BASE = dict(hidden=64, heads=4, intermediate=176, seq=128, batch=16, micro=8)
 SHARED_LR = 2e-3
 STEPS = 400
+
+# The depth study at scale (issue 31, docs/depth_study_scale.md): its cells carry their
+# model shape by name (run names start with it; the width-64 cells have none and keep
+# BASE). w512: 8 heads of 64, SwiGLU 8/3 x 512 rounded up to a multiple of 64, 512 tokens
+# a sequence, 128 sequences a step: 65,536 tokens a step, 800 steps = 52.4M tokens.
+# mini: the same grid in seconds on the CPU, for CI.
+SHAPES = {
+    "w512": dict(hidden=512, heads=8, intermediate=1408, seq=512, batch=128, micro=32, eval_tokens=131072),
+    "mini": dict(hidden=32, heads=2, intermediate=96, seq=32, batch=4, micro=4, eval_tokens=512),
+}
+SCALE_STEPS = {"w512": 800, "mini": 6}
+# Each study's data, vocabulary, run folder and record folders (per device: bf16 GPU runs
+# and f32 CPU runs are separate studies).
+STUDIES = {
+    "width64": dict(data="data/fortunes_bpe4k", vocab=4096, out="runs/depth_study_v2", records=RECORDS),
+    "scale": dict(data="data/realtext", vocab=32768, out="runs/depth_study_scale",
+                  records={"cpu": "docs/depth_study_scale_runs", "cuda": "docs/depth_study_scale_runs_cuda"}),
+}
+GRIDS = {"width64": ("smoke", "session", "full"), "scale": ("scale", "scale_mini")}
 # Cost of the embedding/head and the rest, in blocks' worth of a width-64 block with a
 # 4096 vocabulary (3.2 of 13 GFLOP per step at 12 blocks): only for the ETA.
 HEAD_BLOCKS = 4.0
 
 
-def cell(group, layers, scheme, seed, lr=SHARED_LR, steps=STEPS, embed_std=0.02):
-    return dict(group=group, layers=layers, scheme=scheme, seed=seed, lr=lr, steps=steps, embed_std=embed_std)
+def cell(group, layers, scheme, seed, lr=SHARED_LR, steps=STEPS, embed_std=0.02, shape=None):
+    c = dict(group=group, layers=layers, scheme=scheme, seed=seed, lr=lr, steps=steps, embed_std=embed_std)
+    if shape:
+        c["shape"] = shape
+    return c
+
+
+def shape_of(c):
+    return SHAPES[c["shape"]] if c.get("shape") else BASE
 
 
 def lr_name(lr):
@@ -63,13 +89,65 @@ def lr_name(lr):
 
 def run_name(c):
     emb = "" if c["embed_std"] == 0.02 else "_emb%.3g" % c["embed_std"]
-    return "L%02d_%s_lr%s_s%d%s_seed%d" % (c["layers"], c["scheme"], lr_name(c["lr"]), c["steps"], emb, c["seed"])
+    shape = c["shape"] + "_" if c.get("shape") else ""
+    return "%sL%02d_%s_lr%s_s%d%s_seed%d" % (shape, c["layers"], c["scheme"], lr_name(c["lr"]), c["steps"], emb,
+                                             c["seed"])
 
 
-def grid(name):
-    """Cells in order of priority, no duplicates."""
+def best_rates(sweep, loss):
+    """{scheme: the rate of its lowest loss} for each scheme whose sweep cells have all
+    finished (loss(cell) is None while one has not; a diverged run counts as inf); ties
+    go to the smaller rate."""
+    out = {}
+    for scheme in sorted({c["scheme"] for c in sweep}):
+        mine = [c for c in sweep if c["scheme"] == scheme]
+        losses = [loss(c) if loss else None for c in mine]
+        if all(v is not None for v in losses):
+            out[scheme] = min(zip(losses, [c["lr"] for c in mine]))[1]
+    return out
+
+
+def scale_grid(shape, loss):
+    """The depth study at scale (issue 31), in order of priority. Pre-LN and LNS at every
+    depth, each at its own best rate: 3 rates at the shallowest depth (seed 1), whose
+    winner also serves the middle depth; at the deepest, the winner and one rate below and
+    above it (seed 1), then its own winner. Mix-LN and Post-LN at the middle depth, at
+    Pre-LN's rate. 3 seeds per cell. Cells that wait on a sweep appear once it has
+    finished (loss: a finished cell's validation loss, else None)."""
+    depths, rates, seeds = ((12, 24, 48), (1e-3, 2e-3, 4e-3), (1, 2, 3)) if shape == "w512" else \
+        ((2, 3, 4), (2e-3, 4e-3, 8e-3), (1, 2))
+    steps = SCALE_STEPS[shape]
+    mk = lambda group, layers, scheme, seed, lr: cell(group, layers, scheme, seed, lr=lr, steps=steps, shape=shape)
+    first, middle, deep = depths
+    sweep = [mk("lr", first, s, 1, lr) for lr in rates for s in ("pre", "lns")]
+    out = list(sweep)
+    best = best_rates(sweep, loss)
+    for layers in (first, middle):
+        for seed in seeds:
+            for s in ("pre", "lns"):
+                if s in best:
+                    out.append(mk("depth", layers, s, seed, best[s]))
+    sweep_deep = [mk("lr", deep, s, 1, best[s] * f) for f in (1.0, 0.5, 2.0) for s in ("pre", "lns") if s in best]
+    out += sweep_deep
+    best_deep = best_rates(sweep_deep, loss) if len(sweep_deep) == 6 else {}
+    for seed in seeds:
+        for s in ("pre", "lns"):
+            if s in best_deep:
+                out.append(mk("depth", deep, s, seed, best_deep[s]))
+    if "pre" in best:
+        for seed in seeds:
+            for s in ("mix", "post"):
+                out.append(mk("schemes", middle, s, seed, best["pre"]))
+    return out
+
+
+def grid(name, loss=None):
+    """Cells in order of priority, no duplicates. loss(cell): a finished cell's validation
+    loss, else None (the scale grids choose their rates from their sweeps)."""
     seeds3 = (1, 2, 3)
     out = []
+    if name in ("scale", "scale_mini"):
+        return dedupe(scale_grid("w512" if name == "scale" else "mini", loss))
     if name == "smoke":  # seconds: checks the machinery end to end
         for s in ("pre", "lns", "mix", "lns_scaled_init"):
             out.append(cell("depth", 2, s, 1, steps=6))
@@ -144,7 +222,11 @@ def grid(name):
                 for s in ("pre", "lns"):
                     out.append(cell("lr", 48, s, seed, lr=lr))
     elif name != "session":
-        raise SystemExit("depth_study: --grid=%s: expected smoke, session or full" % name)
+        raise SystemExit("depth_study: --grid=%s: expected smoke, session, full, scale or scale_mini" % name)
+    return dedupe(out)
+
+
+def dedupe(out):
     seen, uniq = set(), []
     for c in out:
         if run_name(c) not in seen:
@@ -158,16 +240,16 @@ def cost(c):
 
 
 def train_flags(c, run_dir, args):
-    scheme = c["scheme"]
+    scheme, b = c["scheme"], shape_of(c)
     flags = ["--flagfile=configs/tiny_lns.flags",
              "--vocab_size=%d" % args.vocab, "--data=%s.train.tok" % args.data, "--val_data=%s.val.tok" % args.data,
-             "--num_layers=%d" % c["layers"], "--hidden_size=%d" % BASE["hidden"], "--num_heads=%d" % BASE["heads"],
-             "--num_kv_heads=%d" % BASE["heads"], "--intermediate_size=%d" % BASE["intermediate"],
-             "--seq_len=%d" % BASE["seq"], "--global_batch_size=%d" % BASE["batch"],
-             "--micro_batch_size=%d" % BASE["micro"], "--steps=%d" % c["steps"],
+             "--num_layers=%d" % c["layers"], "--hidden_size=%d" % b["hidden"], "--num_heads=%d" % b["heads"],
+             "--num_kv_heads=%d" % b["heads"], "--intermediate_size=%d" % b["intermediate"],
+             "--seq_len=%d" % b["seq"], "--global_batch_size=%d" % b["batch"],
+             "--micro_batch_size=%d" % b["micro"], "--steps=%d" % c["steps"],
              "--warmup_steps=%d" % max(1, c["steps"] // 10), "--lr=%g" % c["lr"], "--min_lr_ratio=0.1",
              "--embed_init_std=%.6g" % c["embed_std"], "--seed=%d" % c["seed"],
-             "--eval_every=%d" % max(1, c["steps"] // 4), "--eval_tokens=%d" % args.eval_tokens,
+             "--eval_every=%d" % max(1, c["steps"] // 4), "--eval_tokens=%d" % eval_tokens(c, args),
              "--diag_every=%d" % max(1, c["steps"] // 8), "--log_every=%d" % max(1, c["steps"] // 8),
              "--save_every=%d" % max(1, c["steps"] // 4), "--keep_checkpoints=1",
              "--out_dir=%s" % run_dir, "--resume=auto",
@@ -182,10 +264,16 @@ def train_flags(c, run_dir, args):
     return flags
 
 
-def eval_flags(run_dir, args):
+def eval_tokens(c, args):
+    return shape_of(c).get("eval_tokens", args.eval_tokens)
+
+
+def eval_flags(run_dir, args, c=None):
     """lns_eval's flags but --checkpoint (the newest one, found when the training ends)."""
-    return ["--data=%s.val.tok" % args.data, "--seq_len=%d" % BASE["seq"],
-            "--micro_batch_size=8", "--eval_tokens=%d" % args.eval_tokens, "--drop_layers=sweep", "--diag",
+    b = shape_of(c) if c else BASE
+    micro = b["micro"] if c and c.get("shape") else 8
+    return ["--data=%s.val.tok" % args.data, "--seq_len=%d" % b["seq"], "--micro_batch_size=%d" % micro,
+            "--eval_tokens=%d" % (eval_tokens(c, args) if c else args.eval_tokens), "--drop_layers=sweep", "--diag",
             "--out=%s" % os.path.join(run_dir, "eval"), "--plot=false", "--device=%s" % args.device]
 
 
@@ -215,7 +303,7 @@ def script_for(c, run_dir, args):
                                                         run_dir))
     lines.append("ck=$(ls -d '%s'/checkpoints/step_* | tail -1)" % run_dir)
     lines.append("%s \"--checkpoint=$ck\" > '%s/eval.log' 2>&1 || exit 2"
-                 % (q(nice + [os.path.join(args.bin, "lns_eval")] + eval_flags(run_dir, args)), run_dir))
+                 % (q(nice + [os.path.join(args.bin, "lns_eval")] + eval_flags(run_dir, args, c)), run_dir))
     return "\n".join(lines) + "\n"
 
 
@@ -276,6 +364,23 @@ def finished(c, out, record_dir, prior=()):
             or bool(record_dir) and os.path.exists(os.path.join(record_dir, name + ".json")))
 
 
+def finished_loss(c, out, record_dir):
+    """The validation loss of a finished cell (inf if it diverged), else None: from its
+    record, or from its result.json (loss = log ppl)."""
+    name = run_name(c)
+    for path, key in ((os.path.join(record_dir, name + ".json") if record_dir else "", "loss"),
+                      (os.path.join(out, name, "result.json"), "val_ppl")):
+        if path and os.path.exists(path):
+            with open(path) as f:
+                r = json.load(f)
+            if r.get("status") == "diverged":
+                return math.inf
+            v = r.get(key)
+            if isinstance(v, (int, float)):
+                return math.log(v) if key == "val_ppl" else float(v)
+    return None
+
+
 def fmt_s(s):
     if s is None:
         return "?"
@@ -285,10 +390,15 @@ def fmt_s(s):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--grid", default="session", help="smoke, session (priority order; hours on 2 busy cores) or full")
-    ap.add_argument("--out", default="runs/depth_study_v2", help="directory of the run directories")
-    ap.add_argument("--data", default="data/fortunes_bpe4k", help="token files prefix (tools/experiments/bpe_corpus.py)")
-    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--study", default="width64", choices=sorted(STUDIES),
+                    help="width64 (docs/depth_study.md) or scale (width 512 on the real corpus, "
+                         "docs/depth_study_scale.md): the defaults of --grid, --out, --data, --vocab, --record")
+    ap.add_argument("--grid", default=None, help="width64: smoke, session (priority order; hours on 2 busy cores) "
+                    "or full; scale: scale, or scale_mini (the same grid in seconds, for tests)")
+    ap.add_argument("--out", default=None, help="directory of the run directories")
+    ap.add_argument("--data", default=None, help="token files prefix (tools/experiments/bpe_corpus.py; for the "
+                    "scale study real_corpus.py)")
+    ap.add_argument("--vocab", type=int, default=None)
     ap.add_argument("--eval_tokens", type=int, default=16384)
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time (each gets cores/jobs OpenBLAS threads)")
     ap.add_argument("--nice", type=int, default=0, help="nice level of the trainings (19: only idle CPU)")
@@ -311,25 +421,37 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.device not in RECORDS:
         raise SystemExit("depth_study: --device=%s: expected cpu or cuda" % args.device)
+    study = STUDIES[args.study]
+    args.grid = args.grid or GRIDS[args.study][0 if args.study == "scale" else 1]
+    if args.grid not in GRIDS[args.study]:
+        raise SystemExit("depth_study: --grid=%s is not a grid of --study=%s (%s)" % (
+            args.grid, args.study, ", ".join(GRIDS[args.study])))
+    args.out = args.out or study["out"]
+    args.data = args.data or study["data"]
+    args.vocab = args.vocab or study["vocab"]
     if args.record is None:
-        args.record = RECORDS[args.device]
+        args.record = study["records"][args.device]
     if args.print_record:
         print(args.record)
         return 0
     if args.jobs < 1:
         raise SystemExit("depth_study: --jobs=%d: expected >= 1" % args.jobs)
     os.chdir(ROOT)
-    cells = grid(args.grid)
-    if args.only:
-        groups = set(args.only.split(","))
-        cells = [c for c in cells if c["group"] in groups]
-    if args.cells:
-        pats = args.cells.split(",")
-        cells = [c for c in cells if any(fnmatch.fnmatchcase(run_name(c), p) for p in pats)]
     out = os.path.abspath(args.out)
     record = os.path.abspath(args.record) if args.record else ""
     prior = set() if args.rerun_prior else prior_names(record)
-    todo = [c for c in cells if not finished(c, out, record, prior)]
+
+    def select():
+        cells = grid(args.grid, lambda c: finished_loss(c, out, record))
+        if args.only:
+            groups = set(args.only.split(","))
+            cells = [c for c in cells if c["group"] in groups]
+        if args.cells:
+            pats = args.cells.split(",")
+            cells = [c for c in cells if any(fnmatch.fnmatchcase(run_name(c), p) for p in pats)]
+        return cells, [c for c in cells if not finished(c, out, record, prior)]
+
+    cells, todo = select()
     if args.list:
         for c in cells:
             done = finished(c, out, record, prior)
@@ -366,6 +488,7 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     queue = list(todo)
+    started = {run_name(c) for c in queue}
     last_line = 0.0
     while (queue or running) and not stopping[0]:
         while queue and len(running) < args.jobs and not stopping[0]:
@@ -400,6 +523,13 @@ def main(argv=None):
                 done_time += secs
                 sys.stderr.write("\ndepth_study: %s %s ppl %s in %s\n" % (
                     run_name(c), res["status"], "%.4f" % res["val_ppl"] if res["val_ppl"] else "-", fmt_s(secs)))
+        if not queue and not running and not stopping[0] and not args.max_runs:
+            # a finished sweep may have added the cells that wait on its winner
+            new = [c for c in select()[1] if run_name(c) not in started]
+            started.update(run_name(c) for c in new)
+            queue += new
+            n_total += len(new)
+            total_cost += sum(cost(c) for c in new)
         now = time.time()
         if now - last_line >= 10 or not (queue or running):
             last_line = now
