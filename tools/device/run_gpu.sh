@@ -33,11 +33,14 @@
 #              bench_step_torch.py --compile (at the config's FFN and padded to a
 #              multiple of 64); then
 #              tools/device/bench_record.py writes the run's record <gpu>-<date>.json
-#   depth      the depth study's grid with --device=cuda (DEPTH_GRID full, DEPTH_JOBS 4,
+#   depth      the depth study's grid with --device=cuda (DEPTH_STUDY width64 or scale, the
+#              latter issue 31's width-512 grid on data/realtext; DEPTH_GRID full, DEPTH_JOBS 4,
 #              DEPTH_SECONDS 0 = no limit, DEPTH_OUT /tmp/depth_study_cuda), the cells
 #              recorded in docs/depth_study_runs_cuda skipped; the records and the runs'
 #              logs come back as $OUT/depth_study_cuda.tgz. Needs data/fortunes_bpe4k.*
 #              (tools/experiments/bpe_corpus.py here; carry data)
+#   data       nothing but the set-up: a call that carries .gpu-data (tools/device/pack_data.sh)
+#              unpacks its token files into the tree, where later calls on the machine find them
 # Other settings (environment): OUT (results folder, default ./gpu-results),
 # BUILD_DIR (build-gpu), JOBS (16), LNS_CUDA (ON), CMAKE_ARGS (extra cmake
 # arguments), TEST_LABEL (gpu), CTEST_ARGS (extra ctest arguments), CONFIGS
@@ -311,6 +314,18 @@ if has_stage configure || has_stage build; then
 fi
 
 BIN_DIR=${BIN_DIR:-$BUILD_DIR}
+# Token files that travelled compressed (tools/device/pack_data.sh): unpacked once into
+# the tree, where the next calls on this machine find them.
+for a in "$ROOT"/.gpu-data/*.tar.xz; do
+  [ -f "$a" ] || continue
+  stamp=$ROOT/data/.unpacked_$(basename "$a" .tar.xz)
+  sum=$(cksum < "$a")
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
+    mkdir -p "$ROOT/data" && (cd "$ROOT" && xz -dc "$a" | tar xf -) && echo "$sum" > "$stamp" &&
+      log "data: unpacked $(basename "$a")" || { log "data: cannot unpack $a"; FAILED=1; }
+  fi
+done
+
 if [ ! -x "$BIN_DIR/lns_train" ] && [ -x "$ROOT/.gpu-deps/bin/lns_train" ]; then
   BIN_DIR=$ROOT/.gpu-deps/bin
 fi
@@ -391,15 +406,19 @@ if has_stage depth; then
   # checkpoint) in time to pack the records, which come back as one archive ($OUT keeps
   # few files). The records go to their own folder: bf16 GPU runs are a separate study.
   # The records that travelled (docs/depth_study_runs_cuda) say which cells are finished.
-  DEPTH_OUT=${DEPTH_OUT:-/tmp/depth_study_cuda}
-  DEPTH_RECORD=$ROOT/$(python3 tools/experiments/depth_study.py --device cuda --print_record)
+  # DEPTH_STUDY=scale runs issue 31's grid (width 512 on the real corpus, which travels
+  # as .gpu-data: tools/device/pack_data.sh) instead of the width-64 one.
+  DEPTH_STUDY=${DEPTH_STUDY:-width64}
+  if [ "$DEPTH_STUDY" = scale ]; then def_grid=scale; def_jobs=2; tag=_scale; else def_grid=full; def_jobs=4; tag=""; fi
+  DEPTH_OUT=${DEPTH_OUT:-/tmp/depth_study${tag}_cuda}
+  DEPTH_RECORD=$ROOT/$(python3 tools/experiments/depth_study.py --study "$DEPTH_STUDY" --device cuda --print_record)
   mkdir -p "$DEPTH_OUT" "$DEPTH_RECORD"
   step depth "$RUNLOG" timeout -s TERM "${DEPTH_SECONDS:-0}" env PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
-    python3 tools/experiments/depth_study.py --grid "${DEPTH_GRID:-full}" --device cuda --bin "$BIN_DIR" \
-    --jobs "${DEPTH_JOBS:-4}" --threads 2 --out "$DEPTH_OUT" --record "$DEPTH_RECORD"
+    python3 tools/experiments/depth_study.py --study "$DEPTH_STUDY" --grid "${DEPTH_GRID:-$def_grid}" --device cuda \
+    --bin "$BIN_DIR" --jobs "${DEPTH_JOBS:-$def_jobs}" --threads 2 --out "$DEPTH_OUT" --record "$DEPTH_RECORD"
   # the records, and every run's logs (why one failed; its throughput)
   (cd "$DEPTH_OUT" && find . \( -name '*.log' -o -name result.json \) -print |
-     tar czf "$OUT/depth_study_cuda.tgz" -C "$(dirname "$DEPTH_RECORD")" "$(basename "$DEPTH_RECORD")" \
+     tar czf "$OUT/depth_study${tag}_cuda.tgz" -C "$(dirname "$DEPTH_RECORD")" "$(basename "$DEPTH_RECORD")" \
        -C "$DEPTH_OUT" -T -) || FAILED=1
 fi
 
