@@ -4,6 +4,7 @@
 1. The grid's rule, on made-up losses: the sweep comes first; the depths wait for its
    winner and take each scheme's own; the deepest depth's sweep brackets that winner
    and its cells take their own winner; Mix-LN and Post-LN follow Pre-LN's rate.
+3. The page's answers (depth_scale_doc.py) on records whose figures are worked out here.
 2. The miniature grid end to end on the CPU (LNS_TRAIN_BIN, LNS_EVAL_BIN): a corpus made
    by real_corpus.py from a package built here, then every cell trained, evaluated and
    recorded in one invocation (the waiting cells are added as their sweeps finish), the
@@ -131,6 +132,72 @@ class ScaleMiniEndToEnd(unittest.TestCase):
             # the same command again has nothing to do
             r = subprocess.run(cmd + ["--list"], capture_output=True, text=True)
             self.assertIn("24 cells, 0 to run", r.stdout)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_record(folder, cell, loss, drop, variance):
+    os.makedirs(folder, exist_ok=True)
+    L = cell["layers"]
+    rec = dict(cell=cell, status="ok", loss=loss, drop_pct=drop, angular=[0.1] * L, variance=variance,
+               curve=[[1, loss + 1.0]], device="cuda", seconds=1.0, jobs=1)
+    with open(os.path.join(folder, depth_study.run_name(cell) + ".json"), "w") as f:
+        json.dump(rec, f)
+
+
+class ScaleDoc(unittest.TestCase):
+    """tools/experiments/depth_scale_doc.py on records whose figures are worked out here."""
+
+    def test_answers_from_records(self):
+        import depth_scale_doc
+        tmp = tempfile.mkdtemp(prefix="lns_depth_scale_doc_")
+        try:
+            w64, w512 = os.path.join(tmp, "w64"), os.path.join(tmp, "w512")
+            L = 12
+            c = lambda scheme, seed, lr, shape=None: depth_study.cell("depth", L, scheme, seed, lr=lr,
+                                                                    steps=800 if shape else 400, shape=shape)
+            # width 512: Pre-LN's 3-seed rate 2e-3 (its 1-seed 1e-3 does not count), LNS's 4e-3
+            write_record(w512, c("pre", 1, 1e-3, "w512"), 3.9, [1.0] * L, [1.0] * L)
+            write_record(w512, c("lns", 1, 2e-3, "w512"), 3.6, [1.0] * L, [1.0] * L)
+            for seed, lp, ll in ((1, 4.0, 3.7), (2, 4.1, 3.75), (3, 4.2, 3.8)):
+                write_record(w512, c("pre", seed, 2e-3, "w512"), lp, [50.0] * 6 + [1.0] * 6,
+                             [1.0 + 9.0 * i / (L - 1) for i in range(L)])
+                write_record(w512, c("lns", seed, 4e-3, "w512"), ll, [40.0] * 6 + [3.0] * 6,
+                             [1.0 + 1.0 * i / (L - 1) for i in range(L)])
+            # width 64: one seed a side, LNS higher
+            write_record(w64, c("pre", 1, 2e-3), 5.0, [10.0] * L, [1.0] * L)
+            write_record(w64, c("lns", 1, 2e-3), 5.1, [12.0] * L, [2.0] * L)
+            doc = os.path.join(tmp, "page.md")
+            with open(doc, "w") as f:
+                f.write("# P\n<!-- depth_scale:begin -->\nold\n<!-- depth_scale:end -->\nafter\n")
+            self.assertEqual(depth_scale_doc.main(["--width64", w64, "--scale", w512, "--doc", doc]), 0)
+            with open(doc) as f:
+                page = f.read()
+            self.assertNotIn("\nold\n", page)
+            self.assertTrue(page.endswith("<!-- depth_scale:end -->\nafter\n"))
+            # Q1: 3.75 - 4.1 = -0.35; the ranges [3.7, 3.8] and [4.0, 4.2] are apart
+            self.assertIn("| 12 | 0.002 | 4.1000 ± 0.1000 (3) | 0.004 | 3.7500 ± 0.0500 (3) | -0.3500 | 0.0645 | "
+                          "-0.3500 (3), yes | **beyond the spread** |", page)
+            # Q2: the deep half costs 1.0% under Pre-LN and 3.0% under LNS on every seed
+            self.assertIn("| 12 | 1.00 ± 0.00 (3) | 3.00 ± 0.00 (3) | +2.00 | **beyond the spread** | "
+                          "50.00 ± 0.00 (3) | 40.00 ± 0.00 (3) |", page)
+            # Q3: variance growth 10 against 2
+            self.assertIn("| 12 | 10.00 ± 0.00 (3) | 2.00 ± 0.00 (3) | **beyond the spread** |", page)
+            # Q4: both widths in one line each
+            self.assertIn("| Q1 loss, LNS against Pre-LN | LNS lower at 0 of 1 depths (0 beyond the spread); one "
+                          "depth, no trend yet (12: +0.100) | LNS lower at 1 of 1 depths (1 beyond the spread); one "
+                          "depth, no trend yet (12: -0.350) |", page)
+            self.assertIn("costs more under LNS at 1 of 1 depths (12: +2.00% apart)", page)
+            self.assertIn("| 12 | 10.00 (1) | 12.00 (1) | +2.00 | one seed |", page)
+            # a page without the markers is refused in one line and left as it was
+            bad = os.path.join(tmp, "bad.md")
+            with open(bad, "w") as f:
+                f.write("# no markers\n")
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "experiments", "depth_scale_doc.py"),
+                                "--width64", w64, "--scale", w512, "--doc", bad], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 1)
+            self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+            self.assertIn("needs one '<!-- depth_scale:begin -->' line", r.stderr)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
