@@ -370,7 +370,7 @@ class DeviceTest(unittest.TestCase):
             self.assertEqual(text.count("### Depth, shared learning rate"), 1)
             p = subprocess.run(cli + ["--marker", "nope"], capture_output=True, text=True)
             self.assertEqual(p.returncode, 1)
-            self.assertIn("expected one '<!-- nope:begin -->' line", p.stderr)
+            self.assertIn("needs one '<!-- nope:begin -->' line", p.stderr)
 
     def test_figures_take_the_prefix(self):
         with tempfile.TemporaryDirectory() as t:

@@ -31,6 +31,9 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 import summarize  # noqa: E402  (read_steps, kernel_records: the run.log format lives there)
 
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import doc_markers  # noqa: E402  (the generated part of docs/BENCHMARKS.md)
+
 sys.path.insert(0, os.path.join(ROOT, "tools", "perf"))
 import profile_model  # noqa: E402  (the roofline bound of each profile row)
 
@@ -185,17 +188,13 @@ def write_tables(records_dir, doc):
             fail(f"{p}: not a record (needs 'gpu', 'date' and a 'configs' object)")
         records.append((p, r))
     records.sort(key=lambda pr: (pr[1]["date"], pr[1].get("time", ""), pr[0]))
+    body = tables(records) if records else "(no GPU benchmark record yet)"
     try:
-        text = open(doc).read()
+        doc_markers.replace_between(doc, BEGIN, END, body)
+    except ValueError as e:
+        fail(str(e))
     except OSError as e:
         fail(f"{doc}: cannot read ({e.strerror})")
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        fail(f"{doc}: needs one '{BEGIN}' line before one '{END}' line")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    body = tables(records) if records else "(no GPU benchmark record yet)"
-    with open(doc, "w") as f:
-        f.write(head + BEGIN + "\n" + body + "\n" + END + tail)
     return len(records)
 
 

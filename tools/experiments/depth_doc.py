@@ -16,7 +16,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import depth_study  # noqa: E402  (the grid, the run names and the cost model)
+import doc_markers  # noqa: E402  (the generated part of the page)
 
 def markers(name="depth_doc"):
     """The lines the tables go between; the GPU study has its own (depth_doc_cuda)."""
@@ -265,8 +267,8 @@ def main(argv=None):
     except (OSError, json.JSONDecodeError) as e:
         print("depth_doc: %s" % e, file=sys.stderr)
         return 1
-    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
-        print("depth_doc: %s: expected one '%s' line before one '%s' line" % (args.doc, BEGIN, END), file=sys.stderr)
+    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):  # before any work
+        print("depth_doc: %s: needs one '%s' line before one '%s' line" % (args.doc, BEGIN, END), file=sys.stderr)
         return 1
     missing = []
     prior = depth_study.prior_names(args.record)
@@ -287,9 +289,7 @@ def main(argv=None):
         except (OSError, json.JSONDecodeError, KeyError) as e:
             print("depth_doc: --against=%s: %s" % (args.against, e), file=sys.stderr)
             return 1
-    new = doc[:doc.index(BEGIN) + len(BEGIN)] + "\n" + body + doc[doc.index(END):]
-    with open(args.doc, "w") as f:
-        f.write(new)
+    doc_markers.replace_between(args.doc, BEGIN, END, body)
     print("depth_doc: tables written into %s" % args.doc)
     return 0
 

@@ -28,7 +28,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import depth_report  # noqa: E402
+import doc_markers  # noqa: E402
 from depth_report import mean, sample_std  # noqa: E402
 
 BEGIN, END = "<!-- depth_scale:begin -->", "<!-- depth_scale:end -->"
@@ -272,17 +274,9 @@ def plots(studies, out_dir):
 
 def write_doc(doc, text):
     try:
-        with open(doc) as f:
-            page = f.read()
-    except OSError as e:
-        raise DocError("%s: cannot read (%s)" % (doc, e))
-    if page.count(BEGIN) != 1 or page.count(END) != 1:
-        raise DocError("%s: needs one '%s' line and one '%s' line" % (doc, BEGIN, END))
-    head, rest = page.split(BEGIN)
-    _, tail = rest.split(END)
-    with open(doc + ".tmp", "w") as f:
-        f.write(head + BEGIN + "\n" + text + END + tail)
-    os.replace(doc + ".tmp", doc)
+        doc_markers.replace_between(doc, BEGIN, END, text)
+    except (OSError, ValueError) as e:
+        raise DocError(str(e) if isinstance(e, ValueError) else "%s: cannot read (%s)" % (doc, e.strerror or e))
 
 
 def main(argv=None):

@@ -46,6 +46,7 @@ import zipfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(HERE, ".."))
+import doc_markers  # noqa: E402  (the generated part of docs/data.md)
 import prepare_data  # noqa: E402  (the document split, the token file writer)
 
 EOS = "<|endoftext|>"
@@ -475,17 +476,9 @@ def table(record):
 
 def write_doc(doc, record):
     try:
-        with open(doc) as f:
-            text = f.read()
-    except OSError as e:
-        raise CorpusError("%s: cannot read (%s)" % (doc, e))
-    if text.count(BEGIN) != 1 or text.count(END) != 1:
-        raise CorpusError("%s: needs one '%s' line and one '%s' line" % (doc, BEGIN, END))
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    with open(doc + ".tmp", "w") as f:
-        f.write(head + BEGIN + "\n" + table(record) + "\n" + END + tail)
-    os.replace(doc + ".tmp", doc)
+        doc_markers.replace_between(doc, BEGIN, END, table(record))
+    except (OSError, ValueError) as e:
+        raise CorpusError(str(e) if isinstance(e, ValueError) else "%s: cannot read (%s)" % (doc, e.strerror or e))
 
 
 def main(argv=None):
