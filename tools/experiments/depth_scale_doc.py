@@ -211,6 +211,17 @@ def render(studies):
     return "\n".join(w) + "\n"
 
 
+def save(plt, fig, ax, xlabel, ylabel, title, path):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plots(studies, out_dir):
     import matplotlib
     matplotlib.use("Agg")
@@ -225,13 +236,8 @@ def plots(studies, out_dir):
                         linestyle=styles[name], label=name)
     ax.axhline(0, color="k", linewidth=0.5)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("blocks")
-    ax.set_ylabel("LNS − Pre-LN validation loss (± se)")
-    ax.set_title("Q1: the gap against depth")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "depth_scale_gap.png"), dpi=120)
-    plt.close(fig)
+    save(plt, fig, ax, "blocks", "LNS − Pre-LN validation loss (± se)", "Q1: the gap against depth",
+         os.path.join(out_dir, "depth_scale_gap.png"))
     # Q2: the skip cost per block against relative depth, the deepest depth of each study
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, _, runs, rows in studies:
@@ -246,13 +252,8 @@ def plots(studies, out_dir):
                 ax.plot([(i + 0.5) / L for i in range(L)], prof, linestyle=styles[name], color=color,
                         label="%s, %s, %d blocks" % (s, name, L))
     ax.set_yscale("symlog", linthresh=1.0)
-    ax.set_xlabel("block depth (fraction of the stack)")
-    ax.set_ylabel("perplexity increase when skipped (%)")
-    ax.set_title("Q2: what each block is worth")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "depth_scale_skip.png"), dpi=120)
-    plt.close(fig)
+    save(plt, fig, ax, "block depth (fraction of the stack)", "perplexity increase when skipped (%)",
+         "Q2: what each block is worth", os.path.join(out_dir, "depth_scale_skip.png"))
     # Q3: variance growth against depth
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, _, _, rows in studies:
@@ -263,13 +264,8 @@ def plots(studies, out_dir):
                         label="%s, %s" % (s, name))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("blocks")
-    ax.set_ylabel("variance after the last block / after the first")
-    ax.set_title("Q3: residual-stream variance growth")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "depth_scale_variance.png"), dpi=120)
-    plt.close(fig)
+    save(plt, fig, ax, "blocks", "variance after the last block / after the first",
+         "Q3: residual-stream variance growth", os.path.join(out_dir, "depth_scale_variance.png"))
 
 
 def write_doc(doc, text):
