@@ -9,13 +9,15 @@ namespace lns {
 namespace {
 
 TEST(AttentionImpl, ParsesTheFlagAndNamesBadValues) {
-  for (AttentionImpl a : {AttentionImpl::Auto, AttentionImpl::Fused, AttentionImpl::Materialized, AttentionImpl::Cudnn})
+  for (AttentionImpl a : {AttentionImpl::Auto, AttentionImpl::Fused, AttentionImpl::Materialized, AttentionImpl::Cudnn,
+                          AttentionImpl::CudnnNondeterministic})
     EXPECT_EQ(parse_attention_impl(attention_impl_name(a)), a);
   try {
     parse_attention_impl("flash");
     FAIL() << "no error";
   } catch (const UserError& e) {
-    EXPECT_STREQ(e.what(), "--attention=flash is not an attention implementation; expected auto, fused, cudnn or materialized");
+    EXPECT_STREQ(e.what(), "--attention=flash is not an attention implementation; expected auto, fused, cudnn, "
+                 "cudnn_nondeterministic or materialized");
   }
 }
 
@@ -31,8 +33,13 @@ TEST(AttentionImpl, AutoTakesFusedWhereTheKernelsApply) {
   for (AttentionImpl a : {AttentionImpl::Auto, AttentionImpl::Fused, AttentionImpl::Materialized, AttentionImpl::Cudnn})
     EXPECT_EQ(choose_attention_impl(a, Device::CPU, 96), AttentionImpl::Materialized);
   // cuDNN's head dims: multiples of 8 up to 128, wider than the fused kernels'
-  for (int64_t d : {8, 32, 64, 72, 96, 128})
+  for (int64_t d : {8, 32, 64, 72, 96, 128}) {
     EXPECT_EQ(choose_attention_impl(AttentionImpl::Cudnn, Device::CUDA, d), AttentionImpl::Cudnn) << d;
+    EXPECT_EQ(choose_attention_impl(AttentionImpl::CudnnNondeterministic, Device::CUDA, d),
+              AttentionImpl::CudnnNondeterministic);
+  }
+  EXPECT_TRUE(is_cudnn(AttentionImpl::Cudnn) && is_cudnn(AttentionImpl::CudnnNondeterministic));
+  EXPECT_FALSE(is_cudnn(AttentionImpl::Fused) || is_cudnn(AttentionImpl::Auto));
   EXPECT_EQ(attention_library(AttentionImpl::Fused), "");  // the project's own kernels load nothing
 }
 
@@ -48,14 +55,16 @@ TEST(AttentionImpl, FusedForAShapeItDoesNotTakeIsAUserError) {
 }
 
 TEST(AttentionImpl, CudnnForAHeadDimItDoesNotTakeIsAUserError) {
-  for (int64_t d : {36, 136, 256}) try {
-      choose_attention_impl(AttentionImpl::Cudnn, Device::CUDA, d);
-      FAIL() << "no error for " << d;
-    } catch (const UserError& e) {
-      EXPECT_EQ(std::string(e.what()), "--attention=cudnn takes head dims that are multiples of 8 up to 128 "
-                                       "(hidden_size / num_heads), got " + std::to_string(d) +
-                                           "; use --attention=materialized or auto");
-    }
+  for (AttentionImpl a : {AttentionImpl::Cudnn, AttentionImpl::CudnnNondeterministic})
+    for (int64_t d : {36, 136, 256}) try {
+        choose_attention_impl(a, Device::CUDA, d);
+        FAIL() << "no error for " << d;
+      } catch (const UserError& e) {
+        EXPECT_EQ(std::string(e.what()), std::string("--attention=") + attention_impl_name(a) +
+                                             " takes head dims that are multiples of 8 up to 128 "
+                                             "(hidden_size / num_heads), got " + std::to_string(d) +
+                                             "; use --attention=materialized or auto");
+      }
 }
 
 }  // namespace

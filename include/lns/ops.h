@@ -104,11 +104,14 @@ void rope_backward(Tensor dx, Tensor cos, Tensor sin);
 // Materialized (cuBLASLt products through bounded [T,T] score chunks, any head dim),
 // Fused (one tensor-core kernel per pass, FlashAttention-2 style, head dims
 // fused_attention_takes()) and Cudnn (cuDNN's fused attention, libcudnn loaded at run
-// time, head dims cudnn_attention_takes(); src/cuda/sdpa.h). All save the same
-// log-sum-exp, but a backward must use the forward's impl. The choice is made once per
-// model (choose_attention_impl).
-enum class AttentionImpl { Auto, Fused, Materialized, Cudnn };
-const char* attention_impl_name(AttentionImpl a);  // "auto", "fused", "materialized", "cudnn"
+// time, head dims cudnn_attention_takes(); src/cuda/sdpa.h) with its deterministic
+// backward, or CudnnNondeterministic with its faster one that sums with atomics (same
+// numbers up to the order of additions). All save the same log-sum-exp, but a backward
+// must use the forward's impl. The choice is made once per model (choose_attention_impl).
+enum class AttentionImpl { Auto, Fused, Materialized, Cudnn, CudnnNondeterministic };
+// "auto", "fused", "materialized", "cudnn", "cudnn_nondeterministic"
+const char* attention_impl_name(AttentionImpl a);
+bool is_cudnn(AttentionImpl a);  // either cuDNN variant
 // Throws UserError naming `flag` and the accepted values.
 AttentionImpl parse_attention_impl(const std::string& s, const std::string& flag = "--attention");
 // Head dims the fused kernels are compiled for: 64 and 128.
@@ -116,13 +119,14 @@ bool fused_attention_takes(int64_t head_dim);
 // Head dims cuDNN's fused attention takes in bf16: multiples of 8 up to 128.
 bool cudnn_attention_takes(int64_t head_dim);
 // What runs for a model on `device` with this head dim: on CUDA, Fused for Auto when
-// the fused kernels take the head dim, else Materialized; Fused or Cudnn asked for a
-// head dim they do not take is a UserError naming `flag`. Off CUDA always Materialized
+// the fused kernels take the head dim, else Materialized; Fused or a cuDNN variant asked
+// for a head dim it does not take is a UserError naming `flag`. Off CUDA always Materialized
 // (the CPU's one attention, whatever was asked).
 AttentionImpl choose_attention_impl(AttentionImpl requested, Device device, int64_t head_dim,
                                     const std::string& flag = "--attention");
 // The library behind `impl`, loaded now so that a missing one stops the run before its
-// first step: "cuDNN 9.13.0 (path)" for Cudnn, empty for the project's own kernels.
+// first step: "cuDNN 9.13.0 (path)" for the cuDNN variants, empty for the project's own
+// kernels.
 // UserError naming `flag` when it cannot be loaded.
 std::string attention_library(AttentionImpl impl, const std::string& flag = "--attention");
 Shape attention_saved_shape(Device device, int64_t B, int64_t T, int64_t Hq);

@@ -15,16 +15,21 @@ const char* attention_impl_name(AttentionImpl a) {
     case AttentionImpl::Fused: return "fused";
     case AttentionImpl::Materialized: return "materialized";
     case AttentionImpl::Cudnn: return "cudnn";
+    case AttentionImpl::CudnnNondeterministic: return "cudnn_nondeterministic";
   }
   return "?";
 }
+
+bool is_cudnn(AttentionImpl a) { return a == AttentionImpl::Cudnn || a == AttentionImpl::CudnnNondeterministic; }
 
 AttentionImpl parse_attention_impl(const std::string& s, const std::string& flag) {
   if (s == "auto") return AttentionImpl::Auto;
   if (s == "fused") return AttentionImpl::Fused;
   if (s == "materialized") return AttentionImpl::Materialized;
   if (s == "cudnn") return AttentionImpl::Cudnn;
-  fail(flag, "=", printable(s), " is not an attention implementation; expected auto, fused, cudnn or materialized");
+  if (s == "cudnn_nondeterministic") return AttentionImpl::CudnnNondeterministic;
+  fail(flag, "=", printable(s), " is not an attention implementation; expected auto, fused, cudnn, "
+       "cudnn_nondeterministic or materialized");
 }
 
 // The fused kernels (src/cuda/flash_attention.cu) are instantiated for these.
@@ -49,17 +54,18 @@ AttentionImpl choose_attention_impl(AttentionImpl requested, Device device, int6
              "; use --attention=materialized or auto");
       return AttentionImpl::Fused;
     case AttentionImpl::Cudnn:
+    case AttentionImpl::CudnnNondeterministic:
       if (!cudnn_attention_takes(head_dim))
-        fail(flag, "=cudnn takes head dims that are multiples of 8 up to 128 (hidden_size / num_heads), got ",
-             head_dim, "; use --attention=materialized or auto");
-      return AttentionImpl::Cudnn;
+        fail(flag, "=", attention_impl_name(requested), " takes head dims that are multiples of 8 up to 128 "
+             "(hidden_size / num_heads), got ", head_dim, "; use --attention=materialized or auto");
+      return requested;
   }
   return AttentionImpl::Materialized;
 }
 
 std::string attention_library(AttentionImpl impl, const std::string& flag) {
 #ifdef LNS_WITH_CUDA
-  if (impl == AttentionImpl::Cudnn) return cuda::sdpa_library(flag);
+  if (is_cudnn(impl)) return cuda::sdpa_library(flag + "=" + attention_impl_name(impl));
 #endif
   return "";
 }

@@ -168,7 +168,9 @@ void batched(int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, int64_
 
 // cuDNN's attention (AttentionImpl::Cudnn) over the same tensors: the description
 // src/cuda/sdpa.h asks for. Alignment and the head dims are the library's to refuse.
-SdpaProblem sdpa_problem(const Dims& d) { return SdpaProblem{d.B, d.T, d.Hq, d.Hkv, d.D, d.scale()}; }
+SdpaProblem sdpa_problem(const Dims& d, AttentionImpl impl) {
+  return SdpaProblem{d.B, d.T, d.Hq, d.Hkv, d.D, d.scale(), impl == AttentionImpl::Cudnn};
+}
 const uint16_t* bits(const Tensor& t) { return static_cast<const uint16_t*>(t.data); }
 uint16_t* bits_out(Tensor& t) { return static_cast<uint16_t*>(t.data); }
 
@@ -177,13 +179,13 @@ uint16_t* bits_out(Tensor& t) { return static_cast<uint16_t*>(t.data); }
 void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v, AttentionImpl impl) {
   LNS_CHECK(impl != AttentionImpl::Auto) << "attention: resolve Auto with choose_attention_impl()";
   if (impl == AttentionImpl::Fused) return flash_attention_forward(out, saved, q, k, v);
-  if (impl == AttentionImpl::Cudnn) {
+  if (is_cudnn(impl)) {
     for (const Tensor* t : {&q, &k, &v, &out}) expect(*t, DType::BF16, "attention tensor");
     expect(saved, DType::F32, "attention lse");
     const Dims d = dims_of(q, k);
     LNS_CHECK(v.shape == k.shape && out.numel() == q.numel() && saved.numel() == d.B * d.Hq * d.T);
     if (d.B == 0 || d.T == 0) return;
-    return sdpa_forward(sdpa_problem(d), SdpaForward{bits_out(out), ptr<float>(saved), bits(q), bits(k), bits(v)},
+    return sdpa_forward(sdpa_problem(d, impl), SdpaForward{bits_out(out), ptr<float>(saved), bits(q), bits(k), bits(v)},
                         stream());
   }
   expect(q, DType::BF16, "attention q");
@@ -221,14 +223,14 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor sav
                         Tensor v, Tensor out, AttentionImpl impl) {
   LNS_CHECK(impl != AttentionImpl::Auto) << "attention: resolve Auto with choose_attention_impl()";
   if (impl == AttentionImpl::Fused) return flash_attention_backward(dq, dk, dv, dout, saved, q, k, v, out);
-  if (impl == AttentionImpl::Cudnn) {
+  if (is_cudnn(impl)) {
     for (const Tensor* t : {&dq, &dk, &dv, &dout, &q, &k, &v, &out}) expect(*t, DType::BF16, "attention tensor");
     expect(saved, DType::F32, "attention lse");
     const Dims d = dims_of(q, k);
     LNS_CHECK(dq.numel() == q.numel() && dk.numel() == k.numel() && dv.numel() == v.numel() &&
               dout.numel() == q.numel() && out.numel() == q.numel() && saved.numel() == d.B * d.Hq * d.T);
     if (d.B == 0 || d.T == 0) return;
-    return sdpa_backward(sdpa_problem(d),
+    return sdpa_backward(sdpa_problem(d, impl),
                          SdpaBackward{bits_out(dq), bits_out(dk), bits_out(dv), bits(q), bits(k), bits(v), bits(out),
                                       bits(dout), ptr<float>(saved)},
                          stream());

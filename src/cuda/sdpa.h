@@ -24,7 +24,8 @@ namespace lns::cuda {
 
 struct SdpaProblem {
   int64_t B = 0, T = 0, Hq = 0, Hkv = 0, D = 0;
-  float scale = 0.0f;  // 1 / sqrt(D)
+  float scale = 0.0f;          // 1 / sqrt(D)
+  bool deterministic = true;   // the backward's algorithm: fixed order, or atomics (faster)
 };
 struct SdpaForward {
   uint16_t* o;  // bf16 bits, as every tensor here but stats
@@ -38,7 +39,8 @@ struct SdpaBackward {
 };
 
 // Loads the library (once per process) and says which: "cuDNN 9.13.0 (<path>)". Throws
-// UserError naming `flag` when it cannot be loaded, with what was tried.
+// UserError starting with `flag` (e.g. "--attention=cudnn") when it cannot be loaded,
+// with what was tried.
 std::string sdpa_library(const std::string& flag);
 
 // One causal attention pass on `stream`. The first call for a shape builds the plan

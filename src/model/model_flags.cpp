@@ -14,7 +14,8 @@ DEFINE_string(norm_type, "rmsnorm", "rmsnorm or layernorm.");
 DEFINE_string(attention, "auto",
               "Attention on CUDA: fused (tensor-core FlashAttention-style kernels, head dim 64 or 128, "
               "memory linear in T), cudnn (cuDNN's fused attention, loaded at run time; head dims "
-              "multiples of 8 up to 128), materialized (cuBLASLt through score chunks, any head dim) or "
+              "multiples of 8 up to 128; deterministic backward), cudnn_nondeterministic (the same with "
+              "cuDNN's faster atomic backward), materialized (cuBLASLt through score chunks, any head dim) or "
               "auto (fused where it applies). Chosen once per model and logged.");
 DEFINE_string(recompute, "none",
               "Activation recomputation: none, selective (the attention core and the SwiGLU product "

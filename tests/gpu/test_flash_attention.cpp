@@ -78,10 +78,11 @@ struct Case {
 };
 std::string name_of(const Case& c) {
   return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_H" + std::to_string(c.Hq) + "_" +
-         std::to_string(c.Hkv) + "_D" + std::to_string(c.D) + (c.misalign ? "_misaligned" : "");
+         std::to_string(c.Hkv) + "_D" + std::to_string(c.D) + (c.misalign ? "_misaligned" : "") +
+         (c.impl == AttentionImpl::CudnnNondeterministic ? "_nondeterministic" : "");
 }
-Case cudnn(Case c) {
-  c.impl = AttentionImpl::Cudnn;
+Case cudnn(Case c, AttentionImpl impl = AttentionImpl::Cudnn) {
+  c.impl = impl;
   return c;
 }
 
@@ -158,7 +159,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FlashAttention,
                          [](const auto& info) { return name_of(info.param); });
 
 // cuDNN's path: T = 1, odd T, GQA 1, 2, 4, head dims 64 and 128, and 32 and 72, which
-// the fused kernels do not take (the library's stand-in checks what cuDNN requires).
+// the fused kernels do not take (the library's stand-in checks what cuDNN requires); and
+// its non-deterministic backward once.
 class CudnnAttention : public ::testing::TestWithParam<Case> {};
 TEST_P(CudnnAttention, ForwardAndBackwardMatchCpu) {
   REQUIRE_GPU();
@@ -166,7 +168,8 @@ TEST_P(CudnnAttention, ForwardAndBackwardMatchCpu) {
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttention,
                          ::testing::Values(cudnn({1, 1, 2, 1, 64}), cudnn({2, 37, 4, 2, 64}), cudnn({1, 50, 4, 1, 128}),
-                                           cudnn({1, 29, 4, 4, 32}), cudnn({1, 21, 2, 1, 72})),
+                                           cudnn({1, 29, 4, 4, 32}), cudnn({1, 21, 2, 1, 72}),
+                                           cudnn({2, 33, 4, 2, 64}, AttentionImpl::CudnnNondeterministic)),
                          [](const auto& info) { return name_of(info.param); });
 
 // The two implementations save the same log-sum-exp, so either backward can follow

@@ -168,7 +168,8 @@ int run() {
             flop / ms / 1e9, ms, {M, N, K}, "flops", flop);
     }
 
-  // ---- causal attention: fused, cuDNN's (where its library loads) and materialised ------
+  // ---- causal attention: fused, cuDNN's (where its library loads; its deterministic and
+  // its atomic backward) and materialised -------------------------------------------------
   const int64_t D = cfg.head_dim(), Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
   bool cudnn = cudnn_attention_takes(D);
   if (cudnn) try {
@@ -178,9 +179,10 @@ int run() {
       cudnn = false;
     }
   for (auto [B, T] : {std::pair<int64_t, int64_t>{FLAGS_micro_batch_size, FLAGS_seq_len}, {1, 4096}})
-    for (AttentionImpl impl : {AttentionImpl::Fused, AttentionImpl::Cudnn, AttentionImpl::Materialized}) {
+    for (AttentionImpl impl : {AttentionImpl::Fused, AttentionImpl::Cudnn, AttentionImpl::CudnnNondeterministic,
+                               AttentionImpl::Materialized}) {
       if (impl == AttentionImpl::Fused && !fused_attention_takes(D)) continue;
-      if (impl == AttentionImpl::Cudnn && !cudnn) continue;
+      if (is_cudnn(impl) && !cudnn) continue;
       const Shape qs{B, T, Hq, D}, ks{B, T, Hkv, D};
       OwnedTensor q = filled(DType::BF16, qs, 0.1f), k = filled(DType::BF16, ks, 0.1f),
                   v = filled(DType::BF16, ks, 1.0f), out(DType::BF16, qs, Device::CUDA),

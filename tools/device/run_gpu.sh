@@ -46,7 +46,8 @@
 # arguments), TEST_LABEL (gpu), CTEST_ARGS (extra ctest arguments), CONFIGS
 # ("130m_lns 1b_lns 1b_lns_seq4k"), LNS_STEPS (10) and TORCH_STEPS (5) timed steps,
 # PROFILE (1; 0 = no per-class profile), GRAPHS (1; 0 = no --cuda_graphs run), CUDNN (1; 0 = no
-# --attention=cudnn run; LNS_CUDNN_LIB names libcudnn.so.9, else python3's is found), KERNELS_TORCH (1; 0 skips PyTorch's kernel
+# cuDNN attention run; CUDNN_ATTENTION: cudnn, the default, or cudnn_nondeterministic;
+# LNS_CUDNN_LIB names libcudnn.so.9, else python3's is found), KERNELS_TORCH (1; 0 skips PyTorch's kernel
 # figures), TORCH (1; 0 skips the PyTorch step peers: lns only, a short call),
 # GTEST_FILTER (the test stage with carried binaries runs only these gtests),
 # LNS_COMMIT (the commit to record, default git's HEAD), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
@@ -382,7 +383,7 @@ if has_stage bench; then
     if [ "${CUDNN:-1}" != 0 ]; then  # the same step with cuDNN's fused attention
       # shellcheck disable=SC2086
       step "step_cudnn_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
-        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --attention=cudnn
+        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --attention="${CUDNN_ATTENTION:-cudnn}"
     fi
     [ "${TORCH:-1}" = 0 ] && continue
     torch_args=(--flagfile="configs/$cfg.flags" --device cuda --autocast --compile --fused_adam

@@ -6,13 +6,13 @@
 namespace lns::cuda {
 namespace {
 [[noreturn]] void absent(const std::string& flag) {
-  fail(flag, "=cudnn: this binary was built without cuDNN's headers; run bash tools/fetch_cudnn.sh, "
+  fail(flag, ": this binary was built without cuDNN's headers; run bash tools/fetch_cudnn.sh, "
        "reconfigure with -DLNS_CUDA=ON and rebuild, or use --attention=fused");
 }
 }  // namespace
 
 std::string sdpa_library(const std::string& flag) { absent(flag); }
-void sdpa_forward(const SdpaProblem&, const SdpaForward&, CUstream_st*) { absent("--attention"); }
-void sdpa_backward(const SdpaProblem&, const SdpaBackward&, CUstream_st*) { absent("--attention"); }
+void sdpa_forward(const SdpaProblem&, const SdpaForward&, CUstream_st*) { absent("--attention=cudnn"); }
+void sdpa_backward(const SdpaProblem&, const SdpaBackward&, CUstream_st*) { absent("--attention=cudnn"); }
 
 }  // namespace lns::cuda

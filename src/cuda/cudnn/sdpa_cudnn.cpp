@@ -4,14 +4,18 @@
 // loader's search path), so a binary built with this file still runs where cuDNN is
 // missing and only --attention=cudnn stops, saying so.
 //
-// One graph per (shape, pass), built on first use and kept: building runs cuDNN's
-// heuristics and compiles its kernel (tens to hundreds of milliseconds), so it is
-// logged. The backward asks for cuDNN's deterministic algorithm first and takes the
-// other one, with a warning, where the library has none for the shape.
+// One graph per (shape, scale, pass, backward algorithm), built on first use and kept:
+// building runs cuDNN's heuristics and compiles its kernel (tens to hundreds of
+// milliseconds), so it is logged. The deterministic backward (--attention=cudnn) needs
+// a dP workspace of about 2 B Hq T^2 bytes (128 MiB at the 1B shape, 1 GiB at one
+// 4096-token sequence of 32 heads) and falls back, with a warning, to the atomic one
+// (--attention=cudnn_nondeterministic) where the library has no engine for it. The
+// frontend throws as well as returning errors: both end as one UserError.
 #include <dlfcn.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -48,6 +52,9 @@ struct Library {
 Library& library() {
   static Library lib = [] {
     Library l;
+    // The frontend opens a CUDA runtime of its own by name, libcudart.so.12 first; this
+    // binary's is .13, already loaded, so that one is reused.
+    setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", "libcudart.so.13", /*overwrite=*/0);
     const char* env = std::getenv("LNS_CUDNN_LIB");
     const std::string name = env && *env ? env : "libcudnn.so.9";
     void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL);
@@ -58,13 +65,20 @@ Library& library() {
       return l;
     }
     fe::cudnn_dlhandle = h;
-    const int64_t v = fe::detail::get_backend_version();
-    if (v < 90000) {
-      l.error = name + " is cuDNN " + std::to_string(v) + "; its fused attention needs 9.0 or later";
-      return l;
-    }
-    if (fe::detail::create_handle(&l.handle) != CUDNN_STATUS_SUCCESS) {
-      l.error = "cudnnCreate failed (is the GPU visible?)";
+    try {
+      const int64_t v = fe::detail::get_backend_version();
+      if (v < 90000) {
+        l.error = name + " is cuDNN " + std::to_string(v) + "; its fused attention needs 9.0 or later";
+        return l;
+      }
+      if (fe::detail::create_handle(&l.handle) != CUDNN_STATUS_SUCCESS) {
+        l.handle = nullptr;
+        l.error = "cudnnCreate failed (is the GPU visible?)";
+        return l;
+      }
+    } catch (const std::exception& e) {  // a symbol or runtime the frontend could not find
+      l.handle = nullptr;
+      l.error = name + ": " + e.what();
       return l;
     }
     char path[4096] = "";
@@ -72,6 +86,7 @@ Library& library() {
       Dl_info info;
       if (dladdr(sym, &info) && info.dli_fname) snprintf(path, sizeof path, "%s", info.dli_fname);
     }
+    const int64_t v = fe::detail::get_backend_version();
     l.what = "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
              std::to_string(v % 100) + " (" + (path[0] ? path : name) + ")";
     return l;
@@ -118,10 +133,17 @@ std::string shape_name(const SdpaProblem& p) {
          " Hkv=" + std::to_string(p.Hkv) + " D=" + std::to_string(p.D);
 }
 
-// Builds the graph (validate, lower, heuristics, compile): the error message on failure.
-std::string build(Graph& g) {
-  auto e = g.build(library().handle, {fe::HeurMode_t::A});
-  return e.is_good() ? "" : e.get_message();
+// Makes and builds a graph (validate, lower, heuristics, compile): the error message on
+// failure, whether the frontend returned it or threw it.
+template <class Make>
+std::string build(std::shared_ptr<Graph>& g, Make make) {
+  try {
+    g = make();
+    auto e = g->build(library().handle, {fe::HeurMode_t::A});
+    return e.is_good() ? "" : e.get_message();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
 }
 
 std::shared_ptr<Graph> forward_graph(const SdpaProblem& p) {
@@ -153,31 +175,38 @@ std::shared_ptr<Graph> backward_graph(const SdpaProblem& p, bool deterministic) 
 }
 
 const Plan& plan(const SdpaProblem& p, bool backward) {
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, bool, bool>;
   static std::mutex mu;
-  static std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>, Plan> plans;
+  // kept to the end of the process: its graphs hold cuDNN descriptors, which must not be
+  // destroyed during static teardown (the frontend leaks its own statics for this)
+  static auto& plans = *new std::map<Key, Plan>;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(p.B, p.T, p.Hq, p.Hkv, p.D, backward);
+  uint32_t scale_bits;
+  std::memcpy(&scale_bits, &p.scale, 4);  // the scale is a constant inside the graph
+  const Key key{p.B, p.T, p.Hq, p.Hkv, p.D, scale_bits, backward, backward && p.deterministic};
   if (auto it = plans.find(key); it != plans.end()) return it->second;
   const Library& lib = library();
   if (!lib.handle) fail("--attention=cudnn: ", lib.error);
   const auto t0 = std::chrono::steady_clock::now();
   Plan pl;
-  std::string err;
-  bool deterministic = backward;
-  pl.graph = backward ? backward_graph(p, true) : forward_graph(p);
-  err = build(*pl.graph);
-  if (!err.empty() && backward) {
+  bool deterministic = backward && p.deterministic;
+  std::string err = backward ? build(pl.graph, [&] { return backward_graph(p, deterministic); })
+                             : build(pl.graph, [&] { return forward_graph(p); });
+  if (!err.empty() && deterministic) {
     LOG(WARNING) << "cuDNN has no deterministic attention backward for " << shape_name(p) << " (" << err
                  << "): using its non-deterministic one";
     deterministic = false;
-    pl.graph = backward_graph(p, false);
-    err = build(*pl.graph);
+    err = build(pl.graph, [&] { return backward_graph(p, false); });
   }
   if (!err.empty())
     fail("--attention=cudnn: ", lib.what, " cannot run the ", backward ? "backward" : "forward", " for ",
          shape_name(p), ": ", err, "; use --attention=fused");
-  if (auto e = pl.graph->get_workspace_size(pl.workspace); !e.is_good())
-    fail("--attention=cudnn: workspace size: ", e.get_message());
+  try {
+    if (auto e = pl.graph->get_workspace_size(pl.workspace); !e.is_good()) err = e.get_message();
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  if (!err.empty()) fail("--attention=cudnn: workspace size: ", err);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   LOG(INFO) << "attention: " << lib.what << " " << (backward ? "backward" : "forward") << " plan for "
             << shape_name(p) << " built in " << static_cast<int>(ms) << " ms, workspace "
@@ -189,14 +218,20 @@ void execute(const Plan& pl, std::unordered_map<int64_t, void*>& pack, CUstream_
   cudnnHandle_t h = library().handle;
   if (fe::detail::set_stream(h, stream) != CUDNN_STATUS_SUCCESS) fail("--attention=cudnn: cudnnSetStream failed");
   void* ws = pl.workspace > 0 ? scratch(Scratch::Attention, static_cast<size_t>(pl.workspace)) : nullptr;
-  if (auto e = pl.graph->execute(h, pack, ws); !e.is_good()) fail("--attention=cudnn: execute: ", e.get_message());
+  std::string err;
+  try {
+    if (auto e = pl.graph->execute(h, pack, ws); !e.is_good()) err = e.get_message();
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  if (!err.empty()) fail("--attention=cudnn: execute: ", err);
 }
 
 }  // namespace
 
 std::string sdpa_library(const std::string& flag) {
   const Library& lib = library();
-  if (!lib.handle) fail(flag, "=cudnn: ", lib.error);
+  if (!lib.handle) fail(flag, ": ", lib.error);
   return lib.what;
 }
 
