@@ -160,19 +160,26 @@ done
 } > MANIFEST
 
 # Optional: prebuilt programs (top-level lns_* executables of a build directory),
-# for a node that should not build; they still need the libraries above.
+# for a node that should not build; they still need the libraries above. Only what a
+# GPU runs (the CPU-only suites lns_tests and lns_format_tests stay here), stripped, and
+# as one xz archive, bin.tar.xz, that run_gpu.sh unpacks: each program links the whole
+# core library (with cuDNN's frontend, about 5 MB), and ten of them as they are would
+# not fit the 64 MiB a call carries.
 if [ -n "$BIN_DIR" ]; then
   case "$BIN_DIR" in /*) ;; *) BIN_DIR=$ROOT/$BIN_DIR ;; esac
   [ -d "$BIN_DIR" ] || { echo "pack.sh: no build directory $BIN_DIR" >&2; exit 1; }
-  rm -rf "${DEST:?}/bin"; mkdir -p "$DEST/bin"
+  rm -rf "${DEST:?}/bin" "$DEST/bin.tar.xz"; mkdir -p "$DEST/bin"
   n=0
   for f in "$BIN_DIR"/lns_* "$BIN_DIR"/tests/lns_*; do
     [ -f "$f" ] && [ -x "$f" ] || continue
+    case "$(basename "$f")" in lns_tests|lns_format_tests) continue ;; esac
     cp -p "$f" "$DEST/bin/"; n=$((n + 1))
+    if command -v strip >/dev/null; then strip --strip-unneeded "$DEST/bin/$(basename "$f")"; fi
   done
-  log "copied $n programs from $BIN_DIR into $DEST/bin"
-elif [ -d "$DEST/bin" ]; then
-  log "note: $DEST/bin holds programs of an earlier --binaries run (rm -rf it if stale)"
+  (cd "$DEST" && tar cf - bin | xz -T0 -6 > bin.tar.xz) && rm -rf "${DEST:?}/bin"
+  log "packed $n programs from $BIN_DIR into $DEST/bin.tar.xz ($(( $(stat -c %s "$DEST/bin.tar.xz") / 1048576 )) MiB)"
+elif [ -f "$DEST/bin.tar.xz" ]; then
+  log "note: $DEST/bin.tar.xz holds programs of an earlier --binaries run (rm it if stale)"
 fi
 
 # The folder must be ignored by git (it is carried explicitly) and small.

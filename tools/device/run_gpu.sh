@@ -315,8 +315,17 @@ if has_stage configure || has_stage build; then
 fi
 
 BIN_DIR=${BIN_DIR:-$BUILD_DIR}
-# Token files that travelled compressed (tools/device/pack_data.sh): unpacked once into
-# the tree, where the next calls on this machine find them.
+# Programs that travelled packed (tools/device/pack.sh --binaries: .gpu-deps/bin.tar.xz)
+# and token files (tools/device/pack_data.sh: .gpu-data/*.tar.xz): each unpacked once,
+# where the next calls on this machine find them.
+if [ -f "$ROOT/.gpu-deps/bin.tar.xz" ]; then
+  sum=$(cksum < "$ROOT/.gpu-deps/bin.tar.xz")
+  if [ "$(cat "$ROOT/.gpu-deps/.unpacked_bin" 2>/dev/null)" != "$sum" ] || [ ! -d "$ROOT/.gpu-deps/bin" ]; then
+    rm -rf "$ROOT/.gpu-deps/bin" && (cd "$ROOT/.gpu-deps" && xz -dc bin.tar.xz | tar xf -) &&
+      echo "$sum" > "$ROOT/.gpu-deps/.unpacked_bin" && log "programs: unpacked .gpu-deps/bin.tar.xz" ||
+      { log "programs: cannot unpack .gpu-deps/bin.tar.xz"; FAILED=1; }
+  fi
+fi
 for a in "$ROOT"/.gpu-data/*.tar.xz; do
   [ -f "$a" ] || continue
   stamp=$ROOT/data/.unpacked_$(basename "$a" .tar.xz)
