@@ -126,8 +126,7 @@ AttentionImpl choose_attention_impl(AttentionImpl requested, Device device, int6
                                     const std::string& flag = "--attention");
 // The library behind `impl`, loaded now so that a missing one stops the run before its
 // first step: "cuDNN 9.13.0 (path)" for the cuDNN variants, empty for the project's own
-// kernels.
-// UserError naming `flag` when it cannot be loaded.
+// kernels. UserError naming `flag` when it cannot be loaded.
 std::string attention_library(AttentionImpl impl, const std::string& flag = "--attention");
 Shape attention_saved_shape(Device device, int64_t B, int64_t T, int64_t Hq);
 void attention_forward(Tensor out, Tensor saved, Tensor q, Tensor k, Tensor v,
