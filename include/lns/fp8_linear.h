@@ -1,0 +1,59 @@
+// The FP8 linear layer of issue 30 (--fp8): what it computes, the table of scales and
+// health counts its casts share, and its two ops.
+//
+// With per-tensor scales sx, sw, sdy (each from that tensor's amax history:
+// Fp8DelayedScale) and Q4/Q5 the saturating casts to E4M3/E5M2 (lns/fp8.h):
+//   forward   y[N,out]   = (Q4(x sx) @ Q4(w sw)^T) / (sx sw)
+//   backward  dx[N,in]  (+)= (Q5(dy sdy) @ Q4(w sw)) / (sdy sw)
+//             dw[out,in] += (Q5(dy sdy)^T @ Q4(x sx)) / (sdy sx)
+// i.e. the GEMMs read 8-bit operands and undo the scales in their epilogue (what
+// cuBLASLt's FP8 matmul does with its A/B scale pointers), accumulating in f32.
+// Forward inputs and weights are E4M3 (more precision), gradients E5M2 (more range),
+// as Transformer Engine's HYBRID format.
+//
+// The scales live in a table on the tensors' device so that a GEMM reads its scale
+// where the data is, and every cast adds its tensor's health to the same row; the stage
+// turns the table into the next step's scales once per optimizer step (Fp8State).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "lns/tensor.h"
+
+namespace lns {
+
+// --fp8: none (bf16/f32 GEMMs), delayed (per-tensor scales from an amax history, as
+// Transformer Engine's DelayedScaling) or blockwise (DeepSeek-V3's 1x128 / 128x128
+// tiles; not built yet: parse_fp8_mode says so).
+enum class Fp8Mode { None, Delayed, Blockwise };
+const char* fp8_mode_name(Fp8Mode m);  // "none", "delayed", "blockwise"
+// UserError naming `flag` and the accepted values (and that blockwise is not built yet).
+Fp8Mode parse_fp8_mode(const std::string& s, const std::string& flag = "--fp8");
+
+// One row per FP8 tensor (a linear's input x, weight w or output gradient dy), f32:
+enum Fp8Field : int64_t {
+  kFp8Scale = 0,   // read by every cast of the tensor (set by the stage between steps)
+  kFp8Amax,        // max |value| of the unscaled tensor over this step's casts (non-finite skipped)
+  kFp8Saturated,   // values beyond the format's largest finite after scaling, summed
+  kFp8Flushed,     // non-zero values that became 0, summed
+  kFp8Nonfinite,   // inf/NaN inputs, summed
+  kFp8Elements,    // values cast, summed
+  kFp8Fields
+};
+// The counts are f32 sums: exact below 2^24 and within 1e-7 relative above, which is
+// what the fractions reported from them need.
+
+// The rows of a table [R, kFp8Fields] f32 that one linear's casts use.
+struct Fp8Linear {
+  Tensor table;
+  int64_t x = -1, w = -1, dy = -1;
+};
+
+// Casts record into their rows (amax as a max, counts as sums). The backward casts x
+// and w again with the forward's scales (the same codes) and records only dy.
+// CPU only so far: the CUDA kernels and cuBLASLt's FP8 GEMMs are issue 30's next part.
+void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f);
+void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
+                         const Fp8Linear& f);
+
+}  // namespace lns

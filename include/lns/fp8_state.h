@@ -1,0 +1,69 @@
+// The FP8 scaling state of a stage (--fp8=delayed; lns/fp8_linear.h): one Fp8DelayedScale
+// per FP8 tensor of each linear the stage holds (its input x and weight w in E4M3, its
+// output gradient dy in E5M2), the table its casts read the scales from and add their
+// health to, and the step boundary that turns what a step saw into the next step's scales.
+//
+// Rows are keyed by the weight's parameter index, so a routed block's twin path (same
+// weights) shares its layer's rows. The amax a scale is computed from is the max over
+// every cast of the step: every micro-batch, and every tensor-parallel and data-parallel
+// rank (end_step reduces it), so that any layout casts with the single rank's scales.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lns/fp8_linear.h"
+#include "lns/fp8_scaling.h"
+#include "lns/param_set.h"
+#include "parallel/communicator.h"
+
+namespace lns {
+
+// A block's FP8 linears, in the order the stage gives them (its rows' order, and the
+// metrics' names): q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; each
+// with three tensors in row order: x, w, dy.
+constexpr int kFp8BlockLinears = 7;
+const char* fp8_block_linear_name(int k);  // 0 <= k < kFp8BlockLinears
+const char* fp8_role_name(int r);          // 0 x, 1 w, 2 dy
+
+// What one FP8 tensor's casts saw in a step (summed over the ranks end_step reduces over).
+struct Fp8Health {
+  std::string name;   // "model.layers.3.self_attn.q_proj.x" (.x, .w or .dy)
+  int layer = -1;     // global layer index
+  float amax = 0.0f, scale = 0.0f;  // the step's amax, and the scale its casts used
+  double saturated = 0, flushed = 0, nonfinite = 0, elements = 0;
+};
+
+class Fp8State {
+ public:
+  // `weights`: the parameter indices of the linear weights that run in FP8. The table is
+  // allocated on `device`; every scale starts at 1 (Transformer Engine's start).
+  Fp8State(const ParamSet& params, const std::vector<int>& weights, const Fp8ScalingConfig& config,
+           Device device);
+  bool has(int weight) const;
+  Fp8Linear linear(int weight) const;  // the rows of that weight's linear
+  int64_t rows() const { return static_cast<int64_t>(scales_.size()); }
+
+  // Before a step's first forward: clears what casts outside training (evaluation,
+  // diagnostics) added since the last step, so only the step's own casts count.
+  void begin_step() { upload_scales(); }
+  // After a step's backward (before the next forward): reduces the step's amax (max) and
+  // counts (sum) over `groups` (the tensor- and data-parallel groups; null entries
+  // skipped), records the amaxes, writes the next scales and clears the counts.
+  // Collective over each group. Returns this stage's health for the step.
+  const std::vector<Fp8Health>& end_step(const std::vector<Communicator*>& groups);
+  const std::vector<Fp8Health>& last_health() const { return health_; }
+
+  // The scaling state of every row, in row order (for checkpoints): Fp8DelayedScale::state.
+  std::vector<std::vector<float>> state() const;
+  void restore(const std::vector<std::vector<float>>& s, const std::string& what);
+
+ private:
+  void upload_scales();
+  std::vector<int> row_of_weight_;  // by parameter index: first row (x; w +1, dy +2), -1 none
+  std::vector<Fp8DelayedScale> scales_;
+  std::vector<Fp8Health> health_;   // names and layers set at construction
+  OwnedTensor table_;               // [rows, kFp8Fields] f32 on the device
+};
+
+}  // namespace lns

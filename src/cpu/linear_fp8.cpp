@@ -1,0 +1,104 @@
+// The FP8 linear layer on the CPU (include/lns/fp8_linear.h): the reference the CUDA
+// path and its cuBLASLt stand-in are held to. Each operand is cast to its 8-bit codes
+// with lns/fp8.h's cast (the one definition of rounding and saturation), decoded back
+// to the exact f32 values those codes stand for, multiplied by OpenBLAS in f32 and
+// unscaled in the GEMM's alpha = (1/sa)(1/sb), as cuBLASLt's epilogue applies its A and B
+// scale pointers (which hold the inverses).
+#include <algorithm>
+#include <array>
+#include <vector>
+
+#include "cpu/check.h"
+#include "lns/fp8.h"
+#include "lns/fp8_linear.h"
+
+namespace lns {
+namespace {
+
+// The f32 value of every code of a format (exact: 8-bit floats are f32 values).
+const std::array<float, 256>& decode_table(Fp8Format fmt) {
+  static const auto make = [](Fp8Format f) {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = fp8_to_f32(static_cast<uint8_t>(c), f);
+    return t;
+  };
+  static const std::array<float, 256> e4m3 = make(Fp8Format::E4M3), e5m2 = make(Fp8Format::E5M2);
+  return fmt == Fp8Format::E4M3 ? e4m3 : e5m2;
+}
+
+float* row_of(const Fp8Linear& f, int64_t r) {
+  LNS_CHECK(f.table.dtype == DType::F32 && f.table.shape.ndim == 2 && f.table.dim(1) == kFp8Fields && r >= 0 &&
+            r < f.table.dim(0))
+      << "fp8 table " << f.table.shape.str() << " row " << r;
+  return f.table.f32() + r * kFp8Fields;
+}
+
+// q[i] = the value of Q(t[i] * scale) (not unscaled: the GEMM's alpha does that).
+// Adds the cast's health to `row` when record.
+std::vector<float> quantize(const Tensor& t, float* row, Fp8Format fmt, bool record) {
+  const int64_t n = t.numel();
+  const float scale = row[kFp8Scale];
+  LNS_CHECK(scale > 0.0f) << "fp8: scale " << scale << " is not positive";
+  std::vector<float> q(static_cast<size_t>(n));
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<Fp8CastStats> st(static_cast<size_t>(chunks));
+  const std::array<float, 256>& dec = decode_table(fmt);
+  const float* x = t.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b = c * kChunk, e = std::min(n, b + kChunk);
+    uint8_t codes[kChunk];
+    st[static_cast<size_t>(c)] = cast_to_fp8(x + b, e - b, scale, fmt, codes);
+    for (int64_t i = b; i < e; ++i) q[static_cast<size_t>(i)] = dec[codes[i - b]];
+  }
+  if (record) {
+    for (const Fp8CastStats& s : st) {
+      row[kFp8Amax] = std::max(row[kFp8Amax], s.amax);
+      row[kFp8Saturated] += static_cast<float>(s.saturated);
+      row[kFp8Flushed] += static_cast<float>(s.flushed);
+      row[kFp8Nonfinite] += static_cast<float>(s.nonfinite);
+    }
+    row[kFp8Elements] += static_cast<float>(n);
+  }
+  return q;
+}
+
+}  // namespace
+
+void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
+  cpu::require_cpu({&y, &x, &w, &f.table});
+  const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
+  LNS_CHECK(w.dim(1) == in && y.numel() == N * out && x.dtype == DType::F32)
+      << "linear_fp8: x " << x.shape.str() << " w " << w.shape.str() << " y " << y.shape.str();
+  float *rx = row_of(f, f.x), *rw = row_of(f, f.w);
+  const std::vector<float> qx = quantize(x, rx, Fp8Format::E4M3, true);  // [N,in]
+  const std::vector<float> qw = quantize(w, rw, Fp8Format::E4M3, true);  // [out,in]
+  if (N == 0) return;
+  // y[N,out] = qx[N,in] @ qw[out,in]^T / (sx sw)
+  cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, (1.0f / rx[kFp8Scale]) * (1.0f / rw[kFp8Scale]), qx.data(), in,
+                 qw.data(), in, 0.0f, y.f32(), out);
+}
+
+void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
+                         const Fp8Linear& f) {
+  cpu::require_cpu({&dx, &dw, &dy, &x, &w, &f.table});
+  const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
+  LNS_CHECK(dy.numel() == N * out && dw.numel() == out * in);
+  float *rx = row_of(f, f.x), *rw = row_of(f, f.w), *rdy = row_of(f, f.dy);
+  const std::vector<float> qdy = quantize(dy, rdy, Fp8Format::E5M2, true);  // [N,out]
+  if (N == 0) return;
+  if (!dx.empty()) {
+    LNS_CHECK(dx.numel() == N * in);
+    const std::vector<float> qw = quantize(w, rw, Fp8Format::E4M3, false);  // [out,in]
+    // dx[N,in] (+)= qdy[N,out] @ qw[out,in] / (sdy sw)
+    cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, (1.0f / rdy[kFp8Scale]) * (1.0f / rw[kFp8Scale]), qdy.data(),
+                   out, qw.data(), in, accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
+  }
+  const std::vector<float> qx = quantize(x, rx, Fp8Format::E4M3, false);  // [N,in]
+  // dw[out,in] += qdy^T[out,N] @ qx[N,in] / (sdy sx)
+  cpu::gemm_rows(CblasTrans, CblasNoTrans, out, in, N, (1.0f / rdy[kFp8Scale]) * (1.0f / rx[kFp8Scale]), qdy.data(), out,
+                 qx.data(), in, 1.0f, dw.f32(), in);
+}
+
+}  // namespace lns

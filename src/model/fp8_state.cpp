@@ -1,0 +1,103 @@
+// The FP8 scaling state of a stage (include/lns/fp8_state.h).
+#include "lns/fp8_state.h"
+
+#include <algorithm>
+
+#include "lns/device.h"
+#include "lns/errors.h"
+
+namespace lns {
+namespace {
+constexpr Fp8Format kFormat[3] = {Fp8Format::E4M3, Fp8Format::E4M3, Fp8Format::E5M2};  // x, w, dy
+}  // namespace
+
+const char* fp8_block_linear_name(int k) {
+  static const char* const names[kFp8BlockLinears] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                      "gate_proj", "up_proj", "down_proj"};
+  LNS_CHECK(k >= 0 && k < kFp8BlockLinears) << k;
+  return names[k];
+}
+
+const char* fp8_role_name(int r) {
+  static const char* const names[3] = {"x", "w", "dy"};
+  LNS_CHECK(r >= 0 && r < 3) << r;
+  return names[r];
+}
+
+Fp8State::Fp8State(const ParamSet& params, const std::vector<int>& weights, const Fp8ScalingConfig& config,
+                   Device device)
+    : row_of_weight_(static_cast<size_t>(params.size()), -1) {
+  config.validate("--fp8_");
+  for (const int w : weights) {
+    LNS_CHECK(w >= 0 && w < params.size() && row_of_weight_[static_cast<size_t>(w)] < 0) << "fp8 weight " << w;
+    row_of_weight_[static_cast<size_t>(w)] = static_cast<int>(scales_.size());
+    std::string base = params.info(w).name;
+    if (base.size() > 7 && base.compare(base.size() - 7, 7, ".weight") == 0) base.resize(base.size() - 7);
+    for (int r = 0; r < 3; ++r) {
+      scales_.emplace_back(kFormat[r], config);
+      Fp8Health h;
+      h.name = base + "." + fp8_role_name(r);
+      h.layer = params.info(w).layer;
+      health_.push_back(h);
+    }
+  }
+  table_ = OwnedTensor(DType::F32, {rows(), kFp8Fields}, device);
+  upload_scales();
+}
+
+bool Fp8State::has(int weight) const {
+  return weight >= 0 && weight < static_cast<int>(row_of_weight_.size()) && row_of_weight_[size_t(weight)] >= 0;
+}
+
+Fp8Linear Fp8State::linear(int weight) const {
+  LNS_CHECK(has(weight)) << "no FP8 rows for parameter " << weight;
+  const int64_t r = row_of_weight_[static_cast<size_t>(weight)];
+  return {table_.t, r, r + 1, r + 2};
+}
+
+void Fp8State::upload_scales() {
+  std::vector<float> t(static_cast<size_t>(rows() * kFp8Fields), 0.0f);
+  for (int64_t r = 0; r < rows(); ++r) t[size_t(r * kFp8Fields + kFp8Scale)] = scales_[size_t(r)].scale();
+  if (!t.empty()) copy_tensor(table_.t, Tensor{t.data(), DType::F32, Device::CPU, table_.t.shape});
+}
+
+const std::vector<Fp8Health>& Fp8State::end_step(const std::vector<Communicator*>& groups) {
+  const std::vector<float> t = to_host_f32(table_.t);
+  const size_t R = scales_.size();
+  std::vector<double> amax(R), counts(R * 4);
+  for (size_t r = 0; r < R; ++r) {
+    const float* row = t.data() + r * kFp8Fields;
+    amax[r] = row[kFp8Amax];
+    for (int c = 0; c < 4; ++c) counts[r * 4 + size_t(c)] = row[kFp8Saturated + c];
+  }
+  for (Communicator* g : groups) {
+    if (g == nullptr || g->size() == 1 || R == 0) continue;
+    g->all_reduce(amax.data(), static_cast<int>(R), ReduceOp::Max);
+    g->all_reduce(counts.data(), static_cast<int>(R * 4), ReduceOp::Sum);
+  }
+  for (size_t r = 0; r < R; ++r) {
+    Fp8Health& h = health_[r];
+    h.amax = static_cast<float>(amax[r]);
+    h.scale = scales_[r].scale();
+    h.saturated = counts[r * 4], h.flushed = counts[r * 4 + 1];
+    h.nonfinite = counts[r * 4 + 2], h.elements = counts[r * 4 + 3];
+    if (h.elements > 0) scales_[r].record(h.amax);  // a tensor no cast touched keeps its history
+  }
+  upload_scales();
+  return health_;
+}
+
+std::vector<std::vector<float>> Fp8State::state() const {
+  std::vector<std::vector<float>> s;
+  for (const Fp8DelayedScale& d : scales_) s.push_back(d.state());
+  return s;
+}
+
+void Fp8State::restore(const std::vector<std::vector<float>>& s, const std::string& what) {
+  LNS_REQUIRE(s.size() == scales_.size(), what, ": FP8 scaling state for ", s.size(), " tensors, expected ",
+              scales_.size());
+  for (size_t r = 0; r < s.size(); ++r) scales_[r].restore(s[r], what + " (" + health_[r].name + ")");
+  upload_scales();
+}
+
+}  // namespace lns
