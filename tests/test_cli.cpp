@@ -107,6 +107,41 @@ TEST(Cli, BadDataAndBatchesAreOneClearLine) {
   expect_one_line_error(small + " --data_mode=sliding", "--data_mode=sliding is not a sampling mode");
 }
 
+// --fp8: bad settings are one line naming the flag; a run logs each linear's FP8 health
+// and writes it per layer and tensor to metrics.jsonl.
+TEST(Cli, Fp8FlagsAndHealthRecords) {
+  const std::string small = kGoldenFlags + " --norm_scheme=lns --steps=1";
+  expect_one_line_error(small + " --fp8=e4m3", "--fp8=e4m3: expected none or delayed");
+  expect_one_line_error(small + " --fp8=blockwise", "--fp8=blockwise: DeepSeek-V3's 1x128 / 128x128 tile scaling is not built yet");
+  expect_one_line_error(small + " --fp8=delayed --fp8_amax_history=0", "--fp8_amax_history=0: expected 1 to 1048576");
+  expect_one_line_error(small + " --fp8=delayed --fp8_margin=-1", "--fp8_margin=-1: expected 0 to 64");
+  expect_one_line_error(small + " --fp8=delayed --fp8_amax_compute=mean", "--fp8_amax_compute=mean: expected max or most_recent");
+  const std::string dir = ::testing::TempDir() + "/lns_cli_fp8_" + std::to_string(::getpid());
+  std::system(("rm -rf " + dir).c_str());
+  const Result r = run_train(kGoldenFlags + " --norm_scheme=lns --steps=3 --log_every=1 --fp8=delayed --out_dir=" + dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("fp8 step 3: most saturated"), std::string::npos) << r.err;
+  std::ifstream m(dir + "/metrics.jsonl");
+  std::string line;
+  int records = 0;
+  while (std::getline(m, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("fp8")) continue;
+    ++records;
+    ASSERT_EQ(j["fp8"].size(), 3u * 7 * 3) << "3 layers x 7 linears x (x, w, dy)";
+    const nlohmann::json& first = j["fp8"][0];
+    EXPECT_EQ(first["layer"], 0);
+    EXPECT_EQ(first["linear"], "q_proj");
+    EXPECT_EQ(first["tensor"], "x");
+    EXPECT_GT(first["amax"].get<double>(), 0);
+    EXPECT_GE(first["saturated"].get<double>(), 0);
+  }
+  EXPECT_EQ(records, 3);
+  // Resuming would restart the scales: refused until the state is in checkpoints.
+  expect_one_line_error(kGoldenFlags + " --norm_scheme=lns --steps=4 --fp8=delayed --resume=auto --out_dir=" + dir,
+                        "--resume with --fp8=delayed: the FP8 scaling state is not in checkpoints yet");
+}
+
 TEST(Cli, EvalBadInputIsOneClearLine) {
   // A 3-layer checkpoint (vocabulary 53) and token files that do not fit it.
   const std::string dir = ::testing::TempDir() + "/lns_cli_eval_" + std::to_string(::getpid());

@@ -9,6 +9,7 @@
 
 #include "lns/data.h"
 #include "lns/ops.h"
+#include "lns/fp8_state.h"
 #include "lns/trainer.h"
 #include "test_util.h"
 
@@ -170,6 +171,46 @@ TEST(Trainer, TinyModelLossFalls) {
   EXPECT_NEAR(first.loss, std::log(257.0), 0.3);
   EXPECT_LT(last.loss, 2.5) << "first " << first.loss;
   EXPECT_EQ(last.step, 60);
+}
+
+// --fp8=delayed on the tiny model: the loss follows the f32 run's within FP8's
+// precision, and each step casts with the scale the previous step's amax gave
+// (448 / amax for E4M3 inputs, 57344 / amax for E5M2 gradients).
+TEST(Fp8Training, FollowsTheF32RunAndScalesFromThePreviousStepsAmax) {
+  TrainConfig tc;
+  tc.data = corpus_file("fp8", 30);
+  tc.seq_len = 32, tc.micro_batch = 4, tc.global_batch = 8, tc.steps = 40;
+  tc.lr = 1e-2, tc.warmup_steps = 5, tc.grad_clip = 1.0;
+  LlamaConfig m = tiny_model();
+  Trainer f32(m, tc);
+  m.fp8 = Fp8Mode::Delayed;
+  Trainer fp8(m, tc);
+  ASSERT_NE(fp8.model().fp8(), nullptr);
+  EXPECT_EQ(f32.model().fp8(), nullptr);
+  std::vector<float> seen(2 * 7 * 3, 0.0f);  // each tensor's largest amax so far (the history's max)
+  double worst = 0;
+  for (int i = 0; i < tc.steps; ++i) {
+    const StepStats a = f32.train_step(), b = fp8.train_step();
+    const std::vector<Fp8Health>& h = fp8.model().fp8()->last_health();
+    ASSERT_EQ(h.size(), seen.size());
+    for (size_t r = 0; r < h.size(); ++r) {
+      ASSERT_GT(h[r].elements, 0) << h[r].name;
+      const double fmax = r % 3 == 2 ? 57344.0 : 448.0;
+      const float want = i == 0 ? 1.0f : static_cast<float>(fmax / seen[r]);
+      EXPECT_EQ(h[r].scale, want) << h[r].name << " step " << i + 1;
+      seen[r] = std::max(seen[r], h[r].amax);
+    }
+    if (i == 0) EXPECT_GT(std::abs(a.loss - b.loss), 1e-6) << "the FP8 run must not be the f32 run";
+    worst = std::max(worst, std::abs(a.loss - b.loss) / a.loss);
+    if (i + 1 == tc.steps)
+      std::printf("[ fp8 ] step %d: loss f32 %.4f, fp8 %.4f; worst relative gap over the run %.2e\n", i + 1, a.loss,
+                  b.loss, worst);
+  }
+  // Observed 2026-11-28: f32 1.664, fp8 1.686 at step 40; the gap grows from 0 at step 1
+  // to at most 3.7% (step 36) at this width (32) and lr (1e-2), where every GEMM sums
+  // only 32 to 88 products of operands rounded to 3 (E4M3) or 2 (E5M2) mantissa bits.
+  // A broken scale or cast moves the loss by far more (or to non-finite).
+  EXPECT_LT(worst, 0.06);
 }
 
 }  // namespace

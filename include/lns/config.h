@@ -7,6 +7,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "lns/fp8_linear.h"
+#include "lns/fp8_scaling.h"
 #include "lns/ops.h"
 #include "lns/recompute.h"
 
@@ -76,6 +78,11 @@ struct LlamaConfig {
   // execution choice, not in to_json(). recompute_layers: full only, 0 = every layer.
   RecomputeMode recompute = RecomputeMode::None;
   int recompute_layers = 0;
+  // FP8 linear layers (--fp8, --fp8_amax_history, --fp8_margin, --fp8_amax_compute;
+  // lns/fp8_linear.h): how the q/k/v/o and gate/up/down GEMMs run, an execution choice
+  // like attention, not in to_json().
+  Fp8Mode fp8 = Fp8Mode::None;
+  Fp8ScalingConfig fp8_scaling;
 
   int head_dim() const { return hidden_size / num_heads; }
   int depth_of(int layer) const { return layer_depths.empty() ? layer : layer_depths[layer]; }

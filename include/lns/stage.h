@@ -39,6 +39,8 @@
 
 namespace lns {
 
+class Fp8State;
+
 struct StageSpec {
   StageSpec() = default;
   StageSpec(int first, int last, bool embedding, bool head)
@@ -194,6 +196,11 @@ class LlamaStage {
   // from the last, then the embedding at from = 0): for overlapping their reduction.
   void set_grad_ready_hook(std::function<void(int64_t from)> hook) { grad_ready_ = std::move(hook); }
 
+  // The FP8 scaling state of the stage's linears under --fp8 (lns/fp8_state.h); null
+  // without it. The trainer ends each optimizer step with fp8()->end_step().
+  Fp8State* fp8() { return fp8_.get(); }
+  const Fp8State* fp8() const { return fp8_.get(); }
+
  private:
   struct Layer;
   struct Sublayer;
@@ -235,6 +242,8 @@ class LlamaStage {
   void attention_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
   void mlp_fwd(Layer& layer, Slot& s, Tensor u, Tensor f);
   void mlp_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
+  void lin_fwd(int weight, Tensor y, Tensor x);
+  void lin_bwd(int weight, Tensor dx, Tensor dy, Tensor x, bool accumulate_dx);
 
   LlamaConfig cfg_;
   StageSpec spec_;
@@ -262,6 +271,7 @@ class LlamaStage {
   int32_t final_eot_ = -1;               // its end-of-text id (-1: none)
   int final_stat_ = -1;                  // its index in each Slot's mean/rstd
   std::function<void(int64_t)> grad_ready_;
+  std::unique_ptr<Fp8State> fp8_;  // --fp8 only
 };
 
 }  // namespace lns

@@ -166,6 +166,7 @@ class Trainer {
   BatchResult run_global_batch(const std::function<void(int, Tensor)>& on_logits, bool overlap = false);
   void resume_from(const std::string& dir);
   void check_finite_state();  // collective; CollectiveError naming the cause
+  nlohmann::json fp8_health(int64_t step);  // collective; the metrics record on rank 0
 
   LlamaConfig model_cfg_;
   TrainConfig cfg_;

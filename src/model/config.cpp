@@ -91,6 +91,7 @@ void LlamaConfig::validate() const {
     LNS_REQUIRE(d >= 0 && d < depth_layers(), "layer depth ", d, " outside [0, ", depth_layers(), ")");
   LNS_REQUIRE(recompute_layers >= 0 && recompute_layers <= num_layers, "--recompute_layers=",
               recompute_layers, " must be in [0, --num_layers=", num_layers, "]");
+  fp8_scaling.validate("--fp8_");
   LNS_REQUIRE(recompute_layers == 0 || recompute == RecomputeMode::Full, "--recompute_layers=",
               recompute_layers, " needs --recompute=full (got ", recompute_mode_name(recompute), ")");
   if (folded_norms) {

@@ -2,6 +2,8 @@
 
 #include <gflags/gflags.h>
 
+#include "lns/errors.h"
+
 DEFINE_int32(vocab_size, 32000, "Vocabulary size (rows of the embedding and the LM head).");
 DEFINE_int32(hidden_size, 768, "Model width C.");
 DEFINE_int32(intermediate_size, 2048, "SwiGLU inner width F.");
@@ -37,6 +39,14 @@ DEFINE_bool(tie_embeddings, false, "Share the embedding matrix with the LM head.
 DEFINE_bool(folded_norms, false,
             "The model has no norms: an LN-free model whose constant norms lns_convert fold-norms folded into "
             "its linears (docs/ln_free.md). Set it to fine-tune such a checkpoint (--resume).");
+DEFINE_string(fp8, "none",
+              "FP8 linear layers: none, or delayed (q/k/v/o and gate/up/down GEMMs on E4M3 inputs "
+              "and weights and E5M2 gradients, per-tensor scales from an amax history; "
+              "docs/fp8.md). CPU only so far.");
+DEFINE_int32(fp8_amax_history, 1024, "--fp8=delayed: steps of amax history a scale is computed from.");
+DEFINE_int32(fp8_margin, 0, "--fp8=delayed: binades of headroom below the format's largest value.");
+DEFINE_string(fp8_amax_compute, "max",
+              "--fp8=delayed: the amax a scale is computed from: max (of the history) or most_recent.");
 DEFINE_double(init_std, 0.02, "Std of the normal init of linear weights (schemes may rescale).");
 DEFINE_double(embed_init_std, 0.02, "Std of the normal init of the token embedding.");
 
@@ -56,6 +66,12 @@ LlamaConfig config_from_flags() {
   c.norm_scheme = parse_norm_scheme(FLAGS_norm_scheme);
   c.attention = parse_attention_impl(FLAGS_attention);
   c.recompute = parse_recompute_mode(FLAGS_recompute);
+  c.fp8 = parse_fp8_mode(FLAGS_fp8);
+  c.fp8_scaling.history = FLAGS_fp8_amax_history;
+  c.fp8_scaling.margin = FLAGS_fp8_margin;
+  LNS_REQUIRE(FLAGS_fp8_amax_compute == "max" || FLAGS_fp8_amax_compute == "most_recent", "--fp8_amax_compute=",
+              FLAGS_fp8_amax_compute, ": expected max or most_recent");
+  c.fp8_scaling.most_recent = FLAGS_fp8_amax_compute == "most_recent";
   c.recompute_layers = FLAGS_recompute_layers;
   c.post_layers = FLAGS_post_layers;
   c.layer_schemes = FLAGS_layer_schemes;

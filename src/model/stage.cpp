@@ -8,6 +8,7 @@
 
 #include "lns/device.h"
 #include "lns/errors.h"
+#include "lns/fp8_state.h"
 #include "lns/ops.h"
 #include "lns/rng.h"
 
@@ -184,6 +185,15 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   for (int n : chunk_slots) LNS_CHECK(n >= 1);
   register_params();
   params_.finalize(device_);
+  if (cfg_.fp8 != Fp8Mode::None) {
+    LNS_REQUIRE(device_ == Device::CPU, "--fp8=", fp8_mode_name(cfg_.fp8),
+                " runs on the CPU so far: its CUDA casts and cuBLASLt FP8 GEMMs are not built yet (issue 30); "
+                "use --fp8=none on --device=cuda");
+    std::vector<int> weights;  // every block's linears in kFp8BlockLinears order; the LM head stays as it is
+    for (const Layer& l : layers_)
+      for (const int w : {l.wq, l.wk, l.wv, l.wo, l.wg, l.wu, l.wd}) weights.push_back(w);
+    fp8_ = std::make_unique<Fp8State>(params_, weights, cfg_.fp8_scaling, device_);
+  }
   rope_cos_ = rope_.cos, rope_sin_ = rope_.sin;
   if (device_ != Device::CPU) {
     for (int i = 0; i < 2; ++i) {
@@ -889,20 +899,32 @@ void LlamaStage::sublayer_backward(Layer& l, int w, Slot& s, Tensor dy, Tensor d
   }
 }
 
+// A block's linear: y[N,out] = x @ w^T, in FP8 under --fp8 (lns/fp8_linear.h).
+void LlamaStage::lin_fwd(int w, Tensor y, Tensor x) {
+  if (fp8_) return linear_forward_fp8(y, x, params_.compute(w), fp8_->linear(w));
+  linear_forward(y, x, params_.compute(w));
+}
+
+// Its backward: dx (+)= dy @ w, grad(w) += dy^T @ x.
+void LlamaStage::lin_bwd(int w, Tensor dx, Tensor dy, Tensor x, bool accumulate_dx) {
+  if (fp8_) return linear_backward_fp8(dx, params_.grad(w), dy, x, params_.compute(w), accumulate_dx, fp8_->linear(w));
+  linear_backward(dx, params_.grad(w), dy, x, params_.compute(w), accumulate_dx);
+}
+
 void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor uv, Tensor f) {
   Slot::LayerActs& a = acts(l, s);
   const int64_t D = cfg_.head_dim();
   const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};  // this rank's heads
   const bool own_v = uv.data != u.data;           // LN-free: v reads its own normalised copy
   u = gather_tokens(u);                           // [N, C]
-  linear_forward(a.q, u, params_.compute(l.wq));  // [N, Hq*D]
-  linear_forward(a.k, u, params_.compute(l.wk));  // [N, Hkv*D]
+  lin_fwd(l.wq, a.q, u);  // [N, Hq*D]
+  lin_fwd(l.wk, a.k, u);  // [N, Hkv*D]
   uv = own_v ? gather_tokens(uv) : u;             // [N, C] (reuses u's gather buffer)
-  linear_forward(a.v, uv, params_.compute(l.wv));  // [N, Hkv*D]
+  lin_fwd(l.wv, a.v, uv);  // [N, Hkv*D]
   rope_forward(a.q.view(qs), rope_cos_, rope_sin_);
   rope_forward(a.k.view(ks), rope_cos_, rope_sin_);
   attention_forward(a.ctx.view(qs), a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), attn_);
-  linear_forward(partial_out(f), a.ctx, params_.compute(l.wo));  // [N, C], partial over tp (row-parallel)
+  lin_fwd(l.wo, partial_out(f), a.ctx);  // [N, C], partial over tp (row-parallel)
   reduce_tokens(f);
 }
 
@@ -916,20 +938,20 @@ void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   df = gather_tokens(df);  // [N, C]
   if (a.mode == RecomputeMode::Selective)  // the attention core again, from the kept q, k, v
     attention_forward(a.ctx.view(qs), a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), attn_);
-  linear_backward(sc.dctx, params_.grad(l.wo), df, a.ctx, params_.compute(l.wo), false);
+  lin_bwd(l.wo, sc.dctx, df, a.ctx, false);
   attention_backward(sc.dq.t.view(qs), sc.dk.t.view(ks), sc.dv.t.view(ks), sc.dctx.t.view(qs),
                      a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), a.ctx.view(qs), attn_);
   rope_backward(sc.dq.t.view(qs), rope_cos_, rope_sin_);
   rope_backward(sc.dk.t.view(ks), rope_cos_, rope_sin_);
   const Tensor ug = gather_tokens(u), dug = partial_out(du);  // gathered again: not kept since forward
-  linear_backward(dug, params_.grad(l.wq), sc.dq, ug, params_.compute(l.wq), false);
-  linear_backward(dug, params_.grad(l.wk), sc.dk, ug, params_.compute(l.wk), true);
+  lin_bwd(l.wq, dug, sc.dq, ug, false);
+  lin_bwd(l.wk, dug, sc.dk, ug, true);
   const bool own_v = l.sub[0].pre_v.active();  // LN-free: v read its own normalised copy
-  if (!own_v) linear_backward(dug, params_.grad(l.wv), sc.dv, ug, params_.compute(l.wv), true);
+  if (!own_v) lin_bwd(l.wv, dug, sc.dv, ug, true);
   reduce_tokens(du);  // column-parallel q/k/v: input gradient summed over tp
   if (own_v) {        // v's input gradient apart, through the same gather/reduce buffers
     const Tensor uvg = gather_tokens(sa.uv), duvg = partial_out(sc.du_v);
-    linear_backward(duvg, params_.grad(l.wv), sc.dv, uvg, params_.compute(l.wv), false);
+    lin_bwd(l.wv, duvg, sc.dv, uvg, false);
     reduce_tokens(sc.du_v);
   }
 }
@@ -937,10 +959,10 @@ void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
 void LlamaStage::mlp_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
   Slot::LayerActs& a = acts(l, s);
   u = gather_tokens(u);                              // [N, C]
-  linear_forward(a.gate, u, params_.compute(l.wg));  // [N, F]
-  linear_forward(a.up, u, params_.compute(l.wu));    // [N, F]
+  lin_fwd(l.wg, a.gate, u);  // [N, F]
+  lin_fwd(l.wu, a.up, u);    // [N, F]
   swiglu_forward(a.act, a.gate, a.up);             // [N, F]
-  linear_forward(partial_out(f), a.act, params_.compute(l.wd));  // [N, C], partial over tp (row-parallel)
+  lin_fwd(l.wd, partial_out(f), a.act);  // [N, C], partial over tp (row-parallel)
   reduce_tokens(f);
 }
 
@@ -951,11 +973,11 @@ void LlamaStage::mlp_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   Scratch& sc = *scratch_;
   df = gather_tokens(df);  // [N, C]
   if (a.mode == RecomputeMode::Selective) swiglu_forward(a.act, a.gate, a.up);  // [N, F] again
-  linear_backward(sc.dact, params_.grad(l.wd), df, a.act, params_.compute(l.wd), false);
+  lin_bwd(l.wd, sc.dact, df, a.act, false);
   swiglu_backward(sc.dgate, sc.dup, sc.dact, a.gate, a.up);
   const Tensor ug = gather_tokens(u), dug = partial_out(du);  // gathered again: not kept since forward
-  linear_backward(dug, params_.grad(l.wg), sc.dgate, ug, params_.compute(l.wg), false);
-  linear_backward(dug, params_.grad(l.wu), sc.dup, ug, params_.compute(l.wu), true);
+  lin_bwd(l.wg, dug, sc.dgate, ug, false);
+  lin_bwd(l.wu, dug, sc.dup, ug, true);
   reduce_tokens(du);  // column-parallel gate/up: input gradient summed over tp
 }
 

@@ -18,6 +18,7 @@
 #include "lns/checkpoint.h"
 #include "lns/device.h"
 #include "lns/errors.h"
+#include "lns/fp8_state.h"
 #include "lns/gather.h"
 #include "lns/model_layout.h"
 #include "lns/ops.h"
@@ -278,6 +279,9 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
 
 void Trainer::resume_from(const std::string& dir) {
   const Checkpoint ck(dir);
+  LNS_REQUIRE(model_cfg_.fp8 == Fp8Mode::None, "--resume with --fp8=", fp8_mode_name(model_cfg_.fp8),
+              ": the FP8 scaling state is not in checkpoints yet, so the run would not continue as it was; "
+              "resume with --fp8=none, or start the FP8 run afresh");
   // The model must be the one the flags describe; the layout may differ.
   const nlohmann::json have = ck.config().to_json(), want = model_cfg_.to_json();
   for (const auto& [key, value] : want.items())
@@ -453,9 +457,12 @@ StepStats Trainer::train_step() {
   s.lr = schedule_.at(optim_->steps_taken());
   // With overlap the data-parallel sums start inside the last backward; reduce()
   // finishes them (and does everything else).
+  Fp8State* fp8 = model_->fp8();
+  if (fp8) fp8->begin_step();  // drops what evaluation and diagnostics cast since the last step
   const BatchResult r = run_global_batch({}, cfg_.overlap_grad_reduce);
   s.loss = r.loss, s.tokens = r.tokens;
   sync_->reduce();
+  if (fp8) fp8->end_step({&grid_->tp_comm(), &grid_->dp_comm()});
   s.grad_norm = sync_->global_norm();
   if (cfg_.diag_every > 0 && (optim_->steps_taken() + 1) % cfg_.diag_every == 0)
     last_block_grad_norms_ = block_grad_norms(*grid_, model_->params(), *sync_, model_cfg_.num_layers);
@@ -507,6 +514,43 @@ void Trainer::check_finite_state() {
       where.empty() ? "a weight or moment on another rank" : where,
       " holds inf or NaN); nothing was saved and checkpoints/latest still names the last good checkpoint. ",
       "Likely cause: ", cause));
+}
+
+// The FP8 health of the step's every linear (all stages, gathered on rank 0): one log
+// line with the worst tensors, and on rank 0 the metrics record (one row per layer and
+// tensor, for plots against depth). Collective over the world.
+nlohmann::json Trainer::fp8_health(int64_t step) {
+  constexpr int kPer = kFp8BlockLinears * 3, kVals = 6;
+  const int L = model_cfg_.num_layers;
+  std::vector<double> v(static_cast<size_t>(L) * kPer * kVals, 0.0);
+  if (grid_->coords.tp == 0 && grid_->coords.dp == 0) {  // end_step reduced over tp and dp already
+    const std::vector<Fp8Health>& hs = model_->fp8()->last_health();
+    for (size_t r = 0; r < hs.size(); ++r) {
+      const Fp8Health& h = hs[r];
+      double* o = v.data() + (static_cast<size_t>(h.layer) * kPer + r % kPer) * kVals;
+      o[0] = h.amax, o[1] = h.scale, o[2] = h.saturated, o[3] = h.flushed, o[4] = h.nonfinite, o[5] = h.elements;
+    }
+  }
+  grid_->world().all_reduce(v.data(), static_cast<int>(v.size()), ReduceOp::Sum);
+  if (!is_root()) return nullptr;
+  nlohmann::json rows = nlohmann::json::array();
+  struct Worst { double frac = 0; std::string name; } sat, flush;
+  double nonfinite = 0;
+  for (int l = 0; l < L; ++l)
+    for (int k = 0; k < kPer; ++k) {
+      const double* o = v.data() + (static_cast<size_t>(l) * kPer + k) * kVals;
+      if (o[5] <= 0) continue;
+      const std::string name = absl::StrCat("layers.", l, ".", fp8_block_linear_name(k / 3), ".", fp8_role_name(k % 3));
+      const double fs = o[2] / o[5], ff = o[3] / o[5];
+      if (fs > sat.frac || sat.name.empty()) sat = {fs, name};
+      if (ff > flush.frac || flush.name.empty()) flush = {ff, name};
+      nonfinite += o[4];
+      rows.push_back({{"layer", l}, {"linear", fp8_block_linear_name(k / 3)}, {"tensor", fp8_role_name(k % 3)},
+                      {"amax", o[0]}, {"scale", o[1]}, {"saturated", fs}, {"flushed", ff}, {"nonfinite", o[4]}});
+    }
+  LOG(INFO) << absl::StrFormat("fp8 step %d: most saturated %.3g%% (%s) | most flushed %.3g%% (%s) | %.0f non-finite",
+                               step, 100 * sat.frac, sat.name, 100 * flush.frac, flush.name, nonfinite);
+  return {{"step", step}, {"fp8", rows}};
 }
 
 EvalStats Trainer::evaluate() { return evaluator_ ? evaluator_->evaluate() : EvalStats{}; }
@@ -667,6 +711,8 @@ bool Trainer::run() {
       window_time = 0;
       window_tokens = 0;
     }
+    if (model_->fp8() && (s.step % cfg_.log_every == 0 || s.step == cfg_.steps || s.step == 1))
+      metrics.write(fp8_health(s.step));  // collective
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step != cfg_.steps) do_eval(s.step);
     if (cfg_.diag_every > 0 && s.step % cfg_.diag_every == 0) {
       const auto d = diagnostics(/*grads=*/true);

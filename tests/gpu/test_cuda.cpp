@@ -660,6 +660,20 @@ TEST(ModelStep, FfnOf5461StoredAs5504MatchesCpuStep) {
   gpu_step_matches_cpu_step(c, "lns, F = 5461");
 }
 
+// --fp8 on CUDA stops at construction with one line (its casts and cuBLASLt FP8 GEMMs
+// are not built yet), never a CPU kernel handed device memory.
+TEST(ModelStep, Fp8IsRefusedOnCudaUntilItsKernelsExist) {
+  REQUIRE_GPU();
+  LlamaConfig c = test::small_model(NormScheme::LNS);
+  c.fp8 = Fp8Mode::Delayed;
+  try {
+    LlamaStage gpu(c, StageSpec::whole(c), 1, 4, 1, {}, Device::CUDA);
+    ADD_FAILURE() << "--fp8=delayed on CUDA was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("--fp8=delayed runs on the CPU so far"), std::string::npos) << e.what();
+  }
+}
+
 // A model whose norms lns_convert fold-norms folded away (docs/ln_free.md): blocks without
 // pre-norms, a head that reads the residual stream, an untied lm_head; the same stage
 // code on both devices.

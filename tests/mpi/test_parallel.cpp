@@ -21,6 +21,7 @@
 #include "lns/data.h"
 #include "lns/device.h"
 #include "lns/errors.h"
+#include "lns/fp8_state.h"
 #include "lns/safetensors.h"
 #include "lns/train_flags.h"
 #include "lns/trainer.h"
@@ -273,6 +274,39 @@ INSTANTIATE_TEST_SUITE_P(SpSchemes, MoreLayout,
 
 // Sequence parallelism refuses a sequence length that tp does not divide, on every
 // rank, with one line naming both flags (a pure check: no rank waits for another).
+// --fp8=delayed: every rank casts with the single rank's scales (the step's amax is a
+// max over micro-batches, tp and dp ranks), so the layout's losses follow the single
+// rank's. Tolerance 1e-5 as the f32 layouts: the layout's reductions move a value by
+// ~1e-7, which could flip the FP8 rounding of an element that close to a rounding
+// boundary; measured over five steps: at most 2.2e-8 (tp = 2, pp = 2, dp = 2). Without
+// the amax reduction over tp the scales differ by far more than their 1e-5.
+TEST(Fp8, FiveStepsOfLossesAndScalesEqualSingleRank) {
+  LlamaConfig c = model(NormScheme::LNS, false);
+  c.fp8 = Fp8Mode::Delayed;
+  Trainer t(c, train(SampleMode::Packed), g_grid);
+  std::vector<StepStats> got;
+  for (int i = 0; i < 5; ++i) got.push_back(t.train_step());
+  const std::vector<Fp8Health> health = t.model().fp8()->last_health();
+  if (g_grid->rank != 0) return;
+  Trainer single(c, one_rank(train(SampleMode::Packed)));
+  double worst = 0;
+  for (int i = 0; i < 5; ++i) {
+    const StepStats want = single.train_step();
+    EXPECT_NEAR(got[i].loss, want.loss, 1e-5 * want.loss) << "step " << i + 1;
+    EXPECT_NEAR(got[i].grad_norm, want.grad_norm, 1e-5 * want.grad_norm) << "step " << i + 1;
+    worst = std::max(worst, std::abs(got[i].loss - want.loss) / want.loss);
+  }
+  std::map<std::string, Fp8Health> one;
+  for (const Fp8Health& h : single.model().fp8()->last_health()) one[h.name] = h;
+  ASSERT_FALSE(health.empty());
+  for (const Fp8Health& h : health) {
+    ASSERT_TRUE(one.count(h.name)) << h.name;
+    EXPECT_NEAR(h.scale, one[h.name].scale, 1e-5 * one[h.name].scale) << h.name;
+    EXPECT_NEAR(h.amax, one[h.name].amax, 1e-5 * one[h.name].amax) << h.name;
+  }
+  std::printf("[ layout ] %s fp8: worst relative loss error %.2e over 5 steps\n", g_grid->layout.brief().c_str(), worst);
+}
+
 TEST(SequenceParallel, RefusesSeqLenNotDivisibleByTp) {
   if (!FLAGS_sequence_parallel || g_grid->layout.tp == 1) GTEST_SKIP() << "needs --sequence_parallel and --tp > 1";
   TrainConfig t = train(SampleMode::Packed);
