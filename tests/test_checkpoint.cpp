@@ -6,11 +6,14 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 
 #include "lns/checkpoint.h"
 #include "lns/data.h"
 #include "lns/errors.h"
+#include "lns/fp8_state.h"
+#include "lns/manifest.h"
 #include "lns/trainer.h"
 #include "test_util.h"
 
@@ -60,6 +63,82 @@ TEST(Checkpoint, SavesAndLoadsExactly) {
   EXPECT_EQ(std::memcmp(ma.data, mb.data, ma.nbytes()), 0);
   // The next step is the same step.
   EXPECT_EQ(a.train_step().loss, b.train_step().loss);
+}
+
+// --fp8: the scaling state (every tensor's scale and amax history) goes into the
+// checkpoint, so a resumed FP8 run is the uninterrupted one bit for bit; different
+// scaling settings are refused; a checkpoint saved without FP8 starts the scales at 1.
+TEST(Checkpoint, Fp8ScalingStateResumesBitExact) {
+  const std::string out = fresh_dir("fp8");
+  LlamaConfig m = small();
+  m.fp8 = Fp8Mode::Delayed;
+  m.fp8_scaling.history = 3;  // shorter than the run: the ring buffer wraps before and after the save
+  Trainer a(m, run_config(out));
+  for (int i = 0; i < 4; ++i) a.train_step();
+  a.save_checkpoint();
+  TrainConfig rc = run_config(out);
+  rc.resume = "auto";
+  Trainer b(m, rc);
+  EXPECT_EQ(b.model().fp8()->state(), a.model().fp8()->state());
+  for (int i = 0; i < 3; ++i) {
+    const StepStats sa = a.train_step(), sb = b.train_step();
+    EXPECT_EQ(sa.loss, sb.loss) << "step " << sa.step;
+    EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << sa.step;
+  }
+  const Tensor pa = a.model().params().flat_params(), pb = b.model().params().flat_params();
+  EXPECT_EQ(std::memcmp(pa.data, pb.data, pa.nbytes()), 0);
+
+  // Other scaling settings: one line naming them.
+  LlamaConfig other = m;
+  other.fp8_scaling.history = 4;
+  try {
+    Trainer c(other, rc);
+    ADD_FAILURE() << "a different --fp8_amax_history was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("the checkpoint's FP8 scaling is --fp8=delayed --fp8_amax_history=3"),
+              std::string::npos) << e.what();
+  }
+  // A damaged FP8 record (its manifest CRC redone, so that only the record is wrong).
+  const std::string saved = find_latest_checkpoint(out);
+  const auto damaged = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    const std::string d = out + "/" + name;
+    fs::copy(saved, d, fs::copy_options::recursive);
+    std::ifstream in(d + "/manifest.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    edit(j);
+    j["manifest_crc32"] = manifest_crc(j);
+    std::ofstream(d + "/manifest.json") << j.dump();
+    TrainConfig t = run_config(out);
+    t.resume = d;
+    return t;
+  };
+  const auto resume_error = [&](const LlamaConfig& c, const TrainConfig& t) {
+    return error_of([&] { Trainer x(c, t); });
+  };
+  EXPECT_NE(resume_error(m, damaged("fp8_file", [](nlohmann::json& j) { j["fp8"]["tensors"][0]["file"] = "x.safetensors"; }))
+                .find("fp8.tensors[0].file: 'x.safetensors' is not listed in files"),
+            std::string::npos);
+  EXPECT_NE(resume_error(m, damaged("fp8_key", [](nlohmann::json& j) { j["fp8"]["tensors"][0]["key"] = "fp8/nope"; }))
+                .find("is not a 1-D F32 entry 'fp8/nope'"),
+            std::string::npos);
+  LlamaConfig two = m;
+  two.fp8_scaling.history = 2;  // the record says 2, the stored states hold 3 + 3 values
+  EXPECT_NE(resume_error(two, damaged("fp8_len", [](nlohmann::json& j) { j["fp8"]["amax_history"] = 2; }))
+                .find("FP8 scaling state has 6 values, expected 5"),
+            std::string::npos);
+
+  // Without --fp8 the state is ignored; from a checkpoint without it, the scales start at 1.
+  LlamaConfig plain = small();
+  Trainer d(plain, rc);
+  EXPECT_EQ(d.model().fp8(), nullptr);
+  const std::string out2 = fresh_dir("fp8_from_plain");
+  Trainer e(plain, run_config(out2));
+  e.train_step();
+  e.save_checkpoint();
+  TrainConfig rc2 = run_config(out2);
+  rc2.resume = "auto";
+  Trainer f(m, rc2);
+  for (const std::vector<float>& st : f.model().fp8()->state()) EXPECT_EQ(st[0], 1.0f);
 }
 
 TEST(Checkpoint, DamageIsNamed) {

@@ -137,9 +137,10 @@ TEST(Cli, Fp8FlagsAndHealthRecords) {
     EXPECT_GE(first["saturated"].get<double>(), 0);
   }
   EXPECT_EQ(records, 3);
-  // Resuming would restart the scales: refused until the state is in checkpoints.
-  expect_one_line_error(kGoldenFlags + " --norm_scheme=lns --steps=4 --fp8=delayed --resume=auto --out_dir=" + dir,
-                        "--resume with --fp8=delayed: the FP8 scaling state is not in checkpoints yet");
+  // The scaling state is in the checkpoint: resuming with other settings is one line.
+  expect_one_line_error(kGoldenFlags + " --norm_scheme=lns --steps=4 --fp8=delayed --fp8_margin=1 --resume=auto --out_dir=" + dir,
+                        "the checkpoint's FP8 scaling is --fp8=delayed --fp8_amax_history=1024 --fp8_margin=0 "
+                        "--fp8_amax_compute=max; pass the same to resume");
 }
 
 TEST(Cli, EvalBadInputIsOneClearLine) {

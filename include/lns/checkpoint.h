@@ -37,15 +37,19 @@ uint32_t file_crc32(const std::string& path);  // UserError naming the file if u
 // name (a branch abandoned by a rollback) is moved aside, never deleted. keep > 0
 // removes older complete checkpoints of ours afterwards (docs/checkpoints.md).
 // pause_ms: test hook, each rank sleeps after writing its file (before the rename).
+// fp8: this rank's FP8 scaling states (name, Fp8DelayedScale::state), written into its
+// file and listed in the manifest's "fp8" record when state.fp8 names a mode.
+using Fp8States = std::vector<std::pair<std::string, std::vector<float>>>;
 std::string save_checkpoint(const std::string& out_dir, Communicator& world, const ParamSet& params,
                             const AdamW& optim, const LlamaConfig& cfg, const Layout& layout,
-                            RankCoords at, const RunState& state, int keep, int pause_ms = 0);
+                            RankCoords at, const RunState& state, int keep, int pause_ms = 0,
+                            const Fp8States& fp8 = {});
 
 // Writes the file of the rank at `at` in `layout` into `dir` and returns its
 // description (rank, name, bytes, CRC32, pieces) for the manifest; optim may be null
 // (no optimizer state).
 nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, const AdamW* optim,
-                                const Layout& layout, RankCoords at);
+                                const Layout& layout, RankCoords at, const Fp8States& fp8 = {});
 
 // Writes dir/manifest.json (atomically, then syncs the directory) for the rank files
 // described by `shards`.
@@ -120,13 +124,17 @@ class Checkpoint : public TensorSource {
   // leaves the moments at zero and the step count at 0.
   void load_into(ParamSet& params, AdamW* optim) const;
   bool has_optimizer_state() const { return info_.optimizer.has_value(); }
+  // The FP8 scaling state stored under `name` (a manifest "fp8" entry), or nullopt when
+  // the checkpoint has none by that name. Its length is the caller's to check.
+  std::optional<std::vector<float>> fp8_state(const std::string& name) const;
 
  private:
   std::string dir_;
   nlohmann::json manifest_;
   Manifest info_;
   std::multimap<std::string, size_t> pieces_;  // kind + "/" + name -> index into info_.pieces
-  std::map<std::string, std::unique_ptr<SafetensorsReader>> readers_;  // by file name
+  // by file name; fp8_state() opens a file no piece reads on first use
+  mutable std::map<std::string, std::unique_ptr<SafetensorsReader>> readers_;
 };
 
 }  // namespace lns

@@ -43,6 +43,20 @@ struct ConversionRecord {
   bool operator==(const ConversionRecord&) const = default;
 };
 
+// The FP8 scaling state of an --fp8 run (manifest "fp8"; docs/fp8.md): the mode and
+// scaling settings it was trained with, and where each FP8 tensor's state
+// (Fp8DelayedScale::state: 3 + amax_history floats) is stored. Absent (mode empty) for
+// runs without FP8 and for checkpoints lns_convert rewrote (which do not carry it).
+struct Fp8StateEntry {
+  std::string name, file, key;  // "model.layers.3.self_attn.q_proj.x", a listed file, its safetensors key
+};
+struct Fp8Record {
+  std::string mode;  // "delayed"; empty: none recorded
+  Fp8ScalingConfig scaling;
+  std::vector<Fp8StateEntry> tensors;
+  bool empty() const { return mode.empty(); }
+};
+
 // What the trainer needs back, besides tensors.
 struct RunState {
   int64_t step = 0;             // optimizer steps taken
@@ -55,6 +69,7 @@ struct RunState {
   // progress (manifest "ln_free", absent when empty). It changes what the model
   // computes, so every reader that runs the model applies it (apply_ln_free).
   LnFreeState ln_free;
+  Fp8Record fp8;  // FP8 scaling state (--fp8): restored on resume
 };
 
 struct ManifestFile {

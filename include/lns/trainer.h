@@ -22,6 +22,8 @@
 
 namespace lns {
 
+class Checkpoint;
+
 struct TrainConfig {
   std::string data = "random";  // token file, Megatron prefix, or "random"
   std::string val_data;         // empty: no validation
@@ -167,6 +169,7 @@ class Trainer {
   void resume_from(const std::string& dir);
   void check_finite_state();  // collective; CollectiveError naming the cause
   nlohmann::json fp8_health(int64_t step);  // collective; the metrics record on rank 0
+  void resume_fp8(const Checkpoint& ck);
 
   LlamaConfig model_cfg_;
   TrainConfig cfg_;

@@ -130,7 +130,7 @@ uint32_t file_crc32(const std::string& path) {
 }
 
 nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, const AdamW* optim,
-                                const Layout& layout, RankCoords at) {
+                                const Layout& layout, RankCoords at, const Fp8States& fp8) {
   const int rank = layout.rank_of(at);
   // This rank's pieces: parameters from dp rank 0 (replicas are equal), moments from
   // every rank that owns an optimizer range (all dp ranks under ZeRO).
@@ -174,15 +174,22 @@ nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, 
       }
     }
   }
+  nlohmann::json fp8_entries = nlohmann::json::array();
+  for (const auto& [name, state] : fp8) {
+    const std::string key = "fp8/" + name;
+    w.add_f32(key, {static_cast<int64_t>(state.size())}, state.data());
+    fp8_entries.push_back({{"name", name}, {"file", file}, {"key", key}});
+  }
   const std::string path = dir + "/" + file;
   w.write(path);  // fsyncs
   return {{"rank", rank}, {"name", file}, {"bytes", static_cast<int64_t>(fs::file_size(path))},
-          {"crc32", file_crc32(path)}, {"pieces", pieces}};
+          {"crc32", file_crc32(path)}, {"pieces", pieces}, {"fp8", fp8_entries}};
 }
 
 std::string save_checkpoint(const std::string& out_dir, Communicator& world, const ParamSet& params,
                             const AdamW& optim, const LlamaConfig& cfg, const Layout& layout,
-                            RankCoords at, const RunState& state, int keep, int pause_ms) {
+                            RankCoords at, const RunState& state, int keep, int pause_ms,
+                            const Fp8States& fp8) {
   const fs::path root = fs::path(out_dir) / "checkpoints";
   const std::string name = absl::StrFormat("step_%07d", state.step);
   const std::string final_dir = (root / name).string();
@@ -196,7 +203,7 @@ std::string save_checkpoint(const std::string& out_dir, Communicator& world, con
     if (ec) fail(tmp_dir, ": cannot create: ", ec.message());
   }
   world.barrier();
-  const nlohmann::json mine = write_rank_shard(tmp_dir, params, &optim, layout, at);
+  const nlohmann::json mine = write_rank_shard(tmp_dir, params, &optim, layout, at, fp8);
   if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
   const std::string text = mine.dump();
   const auto all = world.gather_bytes(std::vector<char>(text.begin(), text.end()));
@@ -322,6 +329,20 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   for (const ManifestPiece& pc : info_.pieces)
     if (!model_names.count(pc.tensor))
       fail(mpath, ": has tensor '", printable(pc.tensor), "', which the model of its config does not have");
+}
+
+std::optional<std::vector<float>> Checkpoint::fp8_state(const std::string& name) const {
+  for (const Fp8StateEntry& e : info_.state.fp8.tensors) {
+    if (e.name != name) continue;
+    auto& r = readers_[e.file];  // the file's size and CRC32 were checked on opening
+    if (!r) r = std::make_unique<SafetensorsReader>(dir_ + "/" + e.file);
+    const SafetensorEntry* t = r->find(e.key);
+    if (!t || t->dtype != "F32" || t->shape.size() != 1)
+      fail(dir_, "/manifest.json: fp8 state '", printable(name), "' is not a 1-D F32 entry '", printable(e.key),
+           "' of ", e.file);
+    return r->read_f32(e.key);
+  }
+  return std::nullopt;
 }
 
 bool Checkpoint::has(const std::string& name, const std::string& kind) const {

@@ -86,6 +86,28 @@ ManifestPiece parse_piece(const JsonIn& p, const std::set<std::string>& files) {
   return pc;
 }
 
+Fp8Record parse_fp8(const JsonIn& j, const std::set<std::string>& files) {
+  Fp8Record r;
+  r.mode = j["mode"].string();
+  if (r.mode != "delayed") j["mode"].error("'", printable(r.mode), "', expected delayed");
+  r.scaling.history = static_cast<int>(j["amax_history"].integer(1, 1 << 20));
+  r.scaling.margin = static_cast<int>(j["margin"].integer(0, 64));
+  const std::string algo = j["amax_compute"].string();
+  if (algo != "max" && algo != "most_recent") j["amax_compute"].error("'", printable(algo), "', expected max or most_recent");
+  r.scaling.most_recent = algo == "most_recent";
+  const JsonIn ts = j["tensors"];
+  if (ts.size() > (size_t{1} << 24)) ts.error("has ", std::to_string(ts.size()), " entries, more than 2^24");
+  std::set<std::string> seen;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const JsonIn t = ts.at(i);
+    Fp8StateEntry e{t["name"].string(), t["file"].string(), t["key"].string()};
+    if (e.name.empty() || !seen.insert(e.name).second) t["name"].error("'", printable(e.name), "' is empty or listed twice");
+    if (!files.count(e.file)) t["file"].error("'", printable(e.file), "' is not listed in files");
+    r.tensors.push_back(std::move(e));
+  }
+  return r;
+}
+
 }  // namespace
 
 uint32_t manifest_crc(const nlohmann::json& m) {
@@ -120,6 +142,15 @@ nlohmann::json make_manifest(const std::vector<nlohmann::json>& shards, const Ll
           {{"command", c.command}, {"from", c.from}, {"to", c.to}, {"source", c.source}, {"note", c.note}});
   }
   if (!state.ln_free.empty()) m["ln_free"] = state.ln_free.to_json();
+  if (!state.fp8.empty()) {
+    const Fp8ScalingConfig& c = state.fp8.scaling;
+    nlohmann::json f = {{"mode", state.fp8.mode}, {"amax_history", c.history}, {"margin", c.margin},
+                        {"amax_compute", c.most_recent ? "most_recent" : "max"}, {"tensors", nlohmann::json::array()}};
+    for (const nlohmann::json& j : shards)
+      if (j.contains("fp8"))
+        for (const auto& t : j["fp8"]) f["tensors"].push_back(t);
+    m["fp8"] = f;
+  }
   if (optim)
     m["optimizer"] = {{"type", "adamw"}, {"steps_taken", optim->steps_taken},
                       {"beta1", optim->adam.beta1}, {"beta2", optim->adam.beta2},
@@ -131,6 +162,7 @@ nlohmann::json make_manifest(const std::vector<nlohmann::json>& shards, const Ll
   for (nlohmann::json j : shards) {
     for (auto& pc : j["pieces"]) m["tensors"].push_back(pc);
     j.erase("pieces");
+    j.erase("fp8");
     m["files"].push_back(j);
   }
   m["manifest_crc32"] = manifest_crc(m);
@@ -180,6 +212,7 @@ Manifest parse_manifest(const nlohmann::json& m, const std::string& path) {
     mf.crc32 = static_cast<uint32_t>(f["crc32"].uinteger(UINT32_MAX));
     out.files.push_back(std::move(mf));
   }
+  if (in.has("fp8")) out.state.fp8 = parse_fp8(in["fp8"], names);
   const JsonIn tensors = in["tensors"];
   std::map<std::string, std::vector<int64_t>> logical_of;
   for (size_t i = 0; i < tensors.size(); ++i) {

@@ -79,7 +79,9 @@ std::vector<std::string> write_checkpoint_from_source(const TensorSource& src, c
   }
   std::optional<OptimizerRecord> optim;
   if (with_optim) optim = OptimizerRecord{adam, optim_steps};
-  write_manifest(out.path(), shards, cfg, layout, state, optim);
+  RunState written = state;
+  written.fp8 = {};  // the FP8 scaling state is not carried over: a run resumed from here starts its scales afresh
+  write_manifest(out.path(), shards, cfg, layout, written, optim);
   out.commit();
   return summary;
 }

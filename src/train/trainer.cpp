@@ -279,9 +279,6 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
 
 void Trainer::resume_from(const std::string& dir) {
   const Checkpoint ck(dir);
-  LNS_REQUIRE(model_cfg_.fp8 == Fp8Mode::None, "--resume with --fp8=", fp8_mode_name(model_cfg_.fp8),
-              ": the FP8 scaling state is not in checkpoints yet, so the run would not continue as it was; "
-              "resume with --fp8=none, or start the FP8 run afresh");
   // The model must be the one the flags describe; the layout may differ.
   const nlohmann::json have = ck.config().to_json(), want = model_cfg_.to_json();
   for (const auto& [key, value] : want.items())
@@ -317,9 +314,44 @@ void Trainer::resume_from(const std::string& dir) {
     ln_free_ = st.ln_free;
   }
   apply_ln_free(ln_free_, *model_);
+  resume_fp8(ck);
   if (is_root())
     LOG(INFO) << "resumed from " << dir << " at step " << st.step << " (saved under layout "
               << ck.layout().brief() << ")";
+}
+
+// --fp8: every FP8 tensor's scaling state from the checkpoint, so the run casts with the
+// scales the uninterrupted one would. A checkpoint without one (saved without --fp8, or
+// rewritten by lns_convert) starts the scales afresh, with a warning; different scaling
+// settings are an error (the history would not mean the same).
+void Trainer::resume_fp8(const Checkpoint& ck) {
+  Fp8State* fp8 = model_->fp8();
+  const Fp8Record& rec = ck.run_state().fp8;
+  const std::string where = ck.dir() + "/manifest.json";
+  if (!fp8) {
+    if (!rec.empty() && is_root())
+      LOG(INFO) << where << ": the checkpoint's FP8 scaling state is not used (--fp8=none)";
+    return;
+  }
+  if (rec.empty()) {
+    if (is_root())
+      LOG(WARNING) << where << ": no FP8 scaling state (saved without --fp8, or rewritten by lns_convert); "
+                   << "the FP8 scales start at 1 as in a new run";
+    return;
+  }
+  const Fp8ScalingConfig& want = model_cfg_.fp8_scaling;
+  LNS_REQUIRE(rec.mode == fp8_mode_name(model_cfg_.fp8) && rec.scaling.history == want.history &&
+                  rec.scaling.margin == want.margin && rec.scaling.most_recent == want.most_recent,
+              where, ": the checkpoint's FP8 scaling is --fp8=", rec.mode, " --fp8_amax_history=", rec.scaling.history,
+              " --fp8_margin=", rec.scaling.margin, " --fp8_amax_compute=", rec.scaling.most_recent ? "most_recent" : "max",
+              "; pass the same to resume");
+  std::vector<std::vector<float>> states;
+  for (const Fp8Health& h : fp8->last_health()) {
+    std::optional<std::vector<float>> s = ck.fp8_state(h.name);
+    if (!s) fail(where, ": has no FP8 scaling state for '", h.name, "'");
+    states.push_back(std::move(*s));
+  }
+  fp8->restore(states, where);
 }
 
 std::string Trainer::save_checkpoint() {
@@ -333,6 +365,14 @@ std::string Trainer::save_checkpoint() {
                  cfg_.global_batch};
   st.conversions = conversions_;
   st.ln_free = ln_free_;
+  Fp8States fp8;  // tp and dp ranks hold the same scales: their first ones write them
+  if (const Fp8State* f = model_->fp8()) {
+    st.fp8.mode = fp8_mode_name(model_cfg_.fp8), st.fp8.scaling = model_cfg_.fp8_scaling;
+    if (grid_->coords.tp == 0 && grid_->coords.dp == 0) {
+      const std::vector<std::vector<float>> s = f->state();
+      for (size_t r = 0; r < s.size(); ++r) fp8.emplace_back(f->last_health()[r].name, s[r]);
+    }
+  }
   const double t0 = now_seconds();
   gather_master_weights();
   model_->params().download();  // CUDA: checkpoints read the host mirrors
@@ -340,7 +380,7 @@ std::string Trainer::save_checkpoint() {
   check_finite_state();  // a non-finite state is never saved
   const std::string dir = lns::save_checkpoint(cfg_.out_dir, grid_->world(), model_->params(), *optim_,
                                                model_cfg_, grid_->layout, grid_->coords, st, cfg_.keep_checkpoints,
-                                               cfg_.checkpoint_test_pause_ms);
+                                               cfg_.checkpoint_test_pause_ms, fp8);
   if (is_root()) LOG(INFO) << absl::StrFormat("saved checkpoint %s (%.1f s)", dir, now_seconds() - t0);
   return dir;
 }
