@@ -29,6 +29,9 @@ RESULT {"impl": "lns", "device": "cuda", "median_ms": 1755.0, "mfu": 0.59, "peak
 ### step step_cudnn_1b_lns: lns_bench_step --attention=cudnn
 RESULT {"impl": "lns", "device": "cuda", "median_ms": 1620.0, "mfu": 0.64, "peak_mem_gib": 37.0}
 ### done step_cudnn_1b_lns rc=0 seconds=50
+### step step_fp8_1b_lns: lns_bench_step --fp8=delayed
+RESULT {"impl": "lns", "device": "cuda", "median_ms": 1300.0, "mfu": 0.8, "peak_mem_gib": 36.0}
+### done step_fp8_1b_lns rc=0 seconds=50
 ### step step_torch_1b_lns: bench_step_torch.py --compile
 RESULT {"impl": "torch", "median_ms": 2241.0, "mfu": 0.46, "peak_mem_gib": 39.5, "intermediate_size": 5461}
 ### done step_torch_1b_lns rc=0 seconds=90
@@ -72,6 +75,7 @@ class BenchRecord(unittest.TestCase):
         self.assertEqual(c["lns_graphs"]["step_ms"], 1755.0)
         self.assertNotIn("profile", c["lns_graphs"])
         self.assertEqual(c["lns_cudnn"]["step_ms"], 1620.0)
+        self.assertEqual(c["lns_fp8"]["step_ms"], 1300.0)
         self.assertEqual(c["torch_compile"]["step_ms"], 2241.0)
         self.assertEqual(c["torch_compile_padded"]["step_ms"], 2106.0)
         self.assertNotIn("1b_lns_seq4k", rec["configs"])  # no figures: only its status
@@ -80,8 +84,8 @@ class BenchRecord(unittest.TestCase):
         r2 = run(self.res, "--out", out)
         self.assertEqual(r2.stdout.strip(), os.path.join(out, "h100-2026-11-27-2.json"))
         os.remove(r2.stdout.strip())
-        # The tables: 2106 / 1620 = 1.30x, the fastest lns run against the padded peer;
-        # the profile's shares.
+        # The tables: 2106 / 1620 = 1.30x, the fastest bf16 lns run against the padded peer
+        # (the FP8 step has its own column and is not a bf16 comparison); the profile's shares.
         doc = os.path.join(self.dir, "BENCH.md")
         with open(doc, "w") as f:
             f.write("# B\n\nbefore\n<!-- bench_records:begin -->\nold\n<!-- bench_records:end -->\nafter\n")
@@ -92,7 +96,7 @@ class BenchRecord(unittest.TestCase):
         self.assertTrue(text.endswith("<!-- bench_records:end -->\nafter\n"))
         self.assertNotIn("\nold\n", text)
         self.assertIn("| NVIDIA H100 80GB HBM3, 2026-11-27 21:40, abc1234 | 1b_lns | 1,800.0 | 58.0% | 1,755.0 | 1,620.0 | "
-                      "9.5 | 2,241.0 | 2,106.0 | 1.30x |", text)
+                      "1,300.0 | 9.5 | 2,241.0 | 2,106.0 | 1.30x |", text)
         # A step without figures shows why.
         self.assertIn("| NVIDIA H100 80GB HBM3, 2026-11-27 21:40, abc1234 | 1b_lns_seq4k | FAILED (rc 1), 3 s |", text)
         # Each profile row beside the roofline model's bound for the same work.

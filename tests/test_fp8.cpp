@@ -148,3 +148,44 @@ TEST(Fp8, ScaledCastCountsWhatItClampsAndFlushes) {
 
 }  // namespace
 }  // namespace lns
+
+namespace lns {
+namespace {
+
+// The kernels' bit-level encoder (fp8_encode_satfinite) is the reference cast: over a
+// sweep of every 997th f32 bit pattern (both signs, zeros, subnormals, NaNs, infinities)
+// and at each code's value, its rounding midpoints and their f32 neighbours.
+TEST(Fp8, TheKernelsEncoderIsTheReferenceCast) {
+  for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    int64_t checked = 0, wrong = 0;
+    const auto check = [&](float x) {
+      ++checked;
+      const uint8_t want = f32_to_fp8(x, f, true), got = fp8_encode_satfinite(x, f);
+      // NaN inputs: any NaN code is right
+      if (got != want && !(fp8_is_nan(got, f) && fp8_is_nan(want, f))) {
+        if (++wrong < 5) ADD_FAILURE() << fp8_format_name(f) << " x=" << x << " got " << int(got) << " want " << int(want);
+      }
+    };
+    for (uint64_t b = 0; b <= 0xFFFFFFFFull; b += 997) {
+      const uint32_t u = static_cast<uint32_t>(b);
+      float x;
+      std::memcpy(&x, &u, 4);
+      check(x);
+    }
+    for (int c = 0; c < 128; ++c) {
+      const float v = fp8_to_f32(uint8_t(c), f), next = fp8_to_f32(uint8_t(c + 1), f);
+      if (!std::isfinite(v)) continue;
+      for (const float s : {1.0f, -1.0f}) {
+        check(s * v);
+        if (std::isfinite(next)) {
+          const float mid = 0.5f * (v + next);
+          check(s * mid), check(s * std::nextafter(mid, 0.0f)), check(s * std::nextafter(mid, INFINITY));
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << fp8_format_name(f) << " over " << checked << " values";
+  }
+}
+
+}  // namespace
+}  // namespace lns

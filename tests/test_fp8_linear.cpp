@@ -30,7 +30,10 @@ struct Problem {
   std::vector<float> table = std::vector<float>(4 * kFp8Fields, 0.0f);
   Fp8Linear lin() { return {view(table, {4, kFp8Fields}), 0, 1, 2}; }
   float& at(int64_t row, Fp8Field f) { return table[size_t(row * kFp8Fields + f)]; }
-  Problem(float sx, float sw, float sdy) { at(0, kFp8Scale) = sx, at(1, kFp8Scale) = sw, at(2, kFp8Scale) = sdy; }
+  Problem(float sx, float sw, float sdy) {
+    const float s[3] = {sx, sw, sdy};
+    for (int r = 0; r < 3; ++r) at(r, kFp8Scale) = s[r], at(r, kFp8ScaleInv) = 1.0f / s[r];
+  }
 };
 
 TEST(Fp8Linear, ForwardAndBackwardAreTheGemmOfTheRoundedOperands) {

@@ -16,6 +16,13 @@
 // NaN stays NaN in both.
 #pragma once
 #include <cstdint>
+#include <cstring>
+
+#if !defined(LNS_HOST_DEVICE) && defined(__CUDACC__)
+#define LNS_HOST_DEVICE __host__ __device__
+#elif !defined(LNS_HOST_DEVICE)
+#define LNS_HOST_DEVICE
+#endif
 
 namespace lns {
 
@@ -36,5 +43,41 @@ struct Fp8CastStats {
   int64_t saturated = 0, flushed = 0, nonfinite = 0;
 };
 Fp8CastStats cast_to_fp8(const float* x, int64_t n, float scale, Fp8Format f, uint8_t* y);
+
+// The saturating cast on the bits of an f32, for kernels (host and device, no double
+// arithmetic): the same function as f32_to_fp8(x, f, true), which tests check over a
+// sweep of f32 values. The magnitude is taken in units of the target's quantum (2^(e -
+// mbits), or the subnormal quantum below the smallest normal) by a right shift of the
+// f32 significand, rounded to nearest even on the shifted-out bits; the integer is then
+// the code's magnitude bits, a carry out of the mantissa landing in the exponent.
+LNS_HOST_DEVICE inline uint8_t fp8_encode_satfinite(float x, Fp8Format f) {
+  uint32_t u;
+#if defined(__CUDA_ARCH__)
+  u = __float_as_uint(x);
+#else
+  std::memcpy(&u, &x, 4);
+#endif
+  const bool e4m3 = f == Fp8Format::E4M3;
+  const int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const uint32_t max_code = e4m3 ? 0x7Eu : 0x7Bu;
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  u &= 0x7FFFFFFFu;
+  if (u > 0x7F800000u) return 0x7F;           // NaN (a NaN code in both formats)
+  if (u == 0x7F800000u) return static_cast<uint8_t>(sign | max_code);  // infinity saturates
+  if ((u >> 23) == 0) return sign;            // f32 zero or subnormal: far below half the smallest code
+  const int e = static_cast<int>(u >> 23) - 127;  // |x| = 1.frac x 2^e
+  const int qexp = (e > 1 - bias ? e : 1 - bias) - mbits;  // the target quantum 2^qexp
+  const uint32_t sig = (u & 0x7FFFFFu) | 0x800000u;         // |x| = sig x 2^(e - 23)
+  const int shift = 23 + qexp - e;                          // >= 23 - mbits
+  uint32_t n = 0;
+  if (shift < 32) {
+    n = sig >> shift;
+    const uint32_t rem = sig & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (n & 1u))) ++n;
+  }  // shift >= 32: |x| < 2^-8 quanta, rounds to 0
+  const uint32_t code =
+      e < 1 - bias ? n : (static_cast<uint32_t>(e + bias) << mbits) + n - (1u << mbits);
+  return static_cast<uint8_t>(sign | (code > max_code ? max_code : code));
+}
 
 }  // namespace lns

@@ -6,8 +6,9 @@
 //   forward   y[N,out]   = (Q4(x sx) @ Q4(w sw)^T) / (sx sw)
 //   backward  dx[N,in]  (+)= (Q5(dy sdy) @ Q4(w sw)) / (sdy sw)
 //             dw[out,in] += (Q5(dy sdy)^T @ Q4(x sx)) / (sdy sx)
-// i.e. the GEMMs read 8-bit operands and undo the scales in their epilogue (what
-// cuBLASLt's FP8 matmul does with its A/B scale pointers), accumulating in f32.
+// i.e. the GEMMs read 8-bit operands and undo the scales in their epilogue, multiplying
+// by (1/sa)(1/sb) as the f32 inverses the table holds (what cuBLASLt's FP8 matmul does
+// with its A/B scale pointers), accumulating in f32.
 // Forward inputs and weights are E4M3 (more precision), gradients E5M2 (more range),
 // as Transformer Engine's HYBRID format.
 //
@@ -33,6 +34,7 @@ Fp8Mode parse_fp8_mode(const std::string& s, const std::string& flag = "--fp8");
 // One row per FP8 tensor (a linear's input x, weight w or output gradient dy), f32:
 enum Fp8Field : int64_t {
   kFp8Scale = 0,   // read by every cast of the tensor (set by the stage between steps)
+  kFp8ScaleInv,    // 1 / scale in f32: what the GEMM multiplies its product by (cuBLASLt's scale pointer)
   kFp8Amax,        // max |value| of the unscaled tensor over this step's casts (non-finite skipped)
   kFp8Saturated,   // values beyond the format's largest finite after scaling, summed
   kFp8Flushed,     // non-zero values that became 0, summed
@@ -51,7 +53,9 @@ struct Fp8Linear {
 
 // Casts record into their rows (amax as a max, counts as sums). The backward casts x
 // and w again with the forward's scales (the same codes) and records only dy.
-// CPU only so far: the CUDA kernels and cuBLASLt's FP8 GEMMs are issue 30's next part.
+// CPU (src/cpu/linear_fp8.cpp, the reference) and CUDA (src/cuda/linear_fp8.cpp: the
+// casts of src/cuda/fp8.cu and cuBLASLt's FP8 matmul, which needs every GEMM dimension
+// a multiple of 16).
 void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f);
 void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
                          const Fp8Linear& f);

@@ -2,12 +2,13 @@
 // path and its cuBLASLt stand-in are held to. Each operand is cast to its 8-bit codes
 // with lns/fp8.h's cast (the one definition of rounding and saturation), decoded back
 // to the exact f32 values those codes stand for, multiplied by OpenBLAS in f32 and
-// unscaled in the GEMM's alpha = (1/sa)(1/sb), as cuBLASLt's epilogue applies its A and B
-// scale pointers (which hold the inverses).
+// unscaled in the GEMM's alpha = (1/sa)(1/sb) (the table's inverses), as cuBLASLt's
+// epilogue applies its A and B scale pointers.
 #include <algorithm>
 #include <array>
 #include <vector>
 
+#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/fp8.h"
 #include "lns/fp8_linear.h"
@@ -67,6 +68,7 @@ std::vector<float> quantize(const Tensor& t, float* row, Fp8Format fmt, bool rec
 }  // namespace
 
 void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
+  LNS_DISPATCH(y, linear_forward_fp8(y, x, w, f));
   cpu::require_cpu({&y, &x, &w, &f.table});
   const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
   LNS_CHECK(w.dim(1) == in && y.numel() == N * out && x.dtype == DType::F32)
@@ -76,12 +78,13 @@ void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
   const std::vector<float> qw = quantize(w, rw, Fp8Format::E4M3, true);  // [out,in]
   if (N == 0) return;
   // y[N,out] = qx[N,in] @ qw[out,in]^T / (sx sw)
-  cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, (1.0f / rx[kFp8Scale]) * (1.0f / rw[kFp8Scale]), qx.data(), in,
+  cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, rx[kFp8ScaleInv] * rw[kFp8ScaleInv], qx.data(), in,
                  qw.data(), in, 0.0f, y.f32(), out);
 }
 
 void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
                          const Fp8Linear& f) {
+  LNS_DISPATCH(dy, linear_backward_fp8(dx, dw, dy, x, w, accumulate_dx, f));
   cpu::require_cpu({&dx, &dw, &dy, &x, &w, &f.table});
   const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
   LNS_CHECK(dy.numel() == N * out && dw.numel() == out * in);
@@ -92,12 +95,12 @@ void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bo
     LNS_CHECK(dx.numel() == N * in);
     const std::vector<float> qw = quantize(w, rw, Fp8Format::E4M3, false);  // [out,in]
     // dx[N,in] (+)= qdy[N,out] @ qw[out,in] / (sdy sw)
-    cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, (1.0f / rdy[kFp8Scale]) * (1.0f / rw[kFp8Scale]), qdy.data(),
+    cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, rdy[kFp8ScaleInv] * rw[kFp8ScaleInv], qdy.data(),
                    out, qw.data(), in, accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
   }
   const std::vector<float> qx = quantize(x, rx, Fp8Format::E4M3, false);  // [N,in]
   // dw[out,in] += qdy^T[out,N] @ qx[N,in] / (sdy sx)
-  cpu::gemm_rows(CblasTrans, CblasNoTrans, out, in, N, (1.0f / rdy[kFp8Scale]) * (1.0f / rx[kFp8Scale]), qdy.data(), out,
+  cpu::gemm_rows(CblasTrans, CblasNoTrans, out, in, N, rdy[kFp8ScaleInv] * rx[kFp8ScaleInv], qdy.data(), out,
                  qx.data(), in, 1.0f, dw.f32(), in);
 }
 

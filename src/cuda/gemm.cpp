@@ -33,7 +33,27 @@ struct Plan {
 };
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
-                       int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>;
+                       int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, int, int>;
+
+cudaDataType_t input_type(GemmInput t) {
+  return t == GemmInput::E4M3 ? CUDA_R_8F_E4M3 : t == GemmInput::E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_16BF;
+}
+int64_t input_size(GemmInput t) { return t == GemmInput::BF16 ? 2 : 1; }
+
+// What cuBLASLt's FP8 matmul takes (its documentation's requirements), checked before
+// the library is asked so that a violation is our message, not a status code.
+void check_fp8(const GemmArgs& g) {
+  const bool fp8_a = g.a_type != GemmInput::BF16, fp8_b = g.b_type != GemmInput::BF16;
+  if (!fp8_a && !fp8_b) return;
+  LNS_CHECK(fp8_a && fp8_b) << "gemm: FP8 and bf16 operands do not mix";
+  LNS_CHECK(!(g.a_type == GemmInput::E5M2 && g.b_type == GemmInput::E5M2)) << "gemm: E5M2 x E5M2 has no FP8 kernel";
+  LNS_CHECK(!g.trans_a && g.trans_b) << "gemm: FP8 operands must both be K-major (cuBLASLt's TN)";
+  LNS_CHECK(g.batch == 1) << "gemm: FP8 products are not batched here";
+  LNS_CHECK(g.a_scale && g.b_scale) << "gemm: FP8 operands need their scale pointers";
+  for (const int64_t v : {g.M, g.N, g.K, g.lda, g.ldb})
+    LNS_CHECK(v % 16 == 0) << "gemm: FP8 needs M, N, K and leading dimensions in multiples of 16; M=" << g.M
+                           << " N=" << g.N << " K=" << g.K << " lda=" << g.lda << " ldb=" << g.ldb;
+}
 
 // The alignment cuBLASLt may assume for an operand: the largest power of two up to
 // 256 dividing its address (and, batched, every matrix's address). Without it the
@@ -74,10 +94,12 @@ cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int6
 
 const Plan& plan_for(const GemmArgs& g) {
   const int64_t csize = g.c_dtype == DType::F32 ? 4 : 2;
-  const uint32_t al_a = alignment(g.A, g.stride_a * 2, g.batch), al_b = alignment(g.B, g.stride_b * 2, g.batch),
+  const uint32_t al_a = alignment(g.A, g.stride_a * input_size(g.a_type), g.batch),
+                 al_b = alignment(g.B, g.stride_b * input_size(g.b_type), g.batch),
                  al_c = alignment(g.C, g.stride_c * csize, g.batch);
   const Key key{g.trans_a, g.trans_b, g.M,        g.N,        g.K,        g.lda, g.ldb, g.ldc,
-                int(g.c_dtype), g.batch, g.stride_a, g.stride_b, g.stride_c, al_a, al_b, al_c};
+                int(g.c_dtype), g.batch, g.stride_a, g.stride_b, g.stride_c, al_a, al_b, al_c,
+                int(g.a_type), int(g.b_type)};
   Lt& l = lt();
   auto it = l.plans.find(key);
   if (it != l.plans.end()) return it->second;
@@ -87,8 +109,8 @@ const Plan& plan_for(const GemmArgs& g) {
   const cublasOperation_t tb = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa");
   lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
-  p.a = layout(CUDA_R_16BF, g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, g.ldb, g.batch, g.stride_b);
-  p.b = layout(CUDA_R_16BF, g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, g.lda, g.batch, g.stride_a);
+  p.a = layout(input_type(g.b_type), g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, g.ldb, g.batch, g.stride_b);
+  p.b = layout(input_type(g.a_type), g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, g.lda, g.batch, g.stride_a);
   p.c = layout(g.c_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF, g.N, g.M, g.ldc, g.batch, g.stride_c);
   cublasLtMatmulPreference_t pref;
   lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
@@ -115,8 +137,15 @@ const Plan& plan_for(const GemmArgs& g) {
 
 void gemm(const GemmArgs& g) {
   if (g.M == 0 || g.N == 0) return;
+  check_fp8(g);
   const Plan& p = plan_for(g);
   Lt& l = lt();
+  if (g.a_type != GemmInput::BF16) {  // per call: the plan is shared by every linear of this shape
+    const void* sa = g.b_scale;  // cuBLASLt's A is our B
+    const void* sb = g.a_scale;
+    lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)), "A scale");
+    lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)), "B scale");
+  }
   lt_check(cublasLtMatmul(l.handle, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c,
                           &p.algo, l.workspace, kWorkspaceBytes, stream()),
            "matmul");

@@ -1,6 +1,6 @@
 // The cuBLASLt GEMM wrapper: every matrix product of the CUDA backend goes through
 // gemm(). Row-major operands as the model sees them (weights [out, in] like
-// torch.nn.Linear), bf16 inputs, f32 accumulation, output bf16 or f32 (with beta = 1
+// torch.nn.Linear), bf16 (or FP8) inputs, f32 accumulation, output bf16 or f32 (with beta = 1
 // accumulating in place, e.g. weight gradients). Strided batches for attention.
 #pragma once
 #include <cstdint>
@@ -8,6 +8,12 @@
 #include "lns/tensor.h"
 
 namespace lns::cuda {
+
+// The element type of an input operand: bf16, or FP8 (E4M3, E5M2) with a scale pointer.
+// FP8 products are cuBLASLt's FP8 matmul, which takes only `trans_b` operands here (both
+// K-major: row-major A[M,K] and B stored [N,K]; cuBLASLt's "TN"), K, M, N and the
+// leading dimensions multiples of 16, never two E5M2 operands, and one matrix (no batch).
+enum class GemmInput { BF16, E4M3, E5M2 };
 
 struct GemmArgs {
   // C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, all row-major.
@@ -26,6 +32,11 @@ struct GemmArgs {
   // Strided batch: matrix i of A starts at A + i * stride_a elements, etc.
   int batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  // FP8 inputs: their types and device pointers to the f32 factors the library multiplies
+  // each by (the inverses of the scales the casts applied): C = alpha * sa * sb * A B + beta C.
+  GemmInput a_type = GemmInput::BF16, b_type = GemmInput::BF16;
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
 };
 
 // Queued on the backend's stream. The algorithm for each distinct shape is chosen

@@ -2,6 +2,7 @@
 // meaning (see ops.h for shapes); reached through LNS_DISPATCH (src/core/dispatch.h).
 // Everything runs on the stream of cuda/runtime.h, in order.
 #pragma once
+#include "lns/fp8_linear.h"
 #include "lns/ops.h"
 
 namespace lns::cuda {
@@ -24,6 +25,9 @@ void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sum
 
 void linear_forward(Tensor y, Tensor x, Tensor w);
 void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx);
+void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f);
+void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
+                         const Fp8Linear& f);
 
 void rope_forward(Tensor x, Tensor cos, Tensor sin);
 void rope_backward(Tensor dx, Tensor cos, Tensor sin);

@@ -26,7 +26,7 @@ void remove_sync_watch(void* ctx);
 // Temporary device memory, one buffer per user so that two ops in flight never share
 // one. Grows (reallocates, synchronizing) only when a larger size is asked for, so
 // after the first step nothing is allocated.
-enum class Scratch { NormPartials, Embedding, Attention, Reduce, Cast, kCount };
+enum class Scratch { NormPartials, Embedding, Attention, Reduce, Cast, Fp8Operands, Fp8Partials, kCount };
 void* scratch(Scratch which, size_t bytes);
 
 // Multiprocessors of the current device (cached).

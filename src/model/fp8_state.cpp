@@ -57,7 +57,10 @@ Fp8Linear Fp8State::linear(int weight) const {
 
 void Fp8State::upload_scales() {
   std::vector<float> t(static_cast<size_t>(rows() * kFp8Fields), 0.0f);
-  for (int64_t r = 0; r < rows(); ++r) t[size_t(r * kFp8Fields + kFp8Scale)] = scales_[size_t(r)].scale();
+  for (int64_t r = 0; r < rows(); ++r) {
+    t[size_t(r * kFp8Fields + kFp8Scale)] = scales_[size_t(r)].scale();
+    t[size_t(r * kFp8Fields + kFp8ScaleInv)] = scales_[size_t(r)].inverse();
+  }
   if (!t.empty()) copy_tensor(table_.t, Tensor{t.data(), DType::F32, Device::CPU, table_.t.shape});
 }
 

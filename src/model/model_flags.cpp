@@ -42,7 +42,7 @@ DEFINE_bool(folded_norms, false,
 DEFINE_string(fp8, "none",
               "FP8 linear layers: none, or delayed (q/k/v/o and gate/up/down GEMMs on E4M3 inputs "
               "and weights and E5M2 gradients, per-tensor scales from an amax history; "
-              "docs/fp8.md). CPU only so far.");
+              "docs/fp8.md). On CUDA every GEMM dimension must be a multiple of 16.");
 DEFINE_int32(fp8_amax_history, 1024, "--fp8=delayed: steps of amax history a scale is computed from.");
 DEFINE_int32(fp8_margin, 0, "--fp8=delayed: binades of headroom below the format's largest value.");
 DEFINE_string(fp8_amax_compute, "max",

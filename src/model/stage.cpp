@@ -186,9 +186,16 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   register_params();
   params_.finalize(device_);
   if (cfg_.fp8 != Fp8Mode::None) {
-    LNS_REQUIRE(device_ == Device::CPU, "--fp8=", fp8_mode_name(cfg_.fp8),
-                " runs on the CPU so far: its CUDA casts and cuBLASLt FP8 GEMMs are not built yet (issue 30); "
-                "use --fp8=none on --device=cuda");
+    if (device_ == Device::CUDA) {  // cuBLASLt's FP8 matmul: every GEMM dimension a multiple of 16
+      const std::pair<int64_t, const char*> dims[] = {
+          {B_ * T_, "the tokens of a micro-batch (--micro_batch_size x --seq_len)"},
+          {cfg_.hidden_size, "--hidden_size"},
+          {QD_, "the query width of a tensor-parallel rank (--num_heads x head dim / --tp)"},
+          {KD_, "the key/value width of a tensor-parallel rank (--num_kv_heads x head dim / --tp)"}};
+      for (const auto& [v, what] : dims)
+        LNS_REQUIRE(v % 16 == 0, "--fp8=", fp8_mode_name(cfg_.fp8), " on CUDA needs ", what,
+                    " to be a multiple of 16 (cuBLASLt's FP8 GEMMs), got ", v);
+    }
     std::vector<int> weights;  // every block's linears in kFp8BlockLinears order; the LM head stays as it is
     for (const Layer& l : layers_)
       for (const int w : {l.wq, l.wk, l.wv, l.wo, l.wg, l.wu, l.wd}) weights.push_back(w);

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include <unistd.h>
@@ -26,6 +27,8 @@
 #include "lns/optim.h"
 #include "lns/device.h"
 #include "lns/op_profile.h"
+#include "lns/fp8_linear.h"
+#include "lns/fp8_state.h"
 #include "lns/ops.h"
 #include "lns/stage.h"
 #include "tests/test_util.h"
@@ -593,13 +596,18 @@ namespace {
 // loss and every parameter gradient (relative L2 error <= kStep). The GPU stage stores
 // the FFN and vocabulary padded to 64 (gemm_dim_align): F = 45 and V = 53 as 64, so
 // every step here also checks that the padding is the same function.
-void gpu_step_matches_cpu_step(const LlamaConfig& c, const char* what) {
+// `before` runs on both stages after their weights are drawn (FP8: the scales a first
+// step sets); `tol` replaces kStep (FP8: see Fp8GpuStepMatchesCpuFp8Step).
+void gpu_step_matches_cpu_step(const LlamaConfig& c, const char* what,
+                               const std::function<void(LlamaStage& host, LlamaStage& gpu)>& before = {},
+                               double tol = kStep) {
   const int64_t B = 2, T = 16;
   std::vector<int32_t> ids(B * T), tg(B * T);
   for (int64_t i = 0; i < B * T; ++i) ids[i] = int32_t((i * 17 + 3) % c.vocab_size), tg[i] = int32_t((i * 5 + 1) % c.vocab_size);
   tg[7] = kIgnoreIndex;
   LlamaStage host(c, StageSpec::whole(c), B, T), gpu(c, StageSpec::whole(c), B, T, 1, {}, Device::CUDA);
   host.init_weights(7), gpu.init_weights(7);
+  if (before) before(host, gpu);
   host.set_gate_noise(7, 0), gpu.set_gate_noise(7, 0);  // routed layers: training noise
   host.forward(cpu(ids, {B, T})), gpu.forward(cpu(ids, {B, T}));
   const double lc = host.loss(cpu(tg, {B * T})), lg = gpu.loss(cpu(tg, {B * T}));
@@ -633,7 +641,7 @@ void gpu_step_matches_cpu_step(const LlamaConfig& c, const char* what) {
       continue;
     }
     worst = std::max(worst, e);
-    EXPECT_LE(e, kStep) << host.params().info(i).name;
+    EXPECT_LE(e, tol) << host.params().info(i).name;
   }
   std::printf("[ gpu step ] %s: loss cpu %.6f gpu %.6f, worst gradient relative L2 error %.2e\n", what, lc, lg,
               worst);
@@ -660,17 +668,78 @@ TEST(ModelStep, FfnOf5461StoredAs5504MatchesCpuStep) {
   gpu_step_matches_cpu_step(c, "lns, F = 5461");
 }
 
-// --fp8 on CUDA stops at construction with one line (its casts and cuBLASLt FP8 GEMMs
-// are not built yet), never a CPU kernel handed device memory.
-TEST(ModelStep, Fp8IsRefusedOnCudaUntilItsKernelsExist) {
+// The FP8 linear on CUDA (the casts of src/cuda/fp8.cu, cuBLASLt's FP8 matmul) against
+// the CPU reference on the same bf16 values and table: the health the casts record is
+// equal exactly (same codes, same counts); the products agree to the bf16 output's
+// rounding (y, dx) or f32 summation order (dw), since both sum the same exact products.
+// A scale of 8 on x saturates some of its values, which both must count alike.
+TEST(Fp8Linear, CudaMatchesTheCpuReference) {
+  REQUIRE_GPU();
+  const int64_t N = 48, in = 64, out = 32;
+  Dev x(randn(N * in, 1, 20.0f), {N, in}), w(randn(out * in, 2, 0.05f), {out, in}), dy(randn(N * out, 3, 1e-3f), {N, out});
+  const float scale[3] = {8.0f, 4096.0f, 32768.0f};  // x, w, dy
+  std::vector<float> table(3 * kFp8Fields, 0.0f);
+  for (int r = 0; r < 3; ++r) table[r * kFp8Fields + kFp8Scale] = scale[r], table[r * kFp8Fields + kFp8ScaleInv] = 1.0f / scale[r];
+  Dev tab(table, {3, kFp8Fields}, DType::F32);
+  Dev y = zeros({N, out}), dx(randn(N * in, 4, 0.1f), {N, in}), dw(randn(out * in, 5, 0.01f), {out, in}, DType::F32);
+  linear_forward_fp8(y, x, w, {tab, 0, 1, 2});
+  linear_backward_fp8(dx, dw, dy, x, w, /*accumulate_dx=*/true, {tab, 0, 1, 2});
+  std::vector<float> xh = x.host, wh = w.host, dyh = dy.host, yh(N * out), dxh = dx.host, dwh = dw.host;
+  linear_forward_fp8(cpu(yh, {N, out}), cpu(xh, {N, in}), cpu(wh, {out, in}), {cpu(table, {3, kFp8Fields}), 0, 1, 2});
+  linear_backward_fp8(cpu(dxh, {N, in}), cpu(dwh, {out, in}), cpu(dyh, {N, out}), cpu(xh, {N, in}), cpu(wh, {out, in}),
+                      true, {cpu(table, {3, kFp8Fields}), 0, 1, 2});
+  EXPECT_LE(rel(y.get(), yh), kOut);
+  EXPECT_LE(rel(dx.get(), dxh), kOut);
+  EXPECT_LE(rel(dw.get(), dwh), kF32);
+  const std::vector<float> got = tab.get();
+  EXPECT_EQ(got, table) << "amax, scales and counts of the casts";
+  EXPECT_GT(table[kFp8Saturated], 0) << "x at scale 8 must saturate somewhere";
+  EXPECT_EQ(table[2 * kFp8Fields + kFp8Elements], N * out);
+}
+
+// The whole --fp8 step on CUDA against the CPU's --fp8 step, both casting with the scales
+// a first CPU step set (as every step after a run's first does). The ops themselves are
+// held tight by Fp8Linear.CudaMatchesTheCpuReference (the same codes and counts); a
+// whole step cannot be: the GPU casts bf16 activations and weights where the CPU casts
+// f32 ones, and a perturbation d of a value moves its FP8 code by one spacing s with
+// probability d/s, an error of about sqrt(d s) rms: bf16's d = 2^-9 against E4M3's s ~
+// 2^-3.5 is 1.3% per operand, where bf16 itself adds 0.2%. Compounded through the five
+// blocks' chained FP8 GEMMs, forward and back, the gradients differ by 4% (the LM head,
+// last) to 22% (k_proj of the middle blocks; measured 2026-11-28, under emulation), as
+// far as the CPU's FP8 step is from its f32 step (7% to 21%). Hence 0.3 here; an operand
+// in the wrong layout or an unapplied scale gives errors near or above 100% (measured:
+// dy's untransposed codes in the weight gradient's product); the op test catches the
+// subtler ones.
+TEST(ModelStep, Fp8GpuStepMatchesCpuFp8Step) {
   REQUIRE_GPU();
   LlamaConfig c = test::small_model(NormScheme::LNS);
-  c.fp8 = Fp8Mode::Delayed;
+  c.hidden_size = 64, c.num_heads = 4, c.num_kv_heads = 2, c.fp8 = Fp8Mode::Delayed;
+  gpu_step_matches_cpu_step(c, "lns, --fp8=delayed", [&](LlamaStage& host, LlamaStage& gpu) {
+    const int64_t B = 2, T = 16;
+    std::vector<int32_t> ids(B * T), tg(B * T);
+    for (int64_t i = 0; i < B * T; ++i) ids[i] = int32_t((i * 7 + 1) % c.vocab_size), tg[i] = int32_t((i * 3 + 2) % c.vocab_size);
+    host.forward(cpu(ids, {B, T}));
+    host.loss(cpu(tg, {B * T}));
+    host.backward({}, 1.0f / (B * T));
+    host.params().zero_grads();
+    host.fp8()->end_step({});
+    gpu.fp8()->restore(host.fp8()->state(), "the CPU's scales");
+  }, 0.3);
+}
+
+// What cuBLASLt's FP8 matmul needs is said before a step runs, in one line.
+TEST(ModelStep, Fp8RefusesShapesCublasLtCannotTake) {
+  REQUIRE_GPU();
+  LlamaConfig c = test::small_model(NormScheme::LNS);
+  c.hidden_size = 64, c.num_heads = 4, c.num_kv_heads = 2, c.fp8 = Fp8Mode::Delayed;
   try {
     LlamaStage gpu(c, StageSpec::whole(c), 1, 4, 1, {}, Device::CUDA);
-    ADD_FAILURE() << "--fp8=delayed on CUDA was accepted";
+    ADD_FAILURE() << "4 tokens per micro-batch were accepted";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("--fp8=delayed runs on the CPU so far"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--fp8=delayed on CUDA needs the tokens of a micro-batch (--micro_batch_size "
+                                         "x --seq_len) to be a multiple of 16 (cuBLASLt's FP8 GEMMs), got 4"),
+              std::string::npos)
+        << e.what();
   }
 }
 

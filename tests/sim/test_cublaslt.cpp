@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lns/bf16.h"
+#include "lns/fp8.h"
 #include "tests/sim/device_mem.h"
 
 namespace {
@@ -398,6 +399,124 @@ TEST_F(SimCublasLtDeathTest, AttributeOfTheWrongSize) {
   EXPECT_DEATH(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b),
                "CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT takes 4 bytes, got 8");
   cublasLtMatrixLayoutDestroy(l);
+}
+
+// ---- FP8 ------------------------------------------------------------------------------
+
+// An FP8 product as src/cuda/linear_fp8.cpp asks for it: A [k,m] transposed and B [k,n]
+// (column-major, both K-major), E4M3 or E5M2 codes, f32 scale pointers in device memory,
+// bf16 D. The reference decodes the codes exactly (lns/fp8.h) and sums in f64.
+struct Fp8Call {
+  int64_t m = 16, n = 32, k = 48;
+  cudaDataType ta = CUDA_R_8F_E4M3, tb = CUDA_R_8F_E5M2;
+  cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+  float scale[2] = {0.25f, 1.0f / 1024};
+  std::vector<uint8_t> a, b;
+  void *da = nullptr, *db = nullptr, *dd = nullptr, *ds = nullptr, *ws = nullptr;
+  cublasLtHandle_t h = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasLtMatmulHeuristicResult_t res{};
+
+  lns::Fp8Format fmt(cudaDataType t) const { return t == CUDA_R_8F_E4M3 ? lns::Fp8Format::E4M3 : lns::Fp8Format::E5M2; }
+  void build() {
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<int> code(0, 255);
+    const auto finite = [&](cudaDataType t) {
+      for (;;) {
+        const uint8_t c = uint8_t(code(rng));
+        if (std::isfinite(lns::fp8_to_f32(c, fmt(t)))) return c;
+      }
+    };
+    a.resize(k * m), b.resize(k * n);
+    for (auto& x : a) x = finite(ta);
+    for (auto& x : b) x = finite(tb);
+    da = device_alloc(a.size()), db = device_alloc(b.size()), dd = device_alloc(m * n * 2), ds = device_alloc(8);
+    lns::simtest::upload(da, a.data(), a.size()), lns::simtest::upload(db, b.data(), b.size());
+    lns::simtest::upload(ds, scale, 8);
+    cublasLtCreate(&h);
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    const float* sa = static_cast<float*>(ds);
+    const float* sb = sa + 1;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
+    cublasLtMatrixLayoutCreate(&la, ta, opa == CUBLAS_OP_T ? k : m, opa == CUBLAS_OP_T ? m : k, opa == CUBLAS_OP_T ? k : m);
+    cublasLtMatrixLayoutCreate(&lb, tb, opb == CUBLAS_OP_N ? k : n, opb == CUBLAS_OP_N ? n : k, opb == CUBLAS_OP_N ? k : n);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, m);
+    cublasLtMatmulPreferenceCreate(&pref);
+    ws = device_alloc(1 << 20);
+    const uint64_t max_ws = 1 << 20;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof max_ws);
+  }
+  void plan() {
+    int found = 0;
+    cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &res, &found);
+  }
+  void run() {
+    const float alpha = 2.0f, beta = 0.0f;
+    cublasLtMatmul(h, desc, &alpha, da, la, db, lb, &beta, dd, ld, dd, ld, &res.algo, ws, 1 << 20, nullptr);
+    lns::simtest::synchronize();
+  }
+};
+
+TEST(SimCublasLtFp8, IsTheProductOfTheDecodedCodesTimesAlphaAndTheScales) {
+  Fp8Call f;
+  f.build(), f.plan(), f.run();
+  std::vector<uint16_t> d(f.m * f.n);
+  lns::simtest::download(d.data(), f.dd, d.size() * 2);
+  for (int64_t i = 0; i < f.m; ++i)
+    for (int64_t j = 0; j < f.n; ++j) {
+      double sum = 0, mag = 0;
+      for (int64_t q = 0; q < f.k; ++q) {
+        const double x = lns::fp8_to_f32(f.a[i * f.k + q], lns::Fp8Format::E4M3),  // A^T: column i of A, K-major
+            y = lns::fp8_to_f32(f.b[j * f.k + q], lns::Fp8Format::E5M2);
+        sum += x * y, mag += std::fabs(x * y);
+      }
+      const double want = 2.0 * f.scale[0] * f.scale[1] * sum;
+      const double tol = std::ldexp(double(f.k + 3), -23) * 2.0 * f.scale[0] * f.scale[1] * mag + std::ldexp(std::fabs(want), -8);
+      EXPECT_NEAR(lns::bf16_to_f32(d[j * f.m + i]), want, tol) << i << "," << j;
+    }
+}
+
+TEST_F(SimCublasLtDeathTest, Fp8RefusesWhatTheLibraryRefuses) {
+  {
+    Fp8Call f;
+    f.opa = CUBLAS_OP_N;  // "NN"
+    f.build();
+    EXPECT_DEATH(f.plan(), "FP8 needs A transposed and B not");
+  }
+  {
+    Fp8Call f;
+    f.ta = CUDA_R_8F_E5M2;
+    f.build();
+    EXPECT_DEATH(f.plan(), "A and B both CUDA_R_8F_E5M2 is not supported");
+  }
+  {
+    Fp8Call f;
+    f.k = 40;  // not a multiple of 16
+    f.build();
+    EXPECT_DEATH(f.plan(), "FP8 needs every dimension a multiple of 16");
+  }
+  {
+    Fp8Call f;
+    f.build();
+    const int8_t fast = 1;
+    EXPECT_DEATH(cublasLtMatmulDescSetAttribute(f.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast),
+                 "FAST_ACCUM = 1 .* is not modelled");
+  }
+}
+
+// A scale that is not a positive finite number (a scaling bug upstream) is reported when
+// the product runs, where the real library would silently use it.
+TEST_F(SimCublasLtDeathTest, Fp8ScaleThatIsNotPositiveIsReported) {
+  Fp8Call f;
+  f.scale[1] = 0.0f;
+  f.build();
+  f.plan();
+  EXPECT_DEATH(f.run(), "the B scale at .* is 0.000000, not a positive finite number");
 }
 
 }  // namespace

@@ -45,7 +45,8 @@
 # BUILD_DIR (build-gpu), JOBS (16), LNS_CUDA (ON), CMAKE_ARGS (extra cmake
 # arguments), TEST_LABEL (gpu), CTEST_ARGS (extra ctest arguments), CONFIGS
 # ("130m_lns 1b_lns 1b_lns_seq4k"), LNS_STEPS (10) and TORCH_STEPS (5) timed steps,
-# PROFILE (1; 0 = no per-class profile), GRAPHS (1; 0 = no --cuda_graphs run), CUDNN (1; 0 = no
+# PROFILE (1; 0 = no per-class profile), GRAPHS (1; 0 = no --cuda_graphs run), FP8 (1; 0 = no
+# --fp8=delayed run), CUDNN (1; 0 = no
 # cuDNN attention run; CUDNN_ATTENTION: cudnn, the default, or cudnn_nondeterministic;
 # LNS_CUDNN_LIB names libcudnn.so.9, else python3's is found), KERNELS_TORCH (1; 0 skips PyTorch's kernel
 # figures), TORCH (1; 0 skips the PyTorch step peers: lns only, a short call),
@@ -393,6 +394,11 @@ if has_stage bench; then
       # shellcheck disable=SC2086
       step "step_cudnn_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
         --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --attention="${CUDNN_ATTENTION:-cudnn}"
+    fi
+    if [ "${FP8:-1}" != 0 ]; then  # the same step with FP8 linears (docs/fp8.md): issue 30's >= 1.3x
+      # shellcheck disable=SC2086
+      step "step_fp8_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
+        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=delayed
     fi
     [ "${TORCH:-1}" = 0 ] && continue
     torch_args=(--flagfile="configs/$cfg.flags" --device cuda --autocast --compile --fused_adam

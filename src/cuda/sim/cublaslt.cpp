@@ -4,11 +4,17 @@
 // silently assumes before queueing a CPU product on the stream:
 //   D[m,n] = alpha * op(A)[m,k] op(B)[k,n] + beta * C[m,n]   (column-major, per batch)
 // with bf16 A/B, f32 accumulation in k order, one rounding to the bf16 or f32 output.
+// FP8 A/B (E4M3, E5M2) as the library documents them: only "TN" (A transposed, B not),
+// never E5M2 with E5M2, dimensions and leading dimensions in multiples of 16, no batch;
+// each code decoded exactly (lns/fp8.h) and the product multiplied by alpha and the
+// A and B scales, read from device memory when the product runs. A scale that is not a
+// positive finite number is reported: the library would use it and return garbage.
 // Anything outside what src/cuda/gemm.cpp uses (other types, epilogues, device-side
 // alpha) is reported as "not modelled" rather than guessed.
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -16,6 +22,7 @@
 
 #include "cuda/sim/sim_api.h"
 #include "lns/bf16.h"
+#include "lns/fp8.h"
 
 struct cublasLtContext {
   bool live = true;
@@ -24,6 +31,7 @@ struct cublasLtMatmulDescOpaque_st {
   cublasComputeType_t compute;
   cudaDataType_t scale;
   cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+  const float* scale_ptr[2] = {nullptr, nullptr};  // A, B scale pointers (device); null: 1
 };
 struct cublasLtMatrixLayoutOpaque_st {
   cudaDataType type;
@@ -64,7 +72,8 @@ T attr_value(const void* buf, size_t size, const char* call, const char* attr) {
   return v;
 }
 
-size_t elem_size(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+bool is_fp8(cudaDataType t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
+size_t elem_size(cudaDataType t) { return t == CUDA_R_32F ? 4 : is_fp8(t) ? 1 : 2; }
 
 // Elements from a matrix's first to one past its last element over the whole batch.
 uint64_t extent(const cublasLtMatrixLayoutOpaque_st& l) {
@@ -99,9 +108,23 @@ void check_problem(const char* call, const cublasLtMatmulDescOpaque_st& d,
   const std::string c = call;
   if (d.compute != CUBLAS_COMPUTE_32F || d.scale != CUDA_R_32F)
     fail(c + ": only CUBLAS_COMPUTE_32F with CUDA_R_32F scale is modelled by the emulation");
+  const bool fp8 = is_fp8(l[0]->type) || is_fp8(l[1]->type);
   for (int i = 0; i < 2; ++i)
-    if (l[i]->type != CUDA_R_16BF)
-      fail(c + ": " + kOperand[i] + " must be CUDA_R_16BF (the only input type modelled by the emulation)");
+    if (fp8 ? !is_fp8(l[i]->type) : l[i]->type != CUDA_R_16BF)
+      fail(c + ": " + kOperand[i] + (fp8 ? " must be FP8 like the other input (CUDA_R_8F_E4M3 or CUDA_R_8F_E5M2)"
+                                         : " must be CUDA_R_16BF (an input type modelled by the emulation, with FP8)"));
+  if (fp8) {  // the FP8 matmul's documented requirements
+    if (l[0]->type == CUDA_R_8F_E5M2 && l[1]->type == CUDA_R_8F_E5M2)
+      fail(c + ": FP8 with A and B both CUDA_R_8F_E5M2 is not supported by cuBLASLt");
+    if (d.trans_a != CUBLAS_OP_T || d.trans_b != CUBLAS_OP_N)
+      fail(c + ": FP8 needs A transposed and B not (the \"TN\" format)");
+    if (l[0]->batch > 1) fail(c + ": batched FP8 products are not modelled by the emulation");
+    for (int i = 0; i < 4; ++i)
+      if (l[i]->rows % 16 || l[i]->cols % 16 || (uint64_t(l[i]->ld) * elem_size(l[i]->type)) % 16)
+        fail(c + ": FP8 needs every dimension a multiple of 16 and 16-byte leading dimensions; " + kOperand[i] +
+             " is " + std::to_string(l[i]->rows) + "x" + std::to_string(l[i]->cols) + " with ld " +
+             std::to_string(l[i]->ld));
+  }
   if (l[2]->type != CUDA_R_16BF && l[2]->type != CUDA_R_32F)
     fail(c + ": C must be CUDA_R_16BF or CUDA_R_32F");
   if (l[3]->type != l[2]->type) fail(c + ": D and C must have the same type");
@@ -136,6 +159,9 @@ struct Operand {
 float load(const Operand& o, uint64_t b, uint64_t r, uint64_t c) {
   const uint64_t i = b * uint64_t(o.l.stride) + c * uint64_t(o.l.ld) + r;
   if (o.l.type == CUDA_R_32F) return static_cast<const float*>(o.p)[i];
+  if (is_fp8(o.l.type))
+    return lns::fp8_to_f32(static_cast<const uint8_t*>(o.p)[i],
+                           o.l.type == CUDA_R_8F_E4M3 ? lns::Fp8Format::E4M3 : lns::Fp8Format::E5M2);
   return lns::bf16_to_f32(static_cast<const uint16_t*>(o.p)[i]);
 }
 
@@ -146,7 +172,7 @@ void run_matmul(bool ta, bool tb, const Operand& A, const Operand& B, const Oper
   const uint64_t m = D.l.rows, n = D.l.cols, k = ta ? A.l.rows : A.l.cols;
   // op(A) [m,k] and op(B) [k,n] as f32, row-major; acc[n] is row i of the product. Each
   // element is summed in k order (the j loop vectorises across elements, not within
-  // one sum); bf16 products are exact in f32, so FMA contraction changes nothing.
+  // one sum); bf16 and FP8 products are exact in f32, so FMA contraction changes nothing.
   std::vector<float> a(m * k), bk(k * n), acc(n);
   for (int32_t b = 0; b < D.l.batch; ++b) {
     for (uint64_t i = 0; i < m; ++i)
@@ -220,6 +246,18 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
     (attr == CUBLASLT_MATMUL_DESC_TRANSA ? desc->trans_a : desc->trans_b) = cublasOperation_t(op);
     return CUBLAS_STATUS_SUCCESS;
   }
+  if (attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER || attr == CUBLASLT_MATMUL_DESC_B_SCALE_POINTER) {
+    const int i = attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER ? 0 : 1;
+    desc->scale_ptr[i] = attr_value<const float*>(buf, size, call, i == 0 ? "CUBLASLT_MATMUL_DESC_A_SCALE_POINTER"
+                                                                        : "CUBLASLT_MATMUL_DESC_B_SCALE_POINTER");
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (attr == CUBLASLT_MATMUL_DESC_FAST_ACCUM) {
+    if (attr_value<int8_t>(buf, size, call, "CUBLASLT_MATMUL_DESC_FAST_ACCUM") != 0)
+      fail(std::string(call) + ": CUBLASLT_MATMUL_DESC_FAST_ACCUM = 1 (Hopper's reduced-precision FP8 accumulation) "
+                               "is not modelled by the emulation");
+    return CUBLAS_STATUS_SUCCESS;
+  }
   fail(std::string(call) + ": attribute " + std::to_string(int(attr)) + " is not modelled by the emulation");
 }
 
@@ -227,8 +265,9 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDa
                                           uint64_t cols, int64_t ld) {
   const std::string call = "cublasLtMatrixLayoutCreate";
   need(layout, call.c_str(), "layout");
-  if (type != CUDA_R_16BF && type != CUDA_R_32F)
-    fail(call + ": type " + std::to_string(int(type)) + " is not modelled by the emulation (CUDA_R_16BF, CUDA_R_32F)");
+  if (type != CUDA_R_16BF && type != CUDA_R_32F && !is_fp8(type))
+    fail(call + ": type " + std::to_string(int(type)) +
+         " is not modelled by the emulation (CUDA_R_16BF, CUDA_R_32F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2)");
   // Column-major: consecutive columns may not overlap.
   if (ld < 1 || uint64_t(ld) < rows)
     fail(call + ": leading dimension " + std::to_string(ld) + " < rows " + std::to_string(rows) +
@@ -369,13 +408,31 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const bool ta = desc->trans_a == CUBLAS_OP_T, tb = desc->trans_b == CUBLAS_OP_T;
   const Operand oa{*Adesc, A}, ob{*Bdesc, B}, oc{*Cdesc, C}, od{*Ddesc, D};
   const uint64_t read_c = b != 0.0f ? bytes[2] : 0;
+  // The scale pointers as set now (the descriptor may be changed before the product runs).
+  const float* const scale[2] = {desc->scale_ptr[0], desc->scale_ptr[1]};
+  for (int i = 0; i < 2; ++i)
+    if (scale[i]) {
+      const std::string what = call + " " + kOperand[i] + " scale";
+      lns::sim::require_device_range(scale[i], sizeof(float), what.c_str());
+      if (!is_fp8(l[i]->type)) fail(call + ": a scale pointer for " + kOperand[i] + ", which is not FP8, is not modelled");
+    }
   lns::sim::enqueue(
       stream, "cublasLtMatmul",
       [=] {
         lns::sim::declare_access(A, bytes[0], false), lns::sim::declare_access(B, bytes[1], false);
         lns::sim::declare_access(C, read_c, false), lns::sim::declare_access(workspace, need_ws, true);
         lns::sim::declare_access(D, bytes[3], true);
-        run_matmul(ta, tb, oa, ob, oc, od, a, b, workspace, need_ws);
+        float factor = a;  // alpha * scale_A * scale_B, in that order
+        for (int i = 0; i < 2; ++i) {
+          if (!scale[i]) continue;
+          lns::sim::declare_access(scale[i], sizeof(float), false);
+          const float s = *scale[i];
+          if (!(s > 0.0f) || !std::isfinite(s))
+            fail(call + ": the " + kOperand[i] + " scale at " + str(scale[i]) + " is " + std::to_string(s) +
+                 ", not a positive finite number (an FP8 scaling bug; the library would use it)");
+          factor *= s;
+        }
+        run_matmul(ta, tb, oa, ob, oc, od, factor, b, workspace, need_ws);
       },
       __builtin_return_address(0));
   return CUBLAS_STATUS_SUCCESS;

@@ -1,0 +1,90 @@
+// The FP8 linear layer on CUDA (include/lns/fp8_linear.h). CPU reference:
+// src/cpu/linear_fp8.cpp. cuBLASLt's FP8 matmul takes both operands K-major ("TN"), so
+// each product reads the operand layout it needs, cast (and transposed where needed)
+// by fp8_cast into one scratch buffer; its scale pointers point at the table's inverse
+// scales, so nothing of the table is read back to the host.
+//   forward  y[N,out]   = x8[N,in] . w8[out,in]          (K = in)
+//   dx       dx[N,in]  (+)= dy8[N,out] . wT8[in,out]     (K = out)
+//   dw       dw[out,in] += dyT8[out,N] . xT8[in,N]       (K = N)
+// where "A . B" is A @ B^T with both stored K-major. x and w are cast again in backward
+// (not recorded; the same codes as forward's): a step reads them once more instead of
+// keeping 8-bit copies between passes.
+#include "cuda/common.cuh"
+#include "cuda/fp8_cast.h"
+#include "cuda/gemm.h"
+#include "cuda/ops_cuda.h"
+
+namespace lns::cuda {
+namespace {
+
+float* row_of(const Fp8Linear& f, int64_t r) {
+  expect(f.table, DType::F32, "fp8 table");
+  LNS_CHECK(f.table.shape.ndim == 2 && f.table.dim(1) == kFp8Fields && r >= 0 && r < f.table.dim(0))
+      << "fp8 table " << f.table.shape.str() << " row " << r;
+  return f.table.f32() + r * kFp8Fields;
+}
+
+// Byte buffers carved from one scratch allocation, each 256-byte aligned (cuBLASLt's
+// preferred operand alignment).
+struct Carve {
+  std::vector<int64_t> sizes;
+  std::vector<uint8_t*> take() {
+    int64_t total = 0;
+    for (const int64_t n : sizes) total += (n + 255) / 256 * 256;
+    auto* base = static_cast<uint8_t*>(scratch(Scratch::Fp8Operands, static_cast<size_t>(total)));
+    std::vector<uint8_t*> out;
+    for (const int64_t n : sizes) out.push_back(base), base += (n + 255) / 256 * 256;
+    return out;
+  }
+};
+
+GemmArgs fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* a, GemmInput at, const float* a_row,
+                  const uint8_t* b, GemmInput bt, const float* b_row) {
+  GemmArgs g;
+  g.M = M, g.N = N, g.K = K;
+  g.A = a, g.lda = K, g.a_type = at, g.a_scale = a_row + kFp8ScaleInv;
+  g.B = b, g.ldb = K, g.trans_b = true, g.b_type = bt, g.b_scale = b_row + kFp8ScaleInv;
+  return g;
+}
+
+}  // namespace
+
+void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
+  expect(x, DType::BF16, "fp8 linear x");
+  expect(w, DType::BF16, "fp8 linear w");
+  const int64_t in = w.dim(1), out = w.dim(0), rows = x.numel() / in;
+  LNS_CHECK(x.dim(-1) == in && y.numel() == rows * out);
+  float *rx = row_of(f, f.x), *rw = row_of(f, f.w);
+  const std::vector<uint8_t*> buf = Carve{{rows * in, out * in}}.take();
+  fp8_cast(x.view({rows, in}), rx, Fp8Format::E4M3, true, buf[0], nullptr);  // x8 [N,in]
+  fp8_cast(w, rw, Fp8Format::E4M3, true, buf[1], nullptr);                    // w8 [out,in]
+  GemmArgs g = fp8_gemm(rows, out, in, buf[0], GemmInput::E4M3, rx, buf[1], GemmInput::E4M3, rw);
+  g.C = y.data, g.ldc = out, g.c_dtype = y.dtype;
+  gemm(g);
+}
+
+void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
+                         const Fp8Linear& f) {
+  expect(dy, DType::BF16, "fp8 linear dy");
+  expect(x, DType::BF16, "fp8 linear x");
+  expect(w, DType::BF16, "fp8 linear w");
+  expect(dw, DType::F32, "fp8 linear dw");
+  const int64_t in = w.dim(1), out = w.dim(0), rows = dy.numel() / out;
+  LNS_CHECK(x.numel() == rows * in && dw.numel() == out * in && (dx.empty() || dx.numel() == rows * in));
+  float *rx = row_of(f, f.x), *rw = row_of(f, f.w), *rdy = row_of(f, f.dy);
+  const std::vector<uint8_t*> buf = Carve{{rows * out, out * rows, in * out, in * rows}}.take();
+  uint8_t *dy8 = buf[0], *dyT8 = buf[1], *wT8 = buf[2], *xT8 = buf[3];
+  fp8_cast(dy.view({rows, out}), rdy, Fp8Format::E5M2, true, dx.empty() ? nullptr : dy8, dyT8);
+  if (!dx.empty()) {
+    fp8_cast(w, rw, Fp8Format::E4M3, false, nullptr, wT8);  // [in,out]
+    GemmArgs g = fp8_gemm(rows, in, out, dy8, GemmInput::E5M2, rdy, wT8, GemmInput::E4M3, rw);
+    g.C = dx.data, g.ldc = in, g.c_dtype = dx.dtype, g.beta = accumulate_dx ? 1.0f : 0.0f;
+    gemm(g);
+  }
+  fp8_cast(x.view({rows, in}), rx, Fp8Format::E4M3, false, nullptr, xT8);  // [in,N]
+  GemmArgs g = fp8_gemm(out, in, rows, dyT8, GemmInput::E5M2, rdy, xT8, GemmInput::E4M3, rx);
+  g.C = dw.data, g.ldc = in, g.c_dtype = DType::F32, g.beta = 1.0f;
+  gemm(g);
+}
+
+}  // namespace lns::cuda
