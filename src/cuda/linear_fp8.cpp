@@ -9,13 +9,22 @@
 // where "A . B" is A @ B^T with both stored K-major. x and w are cast again in backward
 // (not recorded; the same codes as forward's): a step reads them once more instead of
 // keeping 8-bit copies between passes.
-#include "cuda/common.cuh"
+#include <vector>
+
 #include "cuda/fp8_cast.h"
 #include "cuda/gemm.h"
 #include "cuda/ops_cuda.h"
+#include "cuda/runtime.h"
+#include "lns/errors.h"
 
 namespace lns::cuda {
 namespace {
+
+void expect(const Tensor& t, DType dt, const char* what) {
+  LNS_CHECK(t.device == Device::CUDA && t.dtype == dt) << what << ": " << dtype_name(t.dtype) << " on "
+                                                       << (t.device == Device::CUDA ? "CUDA" : "the CPU")
+                                                       << ", expected CUDA " << dtype_name(dt);
+}
 
 float* row_of(const Fp8Linear& f, int64_t r) {
   expect(f.table, DType::F32, "fp8 table");
