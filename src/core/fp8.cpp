@@ -76,7 +76,7 @@ Fp8CastStats cast_to_fp8(const float* x, int64_t n, float scale, Fp8Format f, ui
       st.amax = std::max(st.amax, std::fabs(x[i]));
     }
     const float v = x[i] * scale;
-    y[i] = f32_to_fp8(v, f, true);
+    y[i] = fp8_encode_satfinite(v, f);  // = f32_to_fp8(v, f, true) (tested), without f32_to_fp8's double arithmetic
     if (std::isfinite(v) && std::fabs(double(v)) > limit) ++st.saturated;
     if (v != 0.0f && std::isfinite(v) && (y[i] & 0x7F) == 0) ++st.flushed;
   }
