@@ -200,7 +200,9 @@ TEST(Fp8Training, FollowsTheF32RunAndScalesFromThePreviousStepsAmax) {
       EXPECT_EQ(h[r].scale, want) << h[r].name << " step " << i + 1;
       seen[r] = std::max(seen[r], h[r].amax);
     }
-    if (i == 0) EXPECT_GT(std::abs(a.loss - b.loss), 1e-6) << "the FP8 run must not be the f32 run";
+    if (i == 0) {
+      EXPECT_GT(std::abs(a.loss - b.loss), 1e-6) << "the FP8 run must not be the f32 run";
+    }
     worst = std::max(worst, std::abs(a.loss - b.loss) / a.loss);
     if (i + 1 == tc.steps)
       std::printf("[ fp8 ] step %d: loss f32 %.4f, fp8 %.4f; worst relative gap over the run %.2e\n", i + 1, a.loss,
