@@ -55,17 +55,26 @@ __global__ void fp8_cast_kernel(const bf16* x, int64_t R, int64_t C, const float
   }
 }
 
-// row += the tiles' health, in tile order (one thread: a few thousand tiles at most
-// per tensor of a step's linear; the table is tiny).
+// row += the tiles' health. One block: thread t takes tiles t, t + 256, ... in order, then
+// the block reduces in its fixed order, so the sums do not depend on timing (a 1B
+// model's activations are ~16k tiles: a single thread would take milliseconds).
+constexpr int kRecordThreads = 256;
 __global__ void fp8_record_kernel(float* row, const float* partial, int64_t tiles, float elements) {
-  float amax = row[kFp8Amax], sat = 0, flushed = 0, nonfinite = 0;
-  for (int64_t t = 0; t < tiles; ++t) {
+  __shared__ float red[32];
+  float amax = 0.0f, sat = 0.0f, flushed = 0.0f, nonfinite = 0.0f;
+  for (int64_t t = threadIdx.x; t < tiles; t += kRecordThreads) {
     amax = fmaxf(amax, partial[t * kStats]);
     sat += partial[t * kStats + 1], flushed += partial[t * kStats + 2], nonfinite += partial[t * kStats + 3];
   }
-  row[kFp8Amax] = amax;
-  row[kFp8Saturated] += sat, row[kFp8Flushed] += flushed, row[kFp8Nonfinite] += nonfinite;
-  row[kFp8Elements] += elements;
+  amax = block_max(amax, red);
+  sat = block_sum(sat, red);
+  flushed = block_sum(flushed, red);
+  nonfinite = block_sum(nonfinite, red);
+  if (threadIdx.x == 0) {
+    row[kFp8Amax] = fmaxf(row[kFp8Amax], amax);
+    row[kFp8Saturated] += sat, row[kFp8Flushed] += flushed, row[kFp8Nonfinite] += nonfinite;
+    row[kFp8Elements] += elements;
+  }
 }
 
 }  // namespace
@@ -82,7 +91,7 @@ void fp8_cast(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q,
                                                           partial);
   LNS_CUDA_LAUNCHED();
   if (!record) return;
-  LNS_LAUNCH(fp8_record_kernel, 1, 1, 0, stream())(row, partial, gx * gy, static_cast<float>(R * C));
+  LNS_LAUNCH(fp8_record_kernel, 1, kRecordThreads, 0, stream())(row, partial, gx * gy, static_cast<float>(R * C));
   LNS_CUDA_LAUNCHED();
 }
 
