@@ -153,6 +153,8 @@ TEST(Fp8State, TheStepsAmaxBecomesTheNextScale) {
   EXPECT_EQ(h[0].name, "model.layers.0.self_attn.k_proj.x");
   EXPECT_EQ(h[2].name, "model.layers.0.self_attn.k_proj.dy");
   EXPECT_EQ(h[0].layer, 0);
+  EXPECT_EQ(h[2].linear, 0) << "k_proj is the first (only) FP8 linear given for layer 0";
+  EXPECT_EQ(h[2].tensor, 2);
   EXPECT_EQ(h[0].amax, 2.0f);
   EXPECT_EQ(h[0].scale, 1.0f);  // the scale the step cast with
   EXPECT_EQ(h[0].saturated, 3);

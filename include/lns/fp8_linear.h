@@ -49,6 +49,8 @@ enum Fp8Field : int64_t {
 struct Fp8Linear {
   Tensor table;
   int64_t x = -1, w = -1, dy = -1;
+  // Row r of the table (checked: an f32 [R, kFp8Fields] table, 0 <= r < R), on its device.
+  float* row(int64_t r) const;
 };
 
 // Casts record into their rows (amax as a max, counts as sums). The backward casts x

@@ -30,6 +30,8 @@ const char* fp8_role_name(int r);          // 0 x, 1 w, 2 dy
 struct Fp8Health {
   std::string name;   // "model.layers.3.self_attn.q_proj.x" (.x, .w or .dy)
   int layer = -1;     // global layer index
+  int linear = -1;    // which of its layer's FP8 linears, in the order given (fp8_block_linear_name for a block)
+  int tensor = -1;    // 0 x, 1 w, 2 dy (fp8_role_name)
   float amax = 0.0f, scale = 0.0f;  // the step's amax, and the scale its casts used
   double saturated = 0, flushed = 0, nonfinite = 0, elements = 0;
 };

@@ -27,13 +27,6 @@ const std::array<float, 256>& decode_table(Fp8Format fmt) {
   return fmt == Fp8Format::E4M3 ? e4m3 : e5m2;
 }
 
-float* row_of(const Fp8Linear& f, int64_t r) {
-  LNS_CHECK(f.table.dtype == DType::F32 && f.table.shape.ndim == 2 && f.table.dim(1) == kFp8Fields && r >= 0 &&
-            r < f.table.dim(0))
-      << "fp8 table " << f.table.shape.str() << " row " << r;
-  return f.table.f32() + r * kFp8Fields;
-}
-
 // q[i] = the value of Q(t[i] * scale) (not unscaled: the GEMM's alpha does that).
 // Adds the cast's health to `row` when record.
 std::vector<float> quantize(const Tensor& t, float* row, Fp8Format fmt, bool record) {
@@ -73,7 +66,7 @@ void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
   const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
   LNS_CHECK(w.dim(1) == in && y.numel() == N * out && x.dtype == DType::F32)
       << "linear_fp8: x " << x.shape.str() << " w " << w.shape.str() << " y " << y.shape.str();
-  float *rx = row_of(f, f.x), *rw = row_of(f, f.w);
+  float *rx = f.row(f.x), *rw = f.row(f.w);
   const std::vector<float> qx = quantize(x, rx, Fp8Format::E4M3, true);  // [N,in]
   const std::vector<float> qw = quantize(w, rw, Fp8Format::E4M3, true);  // [out,in]
   if (N == 0) return;
@@ -88,7 +81,7 @@ void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bo
   cpu::require_cpu({&dx, &dw, &dy, &x, &w, &f.table});
   const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
   LNS_CHECK(dy.numel() == N * out && dw.numel() == out * in);
-  float *rx = row_of(f, f.x), *rw = row_of(f, f.w), *rdy = row_of(f, f.dy);
+  float *rx = f.row(f.x), *rw = f.row(f.w), *rdy = f.row(f.dy);
   const std::vector<float> qdy = quantize(dy, rdy, Fp8Format::E5M2, true);  // [N,out]
   if (N == 0) return;
   if (!dx.empty()) {

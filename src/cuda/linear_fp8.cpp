@@ -26,13 +26,6 @@ void expect(const Tensor& t, DType dt, const char* what) {
                                                        << ", expected CUDA " << dtype_name(dt);
 }
 
-float* row_of(const Fp8Linear& f, int64_t r) {
-  expect(f.table, DType::F32, "fp8 table");
-  LNS_CHECK(f.table.shape.ndim == 2 && f.table.dim(1) == kFp8Fields && r >= 0 && r < f.table.dim(0))
-      << "fp8 table " << f.table.shape.str() << " row " << r;
-  return f.table.f32() + r * kFp8Fields;
-}
-
 // Byte buffers carved from one scratch allocation, each 256-byte aligned (cuBLASLt's
 // preferred operand alignment).
 struct Carve {
@@ -63,7 +56,8 @@ void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
   expect(w, DType::BF16, "fp8 linear w");
   const int64_t in = w.dim(1), out = w.dim(0), rows = x.numel() / in;
   LNS_CHECK(x.dim(-1) == in && y.numel() == rows * out);
-  float *rx = row_of(f, f.x), *rw = row_of(f, f.w);
+  expect(f.table, DType::F32, "fp8 table");
+  float *rx = f.row(f.x), *rw = f.row(f.w);
   const std::vector<uint8_t*> buf = Carve{{rows * in, out * in}}.take();
   fp8_cast(x.view({rows, in}), rx, Fp8Format::E4M3, true, buf[0], nullptr);  // x8 [N,in]
   fp8_cast(w, rw, Fp8Format::E4M3, true, buf[1], nullptr);                    // w8 [out,in]
@@ -80,7 +74,8 @@ void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bo
   expect(dw, DType::F32, "fp8 linear dw");
   const int64_t in = w.dim(1), out = w.dim(0), rows = dy.numel() / out;
   LNS_CHECK(x.numel() == rows * in && dw.numel() == out * in && (dx.empty() || dx.numel() == rows * in));
-  float *rx = row_of(f, f.x), *rw = row_of(f, f.w), *rdy = row_of(f, f.dy);
+  expect(f.table, DType::F32, "fp8 table");
+  float *rx = f.row(f.x), *rw = f.row(f.w), *rdy = f.row(f.dy);
   const std::vector<uint8_t*> buf = Carve{{rows * out, out * rows, in * out, in * rows}}.take();
   uint8_t *dy8 = buf[0], *dyT8 = buf[1], *wT8 = buf[2], *xT8 = buf[3];
   fp8_cast(dy.view({rows, out}), rdy, Fp8Format::E5M2, true, dx.empty() ? nullptr : dy8, dyT8);

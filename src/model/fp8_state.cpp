@@ -2,6 +2,7 @@
 #include "lns/fp8_state.h"
 
 #include <algorithm>
+#include <map>
 
 #include "lns/device.h"
 #include "lns/errors.h"
@@ -28,16 +29,18 @@ Fp8State::Fp8State(const ParamSet& params, const std::vector<int>& weights, cons
                    Device device)
     : row_of_weight_(static_cast<size_t>(params.size()), -1) {
   config.validate("--fp8_");
+  std::map<int, int> per_layer;  // FP8 linears seen so far, by layer
   for (const int w : weights) {
     LNS_CHECK(w >= 0 && w < params.size() && row_of_weight_[static_cast<size_t>(w)] < 0) << "fp8 weight " << w;
     row_of_weight_[static_cast<size_t>(w)] = static_cast<int>(scales_.size());
     std::string base = params.info(w).name;
     if (base.size() > 7 && base.compare(base.size() - 7, 7, ".weight") == 0) base.resize(base.size() - 7);
+    const int layer = params.info(w).layer, linear = per_layer[layer]++;
     for (int r = 0; r < 3; ++r) {
       scales_.emplace_back(kFormat[r], config);
       Fp8Health h;
       h.name = base + "." + fp8_role_name(r);
-      h.layer = params.info(w).layer;
+      h.layer = layer, h.linear = linear, h.tensor = r;
       health_.push_back(h);
     }
   }

@@ -565,9 +565,9 @@ nlohmann::json Trainer::fp8_health(int64_t step) {
   std::vector<double> v(static_cast<size_t>(L) * kPer * kVals, 0.0);
   if (grid_->coords.tp == 0 && grid_->coords.dp == 0) {  // end_step reduced over tp and dp already
     const std::vector<Fp8Health>& hs = model_->fp8()->last_health();
-    for (size_t r = 0; r < hs.size(); ++r) {
-      const Fp8Health& h = hs[r];
-      double* o = v.data() + (static_cast<size_t>(h.layer) * kPer + r % kPer) * kVals;
+    for (const Fp8Health& h : hs) {
+      LNS_CHECK(h.layer >= 0 && h.layer < L && h.linear >= 0 && h.linear < kFp8BlockLinears) << h.name;
+      double* o = v.data() + (static_cast<size_t>(h.layer) * kPer + h.linear * 3 + h.tensor) * kVals;
       o[0] = h.amax, o[1] = h.scale, o[2] = h.saturated, o[3] = h.flushed, o[4] = h.nonfinite, o[5] = h.elements;
     }
   }
