@@ -60,24 +60,22 @@ LNS_HOST_DEVICE inline uint8_t fp8_encode_satfinite(float x, Fp8Format f) {
   const bool e4m3 = f == Fp8Format::E4M3;
   const int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
   const uint32_t max_code = e4m3 ? 0x7Eu : 0x7Bu;
-  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  u &= 0x7FFFFFFFu;
-  if (u > 0x7F800000u) return 0x7F;           // NaN (a NaN code in both formats)
-  if (u == 0x7F800000u) return static_cast<uint8_t>(sign | max_code);  // infinity saturates
-  if ((u >> 23) == 0) return sign;            // f32 zero or subnormal: far below half the smallest code
-  const int e = static_cast<int>(u >> 23) - 127;  // |x| = 1.frac x 2^e
-  const int qexp = (e > 1 - bias ? e : 1 - bias) - mbits;  // the target quantum 2^qexp
-  const uint32_t sig = (u & 0x7FFFFFu) | 0x800000u;         // |x| = sig x 2^(e - 23)
-  const int shift = 23 + qexp - e;                          // >= 23 - mbits
-  uint32_t n = 0;
-  if (shift < 32) {
-    n = sig >> shift;
-    const uint32_t rem = sig & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (n & 1u))) ++n;
-  }  // shift >= 32: |x| < 2^-8 quanta, rounds to 0
-  const uint32_t code =
-      e < 1 - bias ? n : (static_cast<uint32_t>(e + bias) << mbits) + n - (1u << mbits);
-  return static_cast<uint8_t>(sign | (code > max_code ? max_code : code));
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  // No branches but the NaN select, so that a loop of casts vectorizes (AVX2 has the
+  // variable shifts): infinity saturates through the clamp like any large value, and an
+  // f32 zero or subnormal (biased exponent 0) gets a shift beyond the significand.
+  const int e = static_cast<int>(a >> 23) - 127;             // |x| = 1.frac x 2^e
+  const int qexp = (e > 1 - bias ? e : 1 - bias) - mbits;     // the target quantum 2^qexp
+  const uint32_t sig = (a & 0x7FFFFFu) | 0x800000u;          // |x| = sig x 2^(e - 23)
+  const int want = 23 + qexp - e;                            // >= 23 - mbits
+  const int shift = want < 31 ? want : 31;  // sig < 2^24: 31 leaves 0 and a remainder under half
+  uint32_t n = sig >> shift;
+  const uint32_t rem = sig & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  n += static_cast<uint32_t>(rem > half) | (static_cast<uint32_t>(rem == half) & n);  // nearest, ties to even
+  const uint32_t code = e < 1 - bias ? n : (static_cast<uint32_t>(e + bias) << mbits) + n - (1u << mbits);
+  const uint32_t out = sign | (code > max_code ? max_code : code);
+  return static_cast<uint8_t>(a > 0x7F800000u ? 0x7Fu : out);  // NaN (a NaN code in both formats)
 }
 
 }  // namespace lns

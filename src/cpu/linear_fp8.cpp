@@ -6,6 +6,7 @@
 // epilogue applies its A and B scale pointers.
 #include <algorithm>
 #include <array>
+#include <memory>
 #include <vector>
 
 #include "core/dispatch.h"
@@ -29,12 +30,12 @@ const std::array<float, 256>& decode_table(Fp8Format fmt) {
 
 // q[i] = the value of Q(t[i] * scale) (not unscaled: the GEMM's alpha does that).
 // Adds the cast's health to `row` when record.
-std::vector<float> quantize(const Tensor& t, float* row, Fp8Format fmt, bool record) {
+std::unique_ptr<float[]> quantize(const Tensor& t, float* row, Fp8Format fmt, bool record) {
   const int64_t n = t.numel();
   const float scale = row[kFp8Scale];
   LNS_CHECK(scale > 0.0f) << "fp8: scale " << scale << " is not positive";
-  std::vector<float> q(static_cast<size_t>(n));
-  constexpr int64_t kChunk = 1 << 16;
+  std::unique_ptr<float[]> q(new float[static_cast<size_t>(n)]);  // every element written below
+  constexpr int64_t kChunk = 1 << 13;  // small enough that every thread gets a share of a layer's x
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<Fp8CastStats> st(static_cast<size_t>(chunks));
   const std::array<float, 256>& dec = decode_table(fmt);
@@ -44,7 +45,7 @@ std::vector<float> quantize(const Tensor& t, float* row, Fp8Format fmt, bool rec
     const int64_t b = c * kChunk, e = std::min(n, b + kChunk);
     uint8_t codes[kChunk];
     st[static_cast<size_t>(c)] = cast_to_fp8(x + b, e - b, scale, fmt, codes);
-    for (int64_t i = b; i < e; ++i) q[static_cast<size_t>(i)] = dec[codes[i - b]];
+    for (int64_t i = b; i < e; ++i) q[i] = dec[codes[i - b]];
   }
   if (record) {
     for (const Fp8CastStats& s : st) {
@@ -67,12 +68,12 @@ void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
   LNS_CHECK(w.dim(1) == in && y.numel() == N * out && x.dtype == DType::F32)
       << "linear_fp8: x " << x.shape.str() << " w " << w.shape.str() << " y " << y.shape.str();
   float *rx = f.row(f.x), *rw = f.row(f.w);
-  const std::vector<float> qx = quantize(x, rx, Fp8Format::E4M3, true);  // [N,in]
-  const std::vector<float> qw = quantize(w, rw, Fp8Format::E4M3, true);  // [out,in]
+  const std::unique_ptr<float[]> qx = quantize(x, rx, Fp8Format::E4M3, true);  // [N,in]
+  const std::unique_ptr<float[]> qw = quantize(w, rw, Fp8Format::E4M3, true);  // [out,in]
   if (N == 0) return;
   // y[N,out] = qx[N,in] @ qw[out,in]^T / (sx sw)
-  cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, rx[kFp8ScaleInv] * rw[kFp8ScaleInv], qx.data(), in,
-                 qw.data(), in, 0.0f, y.f32(), out);
+  cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, rx[kFp8ScaleInv] * rw[kFp8ScaleInv], qx.get(), in,
+                 qw.get(), in, 0.0f, y.f32(), out);
 }
 
 void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
@@ -82,19 +83,19 @@ void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bo
   const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
   LNS_CHECK(dy.numel() == N * out && dw.numel() == out * in);
   float *rx = f.row(f.x), *rw = f.row(f.w), *rdy = f.row(f.dy);
-  const std::vector<float> qdy = quantize(dy, rdy, Fp8Format::E5M2, true);  // [N,out]
+  const std::unique_ptr<float[]> qdy = quantize(dy, rdy, Fp8Format::E5M2, true);  // [N,out]
   if (N == 0) return;
   if (!dx.empty()) {
     LNS_CHECK(dx.numel() == N * in);
-    const std::vector<float> qw = quantize(w, rw, Fp8Format::E4M3, false);  // [out,in]
+    const std::unique_ptr<float[]> qw = quantize(w, rw, Fp8Format::E4M3, false);  // [out,in]
     // dx[N,in] (+)= qdy[N,out] @ qw[out,in] / (sdy sw)
-    cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, rdy[kFp8ScaleInv] * rw[kFp8ScaleInv], qdy.data(),
-                   out, qw.data(), in, accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
+    cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, rdy[kFp8ScaleInv] * rw[kFp8ScaleInv], qdy.get(),
+                   out, qw.get(), in, accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
   }
-  const std::vector<float> qx = quantize(x, rx, Fp8Format::E4M3, false);  // [N,in]
+  const std::unique_ptr<float[]> qx = quantize(x, rx, Fp8Format::E4M3, false);  // [N,in]
   // dw[out,in] += qdy^T[out,N] @ qx[N,in] / (sdy sx)
-  cpu::gemm_rows(CblasTrans, CblasNoTrans, out, in, N, rdy[kFp8ScaleInv] * rx[kFp8ScaleInv], qdy.data(), out,
-                 qx.data(), in, 1.0f, dw.f32(), in);
+  cpu::gemm_rows(CblasTrans, CblasNoTrans, out, in, N, rdy[kFp8ScaleInv] * rx[kFp8ScaleInv], qdy.get(), out,
+                 qx.get(), in, 1.0f, dw.f32(), in);
 }
 
 }  // namespace lns
