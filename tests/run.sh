@@ -3,7 +3,14 @@
 # Idempotent; the second run rebuilds only what changed (ccache helps after a clean).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each part's wall time, so that the hour CI allows is spent where one can see it.
+PHASE_START=$SECONDS
+phase_done() {
+  echo "tests/run.sh: $1 took $((SECONDS - PHASE_START)) s (total $SECONDS s)"
+  PHASE_START=$SECONDS
+}
 bash tools/install_deps.sh
+phase_done "install_deps"
 # mpirun refuses to run as root unless told it may (containers, CI).
 if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -11,7 +18,9 @@ fi
 BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"
+phase_done "CPU build"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)"
+phase_done "CPU tests"
 
 # ---- OpenBLAS kernels: the numerics again under each kernel family the CPU runs -----
 # The run above uses whatever kernel OpenBLAS picks here (its generic one on CPUs it does
@@ -29,6 +38,7 @@ if [ "$BLAS_KERNELS" != "OFF" ]; then
     esac
     echo "tests/run.sh: unit and mpi tests under OPENBLAS_CORETYPE=$k"
     OPENBLAS_CORETYPE=$k ctest --test-dir "$BUILD_DIR" -L "unit|mpi" --output-on-failure -j"$(nproc)"
+    phase_done "unit and mpi tests under $k"
   done
 fi
 
@@ -36,6 +46,7 @@ fi
 # LNS_SANITIZE=OFF skips this part.
 if [ "${LNS_SANITIZE:-ON}" != "OFF" ]; then
   bash tests/sanitize.sh
+  phase_done "sanitizers"
 fi
 
 # ---- the SIMT emulator: every `gpu` test with the kernels running on the CPU --------
@@ -54,11 +65,13 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
         -DLNS_CUDA_SIM=ON -DLNS_SANITIZE=ON >/dev/null
   cmake --build "$SIM_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \
         lns_bench_step
+  phase_done "emulator build (ASan)"
   SIM_EXCLUDE='gpu_tiny_run|gpu_nccl_dp2|emulator_counts_match_model|gpu_layouts_one_gpu|gpu_layouts_one_gpu_fires'
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LNS_SIM_CHECKS=reverse,race,streams \
     ctest --test-dir "$SIM_BUILD_DIR" -L gpu -LE slow -E "$SIM_EXCLUDE|gpu_mpi_tp2_pp2|gpu_mpi_pp2_vp2" \
     --output-on-failure -j"$(nproc)"
+  phase_done "emulator tests (ASan)"
   # 2. Release (build-sim-rel/): the kernels carry the access hooks, so the race check
   #    sees reads too (GCC's -fsanitize=thread instrumentation, which excludes ASan),
   #    and so does the cross-stream race check; every `gpu` test under both but the
@@ -72,11 +85,13 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   cmake -S . -B "$SIM_REL_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA_SIM=ON >/dev/null
   cmake --build "$SIM_REL_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \
         lns_bench_step lns_eval
+  phase_done "emulator build (Release)"
   LNS_SIM_CHECKS=race,streams ctest --test-dir "$SIM_REL_BUILD_DIR" -L gpu -LE 'slow|mpi' -E "$SIM_EXCLUDE" \
     --output-on-failure -j"$(nproc)"
   LNS_SIM_CHECKS=streams ctest --test-dir "$SIM_REL_BUILD_DIR" -R "^($SIM_EXCLUDE|gpu_flash_attention_t4096)\$" \
     --output-on-failure \
     -j"$(nproc)"
+  phase_done "emulator tests (Release)"
 fi
 
 # The CUDA backend (-DLNS_CUDA=ON), built wherever the toolkit is so that it never
@@ -97,7 +112,9 @@ if [ "${LNS_CUDA:-auto}" != "OFF" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then
   cmake -S . -B "$CUDA_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA=ON \
         -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" >/dev/null
   cmake --build "$CUDA_BUILD_DIR" -j"$(nproc)"
+  phase_done "CUDA build"
   ctest --test-dir "$CUDA_BUILD_DIR" -L "gpu|sass" --output-on-failure
+  phase_done "CUDA gpu and sass tests"
 else
   echo "tests/run.sh: no CUDA toolkit at $CUDA_HOME: the CUDA backend was not built"
 fi

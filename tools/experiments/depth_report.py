@@ -86,6 +86,53 @@ def read_curve(path):
     return sorted(curve.items())
 
 
+FP8_TENSORS = ("x", "w", "dy")  # the FP8 health rows' tensors (lns/fp8_state.h): input, weight, gradient
+
+
+def read_fp8_health(path, layers):
+    """An FP8 run's health (metrics.jsonl's {"step", "fp8": [{layer, linear, tensor, amax,
+    scale, saturated, flushed, nonfinite}]} records, one per --log_every step; a resumed run
+    repeats steps: last wins), per block and tensor over its seven linears: the amax at the
+    last record (the largest of the linears'), the saturated and flushed fractions (mean
+    over the records and the linears; saturated also its largest), and the non-finite
+    count summed. Lists have one number per block."""
+    by_step = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a stop
+            if isinstance(r.get("fp8"), list) and isinstance(r.get("step"), int):
+                by_step[r["step"]] = r["fp8"]
+    if not by_step:
+        raise ReportError("%s: no FP8 health records (an --fp8 run logs them every --log_every steps)" % path)
+    out = dict(steps=sorted(by_step), nonfinite=0.0)
+    for t in FP8_TENSORS:
+        sums = {k: [[] for _ in range(layers)] for k in ("saturated", "flushed")}
+        for step in sorted(by_step):
+            for h in by_step[step]:
+                if h.get("tensor") != t:
+                    continue
+                l = h.get("layer")
+                if not isinstance(l, int) or not 0 <= l < layers:
+                    raise ReportError("%s: step %d: FP8 health row of layer %r, expected 0..%d" % (
+                        path, step, l, layers - 1))
+                for k in sums:
+                    sums[k][l].append(finite(h.get(k), "%s: step %d: %s" % (path, step, k)))
+                out["nonfinite"] += finite(h.get("nonfinite"), "%s: step %d: nonfinite" % (path, step))
+        last = [h for h in by_step[max(by_step)] if h.get("tensor") == t]
+        amax = [0.0] * layers
+        for h in last:
+            amax[h["layer"]] = max(amax[h["layer"]], finite(h.get("amax"), "%s: amax" % path))
+        if any(not v for v in sums["saturated"]):
+            raise ReportError("%s: FP8 health of tensor %s does not cover blocks 0..%d" % (path, t, layers - 1))
+        out[t] = dict(amax_last=amax, saturated_mean=[mean(v) for v in sums["saturated"]],
+                      saturated_max=[max(v) for v in sums["saturated"]],
+                      flushed_mean=[mean(v) for v in sums["flushed"]])
+    return out
+
+
 def read_run(d):
     cell = load_json(os.path.join(d, "cell.json"))
     res = load_json(os.path.join(d, "result.json"))
@@ -113,17 +160,22 @@ def read_run(d):
     run["angular"] = [finite(diag[l]["angular_distance"], where + ": angular_distance") for l in range(L)]
     run["variance"] = [finite(diag[l]["variance"], where + ": variance") for l in range(L)]
     run["curve"] = read_curve(os.path.join(d, "metrics.jsonl"))
+    if cell.get("fp8"):
+        run["fp8_health"] = read_fp8_health(os.path.join(d, "metrics.jsonl"), L)
     return run
 
 
-def find_runs(root):
+def find_runs(root, fp8=False):
+    """The finished runs under ROOT; fp8: those of the FP8 study (cells with --fp8), else
+    the others (the FP8 study shares the width-64 study's run folder)."""
     if not os.path.isdir(root):
         raise ReportError("%s: not a directory" % root)
     runs = []
     for name in sorted(os.listdir(root)):
         d = os.path.join(root, name)
         if os.path.isfile(os.path.join(d, "result.json")) and os.path.isfile(os.path.join(d, "cell.json")):
-            runs.append(read_run(d))
+            if bool(load_json(os.path.join(d, "cell.json")).get("fp8")) == fp8:
+                runs.append(read_run(d))
     return runs
 
 
@@ -154,6 +206,17 @@ def read_record(path):
         for x in v:
             finite(x, "%s: %s" % (path, k))
     rec["curve"] = [tuple(p) for p in rec.get("curve", [])]
+    if cell.get("fp8"):
+        h = rec.get("fp8_health")
+        if not isinstance(h, dict):
+            raise ReportError("%s: an FP8 cell's record needs 'fp8_health'" % path)
+        for t in FP8_TENSORS:
+            for k in ("amax_last", "saturated_mean", "saturated_max", "flushed_mean"):
+                v = (h.get(t) or {}).get(k)
+                if not isinstance(v, list) or len(v) != L:
+                    raise ReportError("%s: fp8_health.%s.%s must have one number per block (%d)" % (path, t, k, L))
+                for x in v:
+                    finite(x, "%s: fp8_health.%s.%s" % (path, t, k))
     return dict(rec, dir=path)
 
 

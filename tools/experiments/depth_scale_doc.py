@@ -268,9 +268,9 @@ def plots(studies, out_dir):
          "Q3: residual-stream variance growth", os.path.join(out_dir, "depth_scale_variance.png"))
 
 
-def write_doc(doc, text):
+def write_doc(doc, text, begin=BEGIN, end=END):
     try:
-        doc_markers.replace_between(doc, BEGIN, END, text)
+        doc_markers.replace_between(doc, begin, end, text)
     except (OSError, ValueError) as e:
         raise DocError(str(e) if isinstance(e, ValueError) else "%s: cannot read (%s)" % (doc, e.strerror or e))
 

@@ -62,17 +62,26 @@ STUDIES = {
     "width64": dict(data="data/fortunes_bpe4k", vocab=4096, out="runs/depth_study_v2", records=RECORDS),
     "scale": dict(data="data/realtext", vocab=32768, out="runs/depth_study_scale",
                   records={"cpu": "docs/depth_study_scale_runs", "cuda": "docs/depth_study_scale_runs_cuda"}),
+    # FP8 at depth (issue 30, docs/fp8_depth.md): the width-64 models with --fp8=delayed
+    # beside the same cells without it. The FP8 cells' records are this study's; the cells
+    # without FP8 are the width-64 study's own (baseline: its records, its finished runs),
+    # so neither study runs a cell twice.
+    "fp8": dict(data="data/fortunes_bpe4k", vocab=4096, out="runs/depth_study_v2",
+                records={"cpu": "docs/fp8_depth_runs", "cuda": "docs/fp8_depth_runs_cuda"}, baseline="width64"),
 }
-GRIDS = {"width64": ("smoke", "session", "full"), "scale": ("scale", "scale_mini")}
+GRIDS = {"width64": ("smoke", "session", "full"), "scale": ("scale", "scale_mini"), "fp8": ("fp8", "fp8_mini")}
+FP8_MODE = "delayed"  # the FP8 cells' --fp8 (per-tensor delayed scaling, Transformer Engine's defaults)
 # Cost of the embedding/head and the rest, in blocks' worth of a width-64 block with a
 # 4096 vocabulary (3.2 of 13 GFLOP per step at 12 blocks): only for the ETA.
 HEAD_BLOCKS = 4.0
 
 
-def cell(group, layers, scheme, seed, lr=SHARED_LR, steps=STEPS, embed_std=0.02, shape=None):
+def cell(group, layers, scheme, seed, lr=SHARED_LR, steps=STEPS, embed_std=0.02, shape=None, fp8=None):
     c = dict(group=group, layers=layers, scheme=scheme, seed=seed, lr=lr, steps=steps, embed_std=embed_std)
     if shape:
         c["shape"] = shape
+    if fp8:  # absent, not "none", in a cell without it: the names and records of earlier runs stay
+        c["fp8"] = fp8
     return c
 
 
@@ -90,8 +99,9 @@ def lr_name(lr):
 def run_name(c):
     emb = "" if c["embed_std"] == 0.02 else "_emb%.3g" % c["embed_std"]
     shape = c["shape"] + "_" if c.get("shape") else ""
-    return "%sL%02d_%s_lr%s_s%d%s_seed%d" % (shape, c["layers"], c["scheme"], lr_name(c["lr"]), c["steps"], emb,
-                                             c["seed"])
+    fp8 = "_fp8" if c.get("fp8") else ""
+    return "%sL%02d_%s_lr%s_s%d%s%s_seed%d" % (shape, c["layers"], c["scheme"], lr_name(c["lr"]), c["steps"], emb,
+                                               fp8, c["seed"])
 
 
 def best_rates(sweep, loss):
@@ -141,6 +151,21 @@ def scale_grid(shape, loss):
     return out
 
 
+def fp8_grid(mini):
+    """FP8 at depth (issue 30), in order of priority: a seed at a time (so that a stopped
+    session leaves whole seeds), within it the cheaper depths first; each FP8 cell beside
+    its baseline without FP8 (the width-64 study's cell, already run where it has one).
+    Pre-LN, LNS and Mix-LN at the width-64 study's shared rate and budget."""
+    depths, seeds, steps, shape = ((2, 4), (1, 2), 6, "mini") if mini else ((12, 24, 48), (1, 2, 3), STEPS, None)
+    out = []
+    for seed in seeds:
+        for layers in depths:
+            for s in ("pre", "lns", "mix"):
+                out.append(cell("fp8", layers, s, seed, steps=steps, shape=shape, fp8=FP8_MODE))
+                out.append(cell("fp8", layers, s, seed, steps=steps, shape=shape))
+    return out
+
+
 def grid(name, loss=None):
     """Cells in order of priority, no duplicates. loss(cell): a finished cell's validation
     loss, else None (the scale grids choose their rates from their sweeps)."""
@@ -148,6 +173,8 @@ def grid(name, loss=None):
     out = []
     if name in ("scale", "scale_mini"):
         return dedupe(scale_grid("w512" if name == "scale" else "mini", loss))
+    if name in ("fp8", "fp8_mini"):
+        return dedupe(fp8_grid(name == "fp8_mini"))
     if name == "smoke":  # seconds: checks the machinery end to end
         for s in ("pre", "lns", "mix", "lns_scaled_init"):
             out.append(cell("depth", 2, s, 1, steps=6))
@@ -222,7 +249,8 @@ def grid(name, loss=None):
                 for s in ("pre", "lns"):
                     out.append(cell("lr", 48, s, seed, lr=lr))
     elif name != "session":
-        raise SystemExit("depth_study: --grid=%s: expected smoke, session, full, scale or scale_mini" % name)
+        raise SystemExit("depth_study: --grid=%s: expected smoke, session, full, scale, scale_mini, fp8 or fp8_mini"
+                         % name)
     return dedupe(out)
 
 
@@ -255,6 +283,8 @@ def train_flags(c, run_dir, args):
              "--out_dir=%s" % run_dir, "--resume=auto",
              "--device=%s" % args.device,
              "--exit_code_on_signal=143"]  # a run stopped by a signal is not finished
+    if c.get("fp8"):
+        flags.append("--fp8=%s" % c["fp8"])
     if scheme == "mix":
         flags += ["--norm_scheme=mix", "--post_layers=%d" % max(1, c["layers"] // 4)]  # the paper's 25%
     elif scheme == "lns_scaled_init":
@@ -414,6 +444,9 @@ def main(argv=None):
     ap.add_argument("--record", default=None,
                     help="keep each finished run's summary here (JSON, no checkpoint; empty: none); a cell "
                          "with a record is finished (default: RECORDS[device], as the two are separate studies)")
+    ap.add_argument("--baseline_record", default=None,
+                    help="--study=fp8: the records of the cells without FP8 (default: the width-64 study's, "
+                         "for the device)")
     ap.add_argument("--rerun_prior", action="store_true",
                     help="rerun the cells only summarised in RECORD/prior_*.json (their runs were not kept)")
     ap.add_argument("--threads", type=int, default=0,
@@ -422,7 +455,7 @@ def main(argv=None):
     if args.device not in RECORDS:
         raise SystemExit("depth_study: --device=%s: expected cpu or cuda" % args.device)
     study = STUDIES[args.study]
-    args.grid = args.grid or GRIDS[args.study][0 if args.study == "scale" else 1]
+    args.grid = args.grid or GRIDS[args.study][1 if args.study == "width64" else 0]  # width64: session
     if args.grid not in GRIDS[args.study]:
         raise SystemExit("depth_study: --grid=%s is not a grid of --study=%s (%s)" % (
             args.grid, args.study, ", ".join(GRIDS[args.study])))
@@ -431,6 +464,8 @@ def main(argv=None):
     args.vocab = args.vocab or study["vocab"]
     if args.record is None:
         args.record = study["records"][args.device]
+    if study.get("baseline") and args.baseline_record is None:
+        args.baseline_record = STUDIES[study["baseline"]]["records"][args.device]
     if args.print_record:
         print(args.record)
         return 0
@@ -439,22 +474,31 @@ def main(argv=None):
     os.chdir(ROOT)
     out = os.path.abspath(args.out)
     record = os.path.abspath(args.record) if args.record else ""
-    prior = set() if args.rerun_prior else prior_names(record)
+    baseline = os.path.abspath(args.baseline_record) if args.baseline_record else ""
+
+    def record_for(c):
+        """Where a cell's record is kept: the FP8 study keeps its cells without FP8 in the
+        baseline study's folder (they are that study's cells)."""
+        return baseline if baseline and not c.get("fp8") else record
+
+    # The FP8 study pairs each FP8 run with its baseline seed by seed, which an earlier
+    # session's summary (no per-seed loss) cannot do: it reruns the summarised baselines.
+    prior = set() if args.rerun_prior or baseline else prior_names(record)
 
     def select():
-        cells = grid(args.grid, lambda c: finished_loss(c, out, record))
+        cells = grid(args.grid, lambda c: finished_loss(c, out, record_for(c)))
         if args.only:
             groups = set(args.only.split(","))
             cells = [c for c in cells if c["group"] in groups]
         if args.cells:
             pats = args.cells.split(",")
             cells = [c for c in cells if any(fnmatch.fnmatchcase(run_name(c), p) for p in pats)]
-        return cells, [c for c in cells if not finished(c, out, record, prior)]
+        return cells, [c for c in cells if not finished(c, out, record_for(c), prior)]
 
     cells, todo = select()
     if args.list:
         for c in cells:
-            done = finished(c, out, record, prior)
+            done = finished(c, out, record_for(c), prior)
             print("%-8s %-44s %s" % (c["group"], run_name(c), ("summarised" if run_name(c) in prior else "done")
                                      if done else "-"))
         print("depth_study: %d cells, %d to run, cost %.0f block-steps left" % (len(cells), len(todo),
@@ -512,7 +556,7 @@ def main(argv=None):
             n_done += 1
             secs = time.time() - start
             run_dir = os.path.join(out, run_name(c))
-            res = finish(c, run_dir, rc, secs, record, args.jobs, args.device) if not stopping[0] else None
+            res = finish(c, run_dir, rc, secs, record_for(c), args.jobs, args.device) if not stopping[0] else None
             if stopping[0]:
                 sys.stderr.write("\ndepth_study: %s stopped; it resumes from its checkpoint\n" % run_name(c))
             elif res is None:

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""FP8 at depth (docs/fp8_depth.md, issue 30): does FP8's damage grow with depth under
+Pre-LN and stay flat under LNS? From the run records of depth_study.py --study fp8.
+
+    python3 tools/experiments/fp8_depth_doc.py [--fp8 docs/fp8_depth_runs] \\
+        [--baseline docs/depth_study_runs] [--doc docs/fp8_depth.md] [--plots docs/images]
+
+Each FP8 run (--fp8=delayed) is paired with the run of the same cell and seed without
+FP8 (the baseline study's record: the same initial weights and batches), and per depth
+and scheme, over the seeds:
+
+  Q1  the FP8 loss gap: FP8 minus baseline validation loss, per seed, then its mean and
+      spread; does it grow from the shallowest to the deepest depth?
+  Q2  the casts' health: the fraction of saturated and of flushed-to-zero values of each
+      linear's input x, weight w and gradient dy (mean over the blocks, the logged steps
+      and the seven linears), and its deeper half against its shallower half;
+  Q3  LNS against Pre-LN (and Mix-LN against Pre-LN) at each depth: the difference of
+      their FP8 gaps.
+
+A difference is called one only where the two seed ranges do not overlap (>= 2 seeds a
+side; depth_scale_doc's rule); otherwise "within the spread". Writes the tables between
+"<!-- MARKER:begin -->" and "<!-- MARKER:end -->" of --doc (--marker: fp8_depth, or
+fp8_depth_cuda for the GPU's records: a bf16 study of its own) and with --plots three
+figures: PREFIX_gap.png, PREFIX_amax.png, PREFIX_health.png. Every failure is one line
+"fp8_depth_doc: ..." and exit status 1.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import depth_report  # noqa: E402
+from depth_report import FP8_TENSORS, mean  # noqa: E402
+from depth_scale_doc import DocError, apart, fmt, save, spread, verdict, write_doc  # noqa: E402
+
+SCHEMES = ("pre", "lns", "mix")
+NAMES = {"pre": "Pre-LN", "lns": "LNS", "mix": "Mix-LN"}
+
+
+def pair_key(c):
+    """What an FP8 run and its baseline share: everything in the cell but --fp8 and the group."""
+    return (c["layers"], c["scheme"], c["lr"], c["steps"], c["embed_std"], c.get("shape") or "", c["seed"])
+
+
+def cells_of(fp8_runs, base_runs):
+    """{(layers, scheme): per-seed figures} for every FP8 cell (ok runs; a diverged FP8
+    or baseline run is listed, not averaged)."""
+    base = {pair_key(r["cell"]): r for r in base_runs}
+    out = {}
+    for r in fp8_runs:
+        c = r["cell"]
+        cell = out.setdefault((c["layers"], c["scheme"]), dict(
+            layers=c["layers"], scheme=c["scheme"], lr=c["lr"], steps=c["steps"], seeds={}, diverged=[]))
+        b = base.get(pair_key(c))
+        if r.get("status") != "ok" or (b is not None and b.get("status") != "ok"):
+            cell["diverged"].append(c["seed"])
+            continue
+        h = r["fp8_health"]
+        L = c["layers"]
+        s = dict(loss=r["loss"], health={})
+        for t in FP8_TENSORS:
+            ht = h[t]
+            s["health"][t] = dict(sat=mean(ht["saturated_mean"]), flush=mean(ht["flushed_mean"]),
+                                  sat_deep=mean(ht["saturated_mean"][L // 2:]),
+                                  sat_shallow=mean(ht["saturated_mean"][:L // 2]),
+                                  sat_max=max(ht["saturated_max"]),
+                                  amax_growth=(ht["amax_last"][-1] / ht["amax_last"][0]) if ht["amax_last"][0] > 0
+                                  else None)
+        s["nonfinite"] = h.get("nonfinite", 0.0)
+        if b is not None:
+            s["base"] = b["loss"]
+            s["gap"] = r["loss"] - b["loss"]
+        cell["seeds"][c["seed"]] = s
+    for cell in out.values():
+        seeds = cell["seeds"]
+        cell["fp8"] = spread([v["loss"] for v in seeds.values()]) if seeds else None
+        paired = [v for v in seeds.values() if "gap" in v]
+        cell["base"] = spread([v["base"] for v in paired]) if paired else None
+        cell["gap"] = spread([v["gap"] for v in paired]) if paired else None
+        cell["gap_pct"] = spread([100.0 * v["gap"] / v["base"] for v in paired]) if paired else None
+        cell["health"] = {t: {k: spread([v["health"][t][k] for v in seeds.values()])
+                              for k in ("sat", "flush", "sat_deep", "sat_shallow", "sat_max")}
+                          for t in FP8_TENSORS} if seeds else None
+        cell["nonfinite"] = sum(v["nonfinite"] for v in seeds.values())
+    return out
+
+
+def pct(s, digits=3):
+    """A fraction's spread as a percentage."""
+    if not s:
+        return "—"
+    return fmt(dict(s, mean=100 * s["mean"], std=None if s["std"] is None else 100 * s["std"]), digits)
+
+
+def trend(cells, scheme):
+    """Q1 for one scheme: the gap at each depth, and whether the deepest depth's seed range
+    lies above the shallowest's."""
+    pts = sorted((L, c["gap"]) for (L, s), c in cells.items() if s == scheme and c["gap"])
+    if not pts:
+        return "not run", pts
+    if len(pts) == 1:
+        return "one depth (%d: %+.4f), no trend yet" % (pts[0][0], pts[0][1]["mean"]), pts
+    (l0, a), (l1, b) = pts[0], pts[-1]
+    grows = b["mean"] > a["mean"]
+    a_ok = apart(a, b)
+    word = "grows" if grows else "does not grow"
+    how = "beyond the spread" if a_ok else "within the spread" if a_ok is False else "one seed"
+    return "%s from %d to %d blocks (%+.4f to %+.4f, %s)" % (word, l0, l1, a["mean"], b["mean"], how), pts
+
+
+def render(cells, fp8_dir, base_dir, n_fp8, n_base):
+    w = ["Generated by `tools/experiments/fp8_depth_doc.py` from the run records (FP8: `%s`, %d runs; "
+         "without FP8: `%s`, %d runs)." % (fp8_dir, n_fp8, base_dir, n_base), ""]
+    if not cells:
+        return "\n".join(w + ["No FP8 run is recorded yet.", ""])
+    w.append("### Q1, the FP8 loss gap against depth\n")
+    w.append("FP8 minus the same seed without FP8, validation loss (mean ± std over seeds (n)):\n")
+    w.append("| blocks | scheme | without FP8 | FP8 | gap | gap, % | diverged seeds |")
+    w.append("|---|---|---|---|---|---|---|")
+    for k in sorted(cells, key=lambda k: (k[0], SCHEMES.index(k[1]) if k[1] in SCHEMES else 9)):
+        c = cells[k]
+        w.append("| %d | %s | %s | %s | %s | %s | %s |" % (
+            c["layers"], NAMES.get(c["scheme"], c["scheme"]), fmt(c["base"], 4), fmt(c["fp8"], 4),
+            fmt(c["gap"], 4), fmt(c["gap_pct"], 2), ", ".join(map(str, c["diverged"])) or "—"))
+    w.append("")
+    for s in SCHEMES:
+        w.append("- %s: the gap %s." % (NAMES[s], trend(cells, s)[0]))
+    w.append("\n### Q2, the casts' health against depth\n")
+    w.append("Saturated and flushed-to-zero values, % of each tensor's values (mean over the blocks, the logged "
+             "steps and the seven linears, then over seeds); deep and shallow: the deeper and the shallower "
+             "half of the blocks:\n")
+    w.append("| blocks | scheme | x saturated | x flushed | w flushed | dy saturated | dy flushed | "
+             "dy saturated, deep / shallow half | non-finite |")
+    w.append("|---|---|---|---|---|---|---|---|---|")
+    for k in sorted(cells, key=lambda k: (k[0], SCHEMES.index(k[1]) if k[1] in SCHEMES else 9)):
+        c = cells[k]
+        h = c["health"]
+        if not h:
+            continue
+        w.append("| %d | %s | %s | %s | %s | %s | %s | %s / %s | %d |" % (
+            c["layers"], NAMES.get(c["scheme"], c["scheme"]), pct(h["x"]["sat"]), pct(h["x"]["flush"]),
+            pct(h["w"]["flush"]), pct(h["dy"]["sat"]), pct(h["dy"]["flush"]), pct(h["dy"]["sat_deep"]),
+            pct(h["dy"]["sat_shallow"]), c["nonfinite"]))
+    w.append("\n### Q3, LNS and Mix-LN against Pre-LN: the difference of FP8 gaps\n")
+    w.append("| blocks | scheme | its gap | Pre-LN's gap | difference | |")
+    w.append("|---|---|---|---|---|---|")
+    for L in sorted({k[0] for k in cells}):
+        ref = cells.get((L, "pre"))
+        for s in ("lns", "mix"):
+            c = cells.get((L, s))
+            if not ref or not c or not ref["gap"] or not c["gap"]:
+                continue
+            d = dict(apart=apart(ref["gap"], c["gap"]))
+            w.append("| %d | %s | %s | %s | %+.4f | %s |" % (L, NAMES[s], fmt(c["gap"], 4), fmt(ref["gap"], 4),
+                                                            c["gap"]["mean"] - ref["gap"]["mean"], verdict(d)))
+    w.append("")
+    return "\n".join(w) + "\n"
+
+
+def plots(cells, fp8_runs, out_dir, prefix):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(out_dir, exist_ok=True)
+    colors = {"pre": "tab:blue", "lns": "tab:red", "mix": "tab:green"}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in SCHEMES:
+        pts = trend(cells, s)[1]
+        if pts:  # the bar spans the seeds' range
+            ax.errorbar([p[0] for p in pts], [p[1]["mean"] for p in pts],
+                        yerr=[[p[1]["mean"] - p[1]["min"] for p in pts], [p[1]["max"] - p[1]["mean"] for p in pts]],
+                        marker="o", capsize=3, color=colors[s], label=NAMES[s])
+    ax.axhline(0, color="k", linewidth=0.5)
+    ax.set_xscale("log", base=2)
+    save(plt, fig, ax, "blocks", "FP8 − baseline validation loss (seed range)", "Q1: the FP8 loss gap against depth",
+         os.path.join(out_dir, prefix + "_gap.png"))
+    # the deepest depth: per-block amax of x and dy at the last logged step, mean over seeds
+    deepest = max(r["cell"]["layers"] for r in fp8_runs if r.get("status") == "ok")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, t, what in ((axes[0], "x", "input x"), (axes[1], "dy", "gradient dy")):
+        for s in SCHEMES:
+            rs = [r for r in fp8_runs if r.get("status") == "ok" and r["cell"]["layers"] == deepest
+                  and r["cell"]["scheme"] == s]
+            if rs:
+                prof = depth_report.per_block_mean([r["fp8_health"][t]["amax_last"] for r in rs])
+                ax.plot(range(deepest), prof, color=colors[s], label="%s (%d seeds)" % (NAMES[s], len(rs)))
+        ax.set_yscale("log")
+        save_ax(ax, "block", "amax of %s (largest of the 7 linears)" % what, "%d blocks, last logged step" % deepest)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, prefix + "_amax.png"), dpi=120)
+    plt.close(fig)
+    # Q2: saturated (x, dy) and flushed (dy) fractions per block at the deepest depth
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (t, k, what) in zip(axes, (("x", "saturated_mean", "x saturated"), ("dy", "saturated_mean",
+                                                                                "dy saturated"),
+                                       ("dy", "flushed_mean", "dy flushed"))):
+        for s in SCHEMES:
+            rs = [r for r in fp8_runs if r.get("status") == "ok" and r["cell"]["layers"] == deepest
+                  and r["cell"]["scheme"] == s]
+            if rs:
+                prof = depth_report.per_block_mean([r["fp8_health"][t][k] for r in rs])
+                ax.plot(range(deepest), [100 * v for v in prof], color=colors[s], label=NAMES[s])
+        save_ax(ax, "block", "%s, %% of values" % what, "%d blocks" % deepest)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, prefix + "_health.png"), dpi=120)
+    plt.close(fig)
+
+
+def save_ax(ax, xlabel, ylabel, title):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--fp8", default="docs/fp8_depth_runs", help="the FP8 cells' records")
+    ap.add_argument("--baseline", default="docs/depth_study_runs", help="the records of the cells without FP8")
+    ap.add_argument("--doc", default="docs/fp8_depth.md")
+    ap.add_argument("--plots", default="", help="folder for the three figures (none without)")
+    ap.add_argument("--prefix", default="fp8_depth", help="the figures' file names begin with it")
+    ap.add_argument("--marker", default="fp8_depth", help="the doc's markers: <!-- MARKER:begin --> ... end")
+    args = ap.parse_args(argv)
+    try:
+        fp8_runs = [r for r in depth_report.find_records(args.fp8) if r["cell"].get("fp8")]
+        base_runs = [r for r in depth_report.find_records(args.baseline) if not r["cell"].get("fp8")]
+        cells = cells_of(fp8_runs, base_runs)
+        text = render(cells, args.fp8, args.baseline, len(fp8_runs),
+                      sum(1 for c in cells.values() for v in c["seeds"].values() if "base" in v))
+        if args.doc:
+            write_doc(args.doc, text, "<!-- %s:begin -->" % args.marker, "<!-- %s:end -->" % args.marker)
+        else:
+            sys.stdout.write(text)
+        if args.plots and any(r.get("status") == "ok" for r in fp8_runs):
+            plots(cells, fp8_runs, args.plots, args.prefix)
+    except (DocError, depth_report.ReportError) as e:
+        print("fp8_depth_doc: %s" % e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
