@@ -68,6 +68,33 @@ TEST(Checkpoint, SavesAndLoadsExactly) {
 // --fp8: the scaling state (every tensor's scale and amax history) goes into the
 // checkpoint, so a resumed FP8 run is the uninterrupted one bit for bit; different
 // scaling settings are refused; a checkpoint saved without FP8 starts the scales at 1.
+// --fp8=blockwise keeps no scaling state: its checkpoints record the mode and no tensors,
+// resume bit-exact, and refuse to continue under --fp8=delayed.
+TEST(Checkpoint, Fp8BlockwiseResumesBitExact) {
+  const std::string out = fresh_dir("fp8b");
+  LlamaConfig m = small();
+  m.fp8 = Fp8Mode::Blockwise;
+  Trainer a(m, run_config(out));
+  for (int i = 0; i < 3; ++i) a.train_step();
+  a.save_checkpoint();
+  TrainConfig rc = run_config(out);
+  rc.resume = "auto";
+  Trainer b(m, rc);
+  for (int i = 0; i < 3; ++i) {
+    const StepStats sa = a.train_step(), sb = b.train_step();
+    EXPECT_EQ(sa.loss, sb.loss) << "step " << sa.step;
+    EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << sa.step;
+  }
+  std::ifstream in(find_latest_checkpoint(out) + "/manifest.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["fp8"]["mode"], "blockwise");
+  EXPECT_EQ(j["fp8"]["tensors"].size(), 0u);
+  LlamaConfig delayed = m;
+  delayed.fp8 = Fp8Mode::Delayed;
+  const std::string e = error_of([&] { Trainer c(delayed, rc); });
+  EXPECT_NE(e.find("the checkpoint's FP8 scaling is --fp8=blockwise"), std::string::npos) << e;
+}
+
 TEST(Checkpoint, Fp8ScalingStateResumesBitExact) {
   const std::string out = fresh_dir("fp8");
   LlamaConfig m = small();

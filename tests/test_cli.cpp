@@ -111,8 +111,7 @@ TEST(Cli, BadDataAndBatchesAreOneClearLine) {
 // and writes it per layer and tensor to metrics.jsonl.
 TEST(Cli, Fp8FlagsAndHealthRecords) {
   const std::string small = kGoldenFlags + " --norm_scheme=lns --steps=1";
-  expect_one_line_error(small + " --fp8=e4m3", "--fp8=e4m3: expected none or delayed");
-  expect_one_line_error(small + " --fp8=blockwise", "--fp8=blockwise: DeepSeek-V3's 1x128 / 128x128 tile scaling is not built yet");
+  expect_one_line_error(small + " --fp8=e4m3", "--fp8=e4m3: expected none, delayed or blockwise");
   expect_one_line_error(small + " --fp8=delayed --fp8_amax_history=0", "--fp8_amax_history=0: expected 1 to 1048576");
   expect_one_line_error(small + " --fp8=delayed --fp8_margin=-1", "--fp8_margin=-1: expected 0 to 64");
   expect_one_line_error(small + " --fp8=delayed --fp8_amax_compute=mean", "--fp8_amax_compute=mean: expected max or most_recent");
@@ -141,6 +140,14 @@ TEST(Cli, Fp8FlagsAndHealthRecords) {
   expect_one_line_error(kGoldenFlags + " --norm_scheme=lns --steps=4 --fp8=delayed --fp8_margin=1 --resume=auto --out_dir=" + dir,
                         "the checkpoint's FP8 scaling is --fp8=delayed --fp8_amax_history=1024 --fp8_margin=0 "
                         "--fp8_amax_compute=max; pass the same to resume");
+  // --fp8=blockwise runs on the CPU, logs its health (nothing saturates), and resumes.
+  const std::string bdir = dir + "_blockwise";
+  std::system(("rm -rf " + bdir).c_str());
+  const Result b = run_train(kGoldenFlags + " --norm_scheme=lns --steps=2 --log_every=1 --fp8=blockwise --out_dir=" + bdir);
+  ASSERT_EQ(b.code, 0) << b.err;
+  EXPECT_NE(b.err.find("fp8 step 2: most saturated 0%"), std::string::npos) << b.err;
+  const Result br = run_train(kGoldenFlags + " --norm_scheme=lns --steps=3 --fp8=blockwise --resume=auto --out_dir=" + bdir);
+  EXPECT_EQ(br.code, 0) << br.err;
 }
 
 TEST(Cli, EvalBadInputIsOneClearLine) {

@@ -122,6 +122,118 @@ TEST(Fp8LinearDeathTest, ANonPositiveScaleIsRefused) {
                "scale 0 is not positive");
 }
 
+// --fp8=blockwise's scale: the largest power of two s with amax s <= max, found here by
+// walking the exponents; 1 for 0, infinity and NaN.
+TEST(Fp8Blockwise, TileScaleIsTheLargestPowerOfTwoThatFits) {
+  for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    int checked = 0;
+    for (float amax = 1e-30f; amax < 1e30f; amax *= 1.37f) {
+      double want = 0;
+      for (int e = -126; e <= 127; ++e)
+        if (double(amax) * std::ldexp(1.0, e) <= fp8_max(f)) want = std::ldexp(1.0, e);
+      EXPECT_EQ(fp8_tile_scale(amax, f), float(want)) << amax;
+      ++checked;
+    }
+    EXPECT_GT(checked, 400);
+    EXPECT_EQ(fp8_tile_scale(fp8_max(f), f), 1.0f);
+    EXPECT_EQ(fp8_tile_scale(std::nextafter(fp8_max(f), 1e9f), f), 0.5f);
+    EXPECT_EQ(fp8_tile_scale(0.0f, f), 1.0f);
+    EXPECT_EQ(fp8_tile_scale(INFINITY, f), 1.0f);
+    EXPECT_EQ(fp8_tile_scale(NAN, f), 1.0f);
+  }
+}
+
+// t[R,C] cast tile by tile as written out here: each tile's amax, its scale by walking
+// exponents, each value rounded by the reference cast and divided by the scale (f64).
+std::vector<double> tiled(const std::vector<float>& t, int64_t R, int64_t C, int64_t tr, int64_t tc, Fp8Format f,
+                          int64_t* flushed = nullptr) {
+  std::vector<double> out(t.size());
+  for (int64_t r0 = 0; r0 < R; r0 += tr)
+    for (int64_t c0 = 0; c0 < C; c0 += tc) {
+      double amax = 0;
+      for (int64_t r = r0; r < std::min(R, r0 + tr); ++r)
+        for (int64_t c = c0; c < std::min(C, c0 + tc); ++c) amax = std::max(amax, std::abs(double(t[r * C + c])));
+      double s = 1;
+      if (amax > 0) {
+        s = std::ldexp(1.0, -126);
+        while (amax * s * 2 <= fp8_max(f) && s < std::ldexp(1.0, 127)) s *= 2;
+      }
+      for (int64_t r = r0; r < std::min(R, r0 + tr); ++r)
+        for (int64_t c = c0; c < std::min(C, c0 + tc); ++c) {
+          const double v = q(t[r * C + c], float(s), f);
+          if (flushed && t[r * C + c] != 0 && v == 0) ++*flushed;
+          out[r * C + c] = v / s;
+        }
+    }
+  return out;
+}
+
+// The blockwise ops against the tile-by-tile definition: x in 1 x 128 tiles along in, w
+// in 128 x 128, dy in 1 x 128 along out for dx and 128 x 1 along N for dw (x too),
+// products summed in f64. Shapes cross tile edges (in 200, out 136, N 130), and every
+// row of x has its own magnitude (10^-1 .. 10^1, and an outlier row), which per-tensor scaling cannot
+// follow: there the small rows flush, here they keep their bits.
+TEST(Fp8Blockwise, OpsAreTheGemmsOfTheTileScaledOperands) {
+  const int64_t N = 130, in = 200, out = 136;
+  std::vector<float> x = randn(N * in, 4, 1.0f), w = randn(out * in, 5, 0.05f), dy = randn(N * out, 6, 1e-3f);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < in; ++i) x[n * in + i] *= std::pow(10.0f, float(n % 9 - 4) / 4.0f) * (1.0f + float(i % 3));
+  // Outliers that make the tiles' directions matter (a power-of-two scale rounds alike
+  // wherever values stay normal): row 5 of x and row 7 of dy, each beside a zero row of
+  // the other, flush the rest of their 128 x 1 tiles in dw's casts but not in the 1 x 128
+  // ones; w[3][3] flushes the rest of its 128 x 128 tile but not of a 1 x 128 one.
+  for (int64_t i = 0; i < in; ++i) x[5 * in + i] = 1e5f, x[7 * in + i] = 0.0f;
+  for (int64_t o = 0; o < out; ++o) dy[7 * out + o] = 1e6f, dy[5 * out + o] = 0.0f;
+  w[3 * in + 3] = 1e4f;
+  std::vector<float> table(3 * kFp8Fields, 0.0f);
+  for (int r = 0; r < 3; ++r) table[size_t(r * kFp8Fields + kFp8Scale)] = table[size_t(r * kFp8Fields + kFp8ScaleInv)] = 1;
+  const Fp8Linear f{view(table, {3, kFp8Fields}), 0, 1, 2, /*blockwise=*/true};
+  std::vector<float> y(size_t(N * out)), dx(size_t(N * in), 0.5f), dw(size_t(out * in), 0.25f);
+  linear_forward_fp8(view(y, {N, out}), view(x, {N, in}), view(w, {out, in}), f);
+  linear_backward_fp8(view(dx, {N, in}), view(dw, {out, in}), view(dy, {N, out}), view(x, {N, in}), view(w, {out, in}),
+                      /*accumulate_dx=*/true, f);
+  int64_t flushed_x = 0, flushed_dy = 0;
+  const std::vector<double> qx = tiled(x, N, in, 1, 128, Fp8Format::E4M3, &flushed_x),
+                            qw = tiled(w, out, in, 128, 128, Fp8Format::E4M3),
+                            qd = tiled(dy, N, out, 1, 128, Fp8Format::E5M2, &flushed_dy),
+                            cd = tiled(dy, N, out, 128, 1, Fp8Format::E5M2), cx = tiled(x, N, in, 128, 1, Fp8Format::E4M3);
+  std::vector<double> wy(y.size()), wdx(dx.size(), 0.5), wdw(dw.size(), 0.25);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        wy[n * out + o] += qx[n * in + i] * qw[o * in + i];
+        wdx[n * in + i] += qd[n * out + o] * qw[o * in + i];
+        wdw[o * in + i] += cd[n * out + o] * cx[n * in + i];
+      }
+  for (int64_t n = 0; n < N; ++n) {  // the rows differ by 10^7: each to its own largest value
+    std::vector<float> row(y.begin() + n * out, y.begin() + (n + 1) * out);
+    std::vector<double> want(wy.begin() + n * out, wy.begin() + (n + 1) * out);
+    expect_close(row, want, 1e-5, "y row");
+    std::vector<float> drow(dx.begin() + n * in, dx.begin() + (n + 1) * in);
+    std::vector<double> dwant(wdx.begin() + n * in, wdx.begin() + (n + 1) * in);
+    expect_close(drow, dwant, 1e-5, "dx row");
+  }
+  expect_close(dw, wdw, 1e-5, "dw");
+  // health: the forward's x and w casts and the backward's first cast of dy, nothing
+  // saturates (each tile's largest value fits by construction)
+  EXPECT_EQ(table[0 * kFp8Fields + kFp8Elements], N * in);
+  EXPECT_EQ(table[1 * kFp8Fields + kFp8Elements], out * in);
+  EXPECT_EQ(table[2 * kFp8Fields + kFp8Elements], N * out);
+  EXPECT_EQ(table[0 * kFp8Fields + kFp8Flushed], flushed_x);
+  EXPECT_EQ(table[2 * kFp8Fields + kFp8Flushed], flushed_dy);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(table[size_t(r * kFp8Fields + kFp8Saturated)], 0.0f) << r;
+  float amax_want = 0;
+  for (float v : x) amax_want = std::max(amax_want, std::abs(v));
+  EXPECT_EQ(table[0 * kFp8Fields + kFp8Amax], amax_want);
+  // per-tensor scaling of the same x, at the scale its amax gives, flushes the small rows
+  int64_t flushed_tensor = 0;
+  const float amax_x = table[0 * kFp8Fields + kFp8Amax], s = 448.0f / amax_x;
+  for (float v : x) flushed_tensor += v != 0 && q(v, s, Fp8Format::E4M3) == 0.0;
+  EXPECT_GT(flushed_tensor, N * in / 5) << "per-tensor scaling must lose the small rows here";
+  EXPECT_EQ(flushed_x, 0) << "1 x 128 tiles keep them";
+  EXPECT_GT(flushed_tensor, flushed_x);
+}
+
 ParamSet two_linears() {
   ParamSet ps;
   ps.add("model.layers.0.self_attn.q_proj.weight", {4, 3}, ParamKind::Q, 0);
@@ -137,7 +249,7 @@ TEST(Fp8State, TheStepsAmaxBecomesTheNextScale) {
   ParamSet ps = two_linears();
   Fp8ScalingConfig c;
   c.history = 4;
-  Fp8State st(ps, {1}, c, Device::CPU);
+  Fp8State st(ps, {1}, Fp8Mode::Delayed, c, Device::CPU);
   ASSERT_EQ(st.rows(), 3);
   EXPECT_FALSE(st.has(0));
   const Fp8Linear f = st.linear(1);
@@ -163,7 +275,7 @@ TEST(Fp8State, TheStepsAmaxBecomesTheNextScale) {
   EXPECT_EQ(t[f.dy * kFp8Fields + kFp8Scale], 57344.0f / 0.5f);
   EXPECT_EQ(t[f.x * kFp8Fields + kFp8Saturated], 0.0f);
   // The state round trip (checkpoints) and its range checks.
-  Fp8State back(ps, {1}, c, Device::CPU);
+  Fp8State back(ps, {1}, Fp8Mode::Delayed, c, Device::CPU);
   back.restore(st.state(), "test");
   EXPECT_EQ(back.linear(1).table.f32()[kFp8Scale], 224.0f);
   std::vector<std::vector<float>> bad = st.state();

@@ -215,5 +215,41 @@ TEST(Fp8Training, FollowsTheF32RunAndScalesFromThePreviousStepsAmax) {
   EXPECT_LT(worst, 0.06);
 }
 
+// --fp8=blockwise trains beside f32 as closely, keeps no scale from step to step (its
+// health reports scale 0: per tile) and saturates nothing (each tile's scale fits its
+// largest value).
+TEST(Fp8Training, BlockwiseFollowsTheF32Run) {
+  TrainConfig tc;
+  tc.data = corpus_file("fp8b", 30);
+  tc.seq_len = 32, tc.micro_batch = 4, tc.global_batch = 8, tc.steps = 40;
+  tc.lr = 3e-3, tc.warmup_steps = 5, tc.grad_clip = 1.0;
+  LlamaConfig m = tiny_model();
+  Trainer f32(m, tc);
+  m.fp8 = Fp8Mode::Blockwise;
+  Trainer fp8(m, tc);
+  ASSERT_TRUE(fp8.model().fp8()->blockwise());
+  EXPECT_TRUE(fp8.model().fp8()->state().empty());
+  double worst = 0, first = 0;
+  for (int i = 0; i < tc.steps; ++i) {
+    const StepStats a = f32.train_step(), b = fp8.train_step();
+    for (const Fp8Health& h : fp8.model().fp8()->last_health()) {
+      ASSERT_GT(h.elements, 0) << h.name;
+      EXPECT_EQ(h.scale, 0.0f) << h.name;
+      EXPECT_EQ(h.saturated, 0) << h.name;
+    }
+    if (i == 0) first = std::abs(a.loss - b.loss);
+    worst = std::max(worst, std::abs(a.loss - b.loss) / a.loss);
+    if (i + 1 == tc.steps)
+      std::printf("[ fp8 blockwise ] step %d: loss f32 %.4f, fp8 %.4f; worst relative gap over the run %.2e\n", i + 1,
+                  a.loss, b.loss, worst);
+  }
+  EXPECT_GT(first, 1e-6) << "the FP8 run must not be the f32 run";
+  // Observed 2026-11-28 at lr 3e-3: worst gap 9.0e-4 to 9.4e-4 under OpenBLAS's SkylakeX,
+  // Haswell and Prescott kernels (loss 3.191 at step 40). At the delayed test's lr 1e-2
+  // the run is chaotic enough that the gap is noise (5.6% there, 3.7% for delayed), so
+  // this one trains gently and holds the gap to 10x what it showed.
+  EXPECT_LT(worst, 0.01);
+}
+
 }  // namespace
 }  // namespace lns

@@ -12,6 +12,21 @@
 // Forward inputs and weights are E4M3 (more precision), gradients E5M2 (more range),
 // as Transformer Engine's HYBRID format.
 //
+// --fp8=blockwise (DeepSeek-V3's fine-grained scaling) scales tiles instead of tensors,
+// each from its own amax at the moment of the cast (no history): every GEMM operand is
+// cut into tiles of kFp8Tile values along the GEMM's reduction dimension K (1 x 128 for
+// activations and gradients, K-major) or 128 x 128 (weights), and tile t is cast with
+// the power of two s_t = 2^floor(log2(fp8_max / amax_t)), so the tile's largest value
+// lands in the format's top binade and nothing saturates; the GEMM multiplies each
+// tile's products by 1/s_t (cuBLASLt's VEC128_32F and BLK128x128_32F scale modes):
+//   forward   y  = Q4(x; 1x128 along in) @ Q4(w; 128x128)^T
+//   backward  dx (+)= Q5(dy; 1x128 along out) @ Q4(w; 128x128)
+//             dw += Q5(dy; 128x1 along N)^T @ Q4(x; 128x1 along N)
+// with Q the tile-scaled cast already unscaled (value = code / s_t). So dy and x are cast
+// twice in the backward, once per direction of K, as Transformer Engine's blockwise
+// recipe does. A power-of-two scale makes the unscaling exact. The table's rows then
+// carry only the health (the scale fields stay 1, unused).
+//
 // The scales live in a table on the tensors' device so that a GEMM reads its scale
 // where the data is, and every cast adds its tensor's health to the same row; the stage
 // turns the table into the next step's scales once per optimizer step (Fp8State).
@@ -19,17 +34,24 @@
 #include <cstdint>
 #include <string>
 
+#include "lns/fp8.h"
 #include "lns/tensor.h"
 
 namespace lns {
 
 // --fp8: none (bf16/f32 GEMMs), delayed (per-tensor scales from an amax history, as
 // Transformer Engine's DelayedScaling) or blockwise (DeepSeek-V3's 1x128 / 128x128
-// tiles; not built yet: parse_fp8_mode says so).
+// tiles, above; on the CPU only for now: the stage refuses it on CUDA).
 enum class Fp8Mode { None, Delayed, Blockwise };
 const char* fp8_mode_name(Fp8Mode m);  // "none", "delayed", "blockwise"
-// UserError naming `flag` and the accepted values (and that blockwise is not built yet).
+// UserError naming `flag` and the accepted values.
 Fp8Mode parse_fp8_mode(const std::string& s, const std::string& flag = "--fp8");
+
+// --fp8=blockwise's tile edge (values along K per scale; weights' tiles are square).
+constexpr int64_t kFp8Tile = 128;
+// The power-of-two scale of a tile whose largest |value| is amax: 2^floor(log2(max /
+// amax)), within f32's normal exponents; 1 for an amax of 0 or one that is not finite.
+float fp8_tile_scale(float amax, Fp8Format f);
 
 // One row per FP8 tensor (a linear's input x, weight w or output gradient dy), f32:
 enum Fp8Field : int64_t {
@@ -49,6 +71,7 @@ enum Fp8Field : int64_t {
 struct Fp8Linear {
   Tensor table;
   int64_t x = -1, w = -1, dy = -1;
+  bool blockwise = false;  // --fp8=blockwise: tile scales (above); else the rows' per-tensor scales
   // Row r of the table (checked: an f32 [R, kFp8Fields] table, 0 <= r < R), on its device.
   float* row(int64_t r) const;
 };

@@ -1,5 +1,6 @@
-// The FP8 scaling state of a stage (--fp8=delayed; lns/fp8_linear.h): one Fp8DelayedScale
-// per FP8 tensor of each linear the stage holds (its input x and weight w in E4M3, its
+// The FP8 scaling state of a stage (--fp8; lns/fp8_linear.h): one Fp8DelayedScale
+// per FP8 tensor of each linear the stage holds (--fp8=blockwise keeps none: its tiles
+// are scaled at each cast, and the table carries only the health) (its input x and weight w in E4M3, its
 // output gradient dy in E5M2), the table its casts read the scales from and add their
 // health to, and the step boundary that turns what a step saw into the next step's scales.
 //
@@ -40,8 +41,9 @@ class Fp8State {
  public:
   // `weights`: the parameter indices of the linear weights that run in FP8. The table is
   // allocated on `device`; every scale starts at 1 (Transformer Engine's start).
-  Fp8State(const ParamSet& params, const std::vector<int>& weights, const Fp8ScalingConfig& config,
+  Fp8State(const ParamSet& params, const std::vector<int>& weights, Fp8Mode mode, const Fp8ScalingConfig& config,
            Device device);
+  bool blockwise() const { return blockwise_; }
   bool has(int weight) const;
   Fp8Linear linear(int weight) const;  // the rows of that weight's linear
   int64_t rows() const { return static_cast<int64_t>(scales_.size()); }
@@ -56,12 +58,14 @@ class Fp8State {
   const std::vector<Fp8Health>& end_step(const std::vector<Communicator*>& groups);
   const std::vector<Fp8Health>& last_health() const { return health_; }
 
-  // The scaling state of every row, in row order (for checkpoints): Fp8DelayedScale::state.
+  // The scaling state of every row, in row order (for checkpoints): Fp8DelayedScale::state;
+  // none with --fp8=blockwise (nothing carries over from a step to the next).
   std::vector<std::vector<float>> state() const;
   void restore(const std::vector<std::vector<float>>& s, const std::string& what);
 
  private:
   void upload_scales();
+  bool blockwise_ = false;
   std::vector<int> row_of_weight_;  // by parameter index: first row (x; w +1, dy +2), -1 none
   std::vector<Fp8DelayedScale> scales_;
   std::vector<Fp8Health> health_;   // names and layers set at construction

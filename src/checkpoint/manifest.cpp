@@ -89,7 +89,8 @@ ManifestPiece parse_piece(const JsonIn& p, const std::set<std::string>& files) {
 Fp8Record parse_fp8(const JsonIn& j, const std::set<std::string>& files) {
   Fp8Record r;
   r.mode = j["mode"].string();
-  if (r.mode != "delayed") j["mode"].error("'", printable(r.mode), "', expected delayed");
+  if (r.mode != "delayed" && r.mode != "blockwise")
+    j["mode"].error("'", printable(r.mode), "', expected delayed or blockwise");
   r.scaling.history = static_cast<int>(j["amax_history"].integer(1, 1 << 20));
   r.scaling.margin = static_cast<int>(j["margin"].integer(0, 64));
   const std::string algo = j["amax_compute"].string();
@@ -105,6 +106,8 @@ Fp8Record parse_fp8(const JsonIn& j, const std::set<std::string>& files) {
     if (!files.count(e.file)) t["file"].error("'", printable(e.file), "' is not listed in files");
     r.tensors.push_back(std::move(e));
   }
+  if (r.mode == "blockwise" && !r.tensors.empty())
+    ts.error("has ", std::to_string(r.tensors.size()), " entries; --fp8=blockwise keeps no scaling state");
   return r;
 }
 

@@ -2,6 +2,9 @@
 // src/cpu/linear_fp8.cpp and src/cuda/linear_fp8.cpp.
 #include "lns/fp8_linear.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "lns/errors.h"
 
 namespace lns {
@@ -25,10 +28,18 @@ float* Fp8Linear::row(int64_t r) const {
 Fp8Mode parse_fp8_mode(const std::string& s, const std::string& flag) {
   if (s == "none") return Fp8Mode::None;
   if (s == "delayed") return Fp8Mode::Delayed;
-  if (s == "blockwise")
-    fail(flag, "=blockwise: DeepSeek-V3's 1x128 / 128x128 tile scaling is not built yet; use ", flag,
-         "=delayed (per-tensor scales) or ", flag, "=none");
-  fail(flag, "=", s, ": expected none or delayed (blockwise is not built yet)");
+  if (s == "blockwise") return Fp8Mode::Blockwise;
+  fail(flag, "=", s, ": expected none, delayed or blockwise");
+}
+
+float fp8_tile_scale(float amax, Fp8Format f) {
+  if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
+  // floor(log2(max / amax)) from the exponents, exact: max / amax = 2^(em - ea) x (mm / ma)
+  // with mantissas in [1, 2), so the floor is em - ea, less one where mm < ma
+  int ea = 0, em = 0;
+  const float ma = std::frexp(amax, &ea), mm = std::frexp(fp8_max(f), &em);
+  const int e = em - ea - (mm < ma ? 1 : 0);
+  return std::ldexp(1.0f, std::clamp(e, -126, 127));
 }
 
 }  // namespace lns

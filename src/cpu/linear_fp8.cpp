@@ -1,11 +1,13 @@
 // The FP8 linear layer on the CPU (include/lns/fp8_linear.h): the reference the CUDA
-// path and its cuBLASLt stand-in are held to. Each operand is cast to its 8-bit codes
+// path and its cuBLASLt stand-in are held to, and (--fp8=blockwise) the only path yet. Each operand is cast to its 8-bit codes
 // with lns/fp8.h's cast (the one definition of rounding and saturation), decoded back
 // to the exact f32 values those codes stand for, multiplied by OpenBLAS in f32 and
 // unscaled in the GEMM's alpha = (1/sa)(1/sb) (the table's inverses), as cuBLASLt's
 // epilogue applies its A and B scale pointers.
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -59,6 +61,64 @@ std::unique_ptr<float[]> quantize(const Tensor& t, float* row, Fp8Format fmt, bo
   return q;
 }
 
+// --fp8=blockwise: t[R,C] cast tile by tile (tiles of tr x tc values, the edges cut
+// short), each with its own power-of-two scale (fp8_tile_scale), and returned unscaled:
+// q[i] = value(code_i) / s_tile, exact. Adds the cast's health to `row` when record.
+std::unique_ptr<float[]> quantize_tiles(const Tensor& t, int64_t R, int64_t C, int64_t tr, int64_t tc, float* row,
+                                        Fp8Format fmt, bool record) {
+  LNS_CHECK(t.numel() == R * C && tr > 0 && tc > 0);
+  std::unique_ptr<float[]> q(new float[static_cast<size_t>(R * C)]);
+  const float* x = t.f32();
+  const std::array<float, 256>& dec = decode_table(fmt);
+  const int64_t row_tiles = (R + tr - 1) / tr, col_tiles = (C + tc - 1) / tc;
+  std::vector<Fp8CastStats> st(static_cast<size_t>(row_tiles));
+  const float limit = fp8_max(fmt);
+#pragma omp parallel for schedule(static)
+  for (int64_t bi = 0; bi < row_tiles; ++bi) {
+    const int64_t r0 = bi * tr, r1 = std::min(R, r0 + tr);
+    std::vector<float> amax(static_cast<size_t>(col_tiles), 0.0f), scale(amax.size());
+    Fp8CastStats& s = st[static_cast<size_t>(bi)];
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < col_tiles; ++j) {
+        float m = amax[static_cast<size_t>(j)];
+        for (int64_t c = j * tc; c < std::min(C, (j + 1) * tc); ++c) {
+          const float a = std::fabs(x[r * C + c]);
+          if (a <= std::numeric_limits<float>::max()) {
+            m = std::max(m, a);
+          } else {
+            ++s.nonfinite;
+          }
+        }
+        amax[static_cast<size_t>(j)] = m;
+      }
+    for (size_t j = 0; j < amax.size(); ++j) {
+      scale[j] = fp8_tile_scale(amax[j], fmt);
+      s.amax = std::max(s.amax, amax[j]);
+    }
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < col_tiles; ++j) {
+        const float sc = scale[static_cast<size_t>(j)], inv = 1.0f / sc;  // powers of two: exact
+        for (int64_t c = j * tc; c < std::min(C, (j + 1) * tc); ++c) {
+          const float v = x[r * C + c] * sc, av = std::fabs(v);
+          const uint8_t code = fp8_encode_satfinite(v, fmt);
+          q[r * C + c] = dec[code] * inv;
+          s.saturated += av > limit && av <= std::numeric_limits<float>::max();
+          s.flushed += av > 0.0f && av <= std::numeric_limits<float>::max() && (code & 0x7F) == 0;
+        }
+      }
+  }
+  if (record) {
+    for (const Fp8CastStats& s : st) {
+      row[kFp8Amax] = std::max(row[kFp8Amax], s.amax);
+      row[kFp8Saturated] += static_cast<float>(s.saturated);
+      row[kFp8Flushed] += static_cast<float>(s.flushed);
+      row[kFp8Nonfinite] += static_cast<float>(s.nonfinite);
+    }
+    row[kFp8Elements] += static_cast<float>(R * C);
+  }
+  return q;
+}
+
 }  // namespace
 
 void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
@@ -68,6 +128,13 @@ void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
   LNS_CHECK(w.dim(1) == in && y.numel() == N * out && x.dtype == DType::F32)
       << "linear_fp8: x " << x.shape.str() << " w " << w.shape.str() << " y " << y.shape.str();
   float *rx = f.row(f.x), *rw = f.row(f.w);
+  if (f.blockwise) {  // y[N,out] = qx[N,in] @ qw[out,in]^T, the tiles already unscaled
+    const std::unique_ptr<float[]> qx = quantize_tiles(x, N, in, 1, kFp8Tile, rx, Fp8Format::E4M3, true);
+    const std::unique_ptr<float[]> qw = quantize_tiles(w, out, in, kFp8Tile, kFp8Tile, rw, Fp8Format::E4M3, true);
+    if (N > 0)
+      cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, 1.0f, qx.get(), in, qw.get(), in, 0.0f, y.f32(), out);
+    return;
+  }
   const std::unique_ptr<float[]> qx = quantize(x, rx, Fp8Format::E4M3, true);  // [N,in]
   const std::unique_ptr<float[]> qw = quantize(w, rw, Fp8Format::E4M3, true);  // [out,in]
   if (N == 0) return;
@@ -83,6 +150,24 @@ void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bo
   const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
   LNS_CHECK(dy.numel() == N * out && dw.numel() == out * in);
   float *rx = f.row(f.x), *rw = f.row(f.w), *rdy = f.row(f.dy);
+  if (f.blockwise) {
+    // dx: K = out, so dy in 1 x 128 tiles along out; dw: K = N, so dy and x in 128 x 1
+    // tiles along N (a second cast of each, not recorded: the health is the first's)
+    const std::unique_ptr<float[]> qdy = quantize_tiles(dy, N, out, 1, kFp8Tile, rdy, Fp8Format::E5M2, true);
+    if (N == 0) return;
+    if (!dx.empty()) {
+      LNS_CHECK(dx.numel() == N * in);
+      const std::unique_ptr<float[]> qw = quantize_tiles(w, out, in, kFp8Tile, kFp8Tile, rw, Fp8Format::E4M3, false);
+      // dx[N,in] (+)= qdy[N,out] @ qw[out,in]
+      cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, qdy.get(), out, qw.get(), in,
+                     accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
+    }
+    const std::unique_ptr<float[]> cdy = quantize_tiles(dy, N, out, kFp8Tile, 1, rdy, Fp8Format::E5M2, false);
+    const std::unique_ptr<float[]> cx = quantize_tiles(x, N, in, kFp8Tile, 1, rx, Fp8Format::E4M3, false);
+    // dw[out,in] += cdy^T[out,N] @ cx[N,in]
+    cpu::gemm_rows(CblasTrans, CblasNoTrans, out, in, N, 1.0f, cdy.get(), out, cx.get(), in, 1.0f, dw.f32(), in);
+    return;
+  }
   const std::unique_ptr<float[]> qdy = quantize(dy, rdy, Fp8Format::E5M2, true);  // [N,out]
   if (N == 0) return;
   if (!dx.empty()) {

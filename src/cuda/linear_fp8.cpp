@@ -52,6 +52,7 @@ GemmArgs fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* a, GemmInput a
 }  // namespace
 
 void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
+  LNS_CHECK(!f.blockwise) << "fp8 linear: --fp8=blockwise has no CUDA path yet (the stage refuses it)";
   expect(x, DType::BF16, "fp8 linear x");
   expect(w, DType::BF16, "fp8 linear w");
   const int64_t in = w.dim(1), out = w.dim(0), rows = x.numel() / in;
@@ -68,6 +69,7 @@ void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
 
 void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
                          const Fp8Linear& f) {
+  LNS_CHECK(!f.blockwise) << "fp8 linear: --fp8=blockwise has no CUDA path yet (the stage refuses it)";
   expect(dy, DType::BF16, "fp8 linear dy");
   expect(x, DType::BF16, "fp8 linear x");
   expect(w, DType::BF16, "fp8 linear w");

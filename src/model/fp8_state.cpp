@@ -25,9 +25,10 @@ const char* fp8_role_name(int r) {
   return names[r];
 }
 
-Fp8State::Fp8State(const ParamSet& params, const std::vector<int>& weights, const Fp8ScalingConfig& config,
-                   Device device)
-    : row_of_weight_(static_cast<size_t>(params.size()), -1) {
+Fp8State::Fp8State(const ParamSet& params, const std::vector<int>& weights, Fp8Mode mode,
+                   const Fp8ScalingConfig& config, Device device)
+    : blockwise_(mode == Fp8Mode::Blockwise), row_of_weight_(static_cast<size_t>(params.size()), -1) {
+  LNS_CHECK(mode != Fp8Mode::None);
   config.validate("--fp8_");
   std::map<int, int> per_layer;  // FP8 linears seen so far, by layer
   for (const int w : weights) {
@@ -55,7 +56,7 @@ bool Fp8State::has(int weight) const {
 Fp8Linear Fp8State::linear(int weight) const {
   LNS_CHECK(has(weight)) << "no FP8 rows for parameter " << weight;
   const int64_t r = row_of_weight_[static_cast<size_t>(weight)];
-  return {table_.t, r, r + 1, r + 2};
+  return {table_.t, r, r + 1, r + 2, blockwise_};
 }
 
 void Fp8State::upload_scales() {
@@ -84,10 +85,10 @@ const std::vector<Fp8Health>& Fp8State::end_step(const std::vector<Communicator*
   for (size_t r = 0; r < R; ++r) {
     Fp8Health& h = health_[r];
     h.amax = static_cast<float>(amax[r]);
-    h.scale = scales_[r].scale();
+    h.scale = blockwise_ ? 0.0f : scales_[r].scale();  // 0: scaled per tile
     h.saturated = counts[r * 4], h.flushed = counts[r * 4 + 1];
     h.nonfinite = counts[r * 4 + 2], h.elements = counts[r * 4 + 3];
-    if (h.elements > 0) scales_[r].record(h.amax);  // a tensor no cast touched keeps its history
+    if (h.elements > 0 && !blockwise_) scales_[r].record(h.amax);  // a tensor no cast touched keeps its history
   }
   upload_scales();
   return health_;
@@ -95,11 +96,16 @@ const std::vector<Fp8Health>& Fp8State::end_step(const std::vector<Communicator*
 
 std::vector<std::vector<float>> Fp8State::state() const {
   std::vector<std::vector<float>> s;
+  if (blockwise_) return s;
   for (const Fp8DelayedScale& d : scales_) s.push_back(d.state());
   return s;
 }
 
 void Fp8State::restore(const std::vector<std::vector<float>>& s, const std::string& what) {
+  if (blockwise_) {
+    LNS_REQUIRE(s.empty(), what, ": FP8 scaling state for ", s.size(), " tensors, but --fp8=blockwise keeps none");
+    return;
+  }
   LNS_REQUIRE(s.size() == scales_.size(), what, ": FP8 scaling state for ", s.size(), " tensors, expected ",
               scales_.size());
   for (size_t r = 0; r < s.size(); ++r) scales_[r].restore(s[r], what + " (" + health_[r].name + ")");

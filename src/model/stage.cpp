@@ -186,6 +186,9 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   register_params();
   params_.finalize(device_);
   if (cfg_.fp8 != Fp8Mode::None) {
+    LNS_REQUIRE(!(device_ == Device::CUDA && cfg_.fp8 == Fp8Mode::Blockwise),
+                "--fp8=blockwise runs on the CPU only for now (its block-scaled cuBLASLt GEMMs are not built "
+                "yet); use --fp8=delayed on --device=cuda");
     if (device_ == Device::CUDA) {  // cuBLASLt's FP8 matmul: every GEMM dimension a multiple of 16
       const std::pair<int64_t, const char*> dims[] = {
           {B_ * T_, "the tokens of a micro-batch (--micro_batch_size x --seq_len)"},
@@ -199,7 +202,7 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
     std::vector<int> weights;  // every block's linears in kFp8BlockLinears order; the LM head stays as it is
     for (const Layer& l : layers_)
       for (const int w : {l.wq, l.wk, l.wv, l.wo, l.wg, l.wu, l.wd}) weights.push_back(w);
-    fp8_ = std::make_unique<Fp8State>(params_, weights, cfg_.fp8_scaling, device_);
+    fp8_ = std::make_unique<Fp8State>(params_, weights, cfg_.fp8, cfg_.fp8_scaling, device_);
   }
   rope_cos_ = rope_.cos, rope_sin_ = rope_.sin;
   if (device_ != Device::CPU) {
