@@ -33,7 +33,7 @@ struct Plan {
 };
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
-                       int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, int, int>;
+                       int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, int, int, int, int>;
 
 cudaDataType_t input_type(GemmInput t) {
   return t == GemmInput::E4M3 ? CUDA_R_8F_E4M3 : t == GemmInput::E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_16BF;
@@ -53,6 +53,19 @@ void check_fp8(const GemmArgs& g) {
   for (const int64_t v : {g.M, g.N, g.K, g.lda, g.ldb})
     LNS_CHECK(v % 16 == 0) << "gemm: FP8 needs M, N, K and leading dimensions in multiples of 16; M=" << g.M
                            << " N=" << g.N << " K=" << g.K << " lda=" << g.lda << " ldb=" << g.ldb;
+  const bool block_a = g.a_scale_mode != GemmScale::Tensor, block_b = g.b_scale_mode != GemmScale::Tensor;
+  LNS_CHECK(block_a == block_b) << "gemm: block scales on one FP8 operand need them on the other";
+  LNS_CHECK(!(g.a_scale_mode == GemmScale::Block128 && g.b_scale_mode == GemmScale::Block128))
+      << "gemm: 128x128 tile scales on both operands have no FP8 kernel (one must be 1x128)";
+  if (block_a)
+    LNS_CHECK(reinterpret_cast<uintptr_t>(g.a_scale) % 16 == 0 && reinterpret_cast<uintptr_t>(g.b_scale) % 16 == 0)
+        << "gemm: block scale tensors must be 16-byte aligned";
+}
+
+cublasLtMatmulMatrixScale_t scale_mode(GemmScale s) {
+  return s == GemmScale::Vec128     ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+         : s == GemmScale::Block128 ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                    : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
 }
 
 // The alignment cuBLASLt may assume for an operand: the largest power of two up to
@@ -99,7 +112,7 @@ const Plan& plan_for(const GemmArgs& g) {
                  al_c = alignment(g.C, g.stride_c * csize, g.batch);
   const Key key{g.trans_a, g.trans_b, g.M,        g.N,        g.K,        g.lda, g.ldb, g.ldc,
                 int(g.c_dtype), g.batch, g.stride_a, g.stride_b, g.stride_c, al_a, al_b, al_c,
-                int(g.a_type), int(g.b_type)};
+                int(g.a_type), int(g.b_type), int(g.a_scale_mode), int(g.b_scale_mode)};
   Lt& l = lt();
   auto it = l.plans.find(key);
   if (it != l.plans.end()) return it->second;
@@ -109,6 +122,11 @@ const Plan& plan_for(const GemmArgs& g) {
   const cublasOperation_t tb = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "transa");
   lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "transb");
+  if (g.a_scale_mode != GemmScale::Tensor) {  // block-scaled FP8; cuBLASLt's A is our B
+    const int32_t ma = scale_mode(g.b_scale_mode), mb = scale_mode(g.a_scale_mode);
+    lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof(ma)), "A scale mode");
+    lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof(mb)), "B scale mode");
+  }
   p.a = layout(input_type(g.b_type), g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, g.ldb, g.batch, g.stride_b);
   p.b = layout(input_type(g.a_type), g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, g.lda, g.batch, g.stride_a);
   p.c = layout(g.c_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF, g.N, g.M, g.ldc, g.batch, g.stride_c);
@@ -134,6 +152,16 @@ const Plan& plan_for(const GemmArgs& g) {
 }
 
 }  // namespace
+
+int64_t gemm_scale_floats(GemmScale s, int64_t rows, int64_t K) {
+  const int64_t tiles = (K + 127) / 128;
+  switch (s) {
+    case GemmScale::Tensor: return 1;
+    case GemmScale::Vec128: return tiles * ((rows + 3) / 4 * 4);
+    case GemmScale::Block128: return (rows + 127) / 128 * ((tiles + 3) / 4 * 4);
+  }
+  return 0;
+}
 
 void gemm(const GemmArgs& g) {
   if (g.M == 0 || g.N == 0) return;

@@ -15,6 +15,18 @@ namespace lns::cuda {
 // leading dimensions multiples of 16, never two E5M2 operands, and one matrix (no batch).
 enum class GemmInput { BF16, E4M3, E5M2 };
 
+// How an FP8 operand's scale pointer is read (cuBLASLt's scale modes): one factor for the
+// whole operand, or one per tile of 128 values along K (--fp8=blockwise) for an operand
+// of `rows` rows (M for A, N for B) stored K-major:
+//   Vec128    1 x 128 tiles: f32 [ceil(K/128)][rows rounded up to 4], a tile row's
+//             factors contiguous (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F)
+//   Block128  128 x 128 tiles: f32 [ceil(rows/128)][ceil(K/128) rounded up to 4]
+//             (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F)
+// Both operands block-scaled or neither, and never Block128 on both; the tensors 16-byte
+// aligned. The layouts are Transformer Engine's for these modes (its blockwise recipe).
+enum class GemmScale { Tensor, Vec128, Block128 };
+int64_t gemm_scale_floats(GemmScale s, int64_t rows, int64_t K);  // the scale tensor's length
+
 struct GemmArgs {
   // C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, all row-major.
   // op(A) = A [M,K] (lda >= K) or, with trans_a, A^T of A stored [K,M] (lda >= M);
@@ -37,6 +49,7 @@ struct GemmArgs {
   GemmInput a_type = GemmInput::BF16, b_type = GemmInput::BF16;
   const float* a_scale = nullptr;
   const float* b_scale = nullptr;
+  GemmScale a_scale_mode = GemmScale::Tensor, b_scale_mode = GemmScale::Tensor;
 };
 
 // Queued on the backend's stream. The algorithm for each distinct shape is chosen

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <random>
 
 #include <unistd.h>
 
@@ -34,6 +35,7 @@
 #include "tests/test_util.h"
 
 #ifdef LNS_WITH_CUDA
+#include "src/cuda/gemm.h"
 #include "src/cuda/runtime.h"
 #endif
 
@@ -674,6 +676,67 @@ TEST(ModelStep, FfnOf5461StoredAs5504MatchesCpuStep) {
 // rounding (y, dx) or f32 summation order (dw), since both sum the same exact products.
 // A scale of 8 on x saturates some of its values, which both must count alike; x's 19 x 16
 // tiles are more than the 256 threads that merge their health.
+#ifdef LNS_WITH_CUDA  // the wrapper exists in CUDA and emulation builds only
+// The block-scaled FP8 product (--fp8=blockwise's GEMMs) through gemm(): A [32, 272] with
+// 1 x 128 tile factors, B [144, 272] with 128 x 128 ones, in the layouts gemm.h states;
+// the reference sums each K tile in f64 and multiplies it by both tiles' factors. K's last
+// tile is partial and B's second row block too; the tensors' padding holds NaN, which a
+// product reading it would show. On a GPU this checks the layouts against cuBLASLt itself.
+TEST(GemmFp8, BlockScalesMultiplyEachTilesProduct) {
+  REQUIRE_GPU();
+  const int64_t M = 32, N = 144, K = 272, tiles = 3;
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> code(0, 255), expo(-4, 4);
+  const auto codes = [&](int64_t n) {
+    std::vector<uint8_t> c(static_cast<size_t>(n));
+    for (auto& v : c)
+      do v = uint8_t(code(rng));
+      while (!std::isfinite(fp8_to_f32(v, Fp8Format::E4M3)));
+    return c;
+  };
+  const std::vector<uint8_t> a = codes(M * K), b = codes(N * K);
+  const int64_t na = cuda::gemm_scale_floats(cuda::GemmScale::Vec128, M, K),
+                nb = cuda::gemm_scale_floats(cuda::GemmScale::Block128, N, K);
+  ASSERT_EQ(na, tiles * 32);
+  ASSERT_EQ(nb, 2 * 4);
+  std::vector<float> sa(size_t(na), NAN), sb(size_t(nb), NAN);
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t i = 0; i < M; ++i) sa[size_t(t * 32 + i)] = std::ldexp(1.0f, expo(rng));
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t t = 0; t < tiles; ++t) sb[size_t(r * 4 + t)] = std::ldexp(1.0f, expo(rng));
+  // codes travel as I32 words (4 codes each): the tensors have no byte type
+  const auto upload_codes = [](const std::vector<uint8_t>& c) {
+    OwnedTensor d(DType::I32, Shape{int64_t(c.size() / 4)}, Device::CUDA);
+    copy_tensor(d.t, Tensor{const_cast<uint8_t*>(c.data()), DType::I32, Device::CPU, d.t.shape});
+    return d;
+  };
+  const OwnedTensor da = upload_codes(a), db = upload_codes(b);
+  Dev dsa(sa, {na}, DType::F32), dsb(sb, {nb}, DType::F32), c = zeros({M, N}, DType::F32);
+  cuda::GemmArgs g;
+  g.M = M, g.N = N, g.K = K;
+  g.A = da.t.data, g.lda = K, g.a_type = cuda::GemmInput::E4M3;
+  g.B = db.t.data, g.ldb = K, g.trans_b = true, g.b_type = cuda::GemmInput::E4M3;
+  g.C = c.t.data, g.ldc = N, g.c_dtype = DType::F32, g.alpha = 0.5f;
+  g.a_scale = dsa.t.f32(), g.b_scale = dsb.t.f32();
+  g.a_scale_mode = cuda::GemmScale::Vec128, g.b_scale_mode = cuda::GemmScale::Block128;
+  cuda::gemm(g);
+  const std::vector<float> got = c.get();
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double want = 0, mag = 0;
+      for (int64_t t = 0; t < tiles; ++t) {
+        double part = 0;
+        for (int64_t k = t * 128; k < std::min(K, (t + 1) * 128); ++k) {
+          const double p = double(fp8_to_f32(a[i * K + k], Fp8Format::E4M3)) * fp8_to_f32(b[j * K + k], Fp8Format::E4M3);
+          part += p, mag += std::abs(p) * sa[t * 32 + i] * sb[(j / 128) * 4 + t];
+        }
+        want += part * sa[t * 32 + i] * sb[(j / 128) * 4 + t];
+      }
+      ASSERT_NEAR(got[i * N + j], 0.5 * want, 0.5 * mag * 1e-6 + 1e-30) << i << "," << j;
+    }
+}
+#endif
+
 TEST(Fp8Linear, CudaMatchesTheCpuReference) {
   REQUIRE_GPU();
   const int64_t N = 592, in = 512, out = 32;

@@ -411,6 +411,11 @@ struct Fp8Call {
   cudaDataType ta = CUDA_R_8F_E4M3, tb = CUDA_R_8F_E5M2;
   cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
   float scale[2] = {0.25f, 1.0f / 1024};
+  // block scaling (cublasLtMatmulMatrixScale_t per operand; 0: per tensor, scale[]); the
+  // factors then live in `blocks` (64 floats of 1 unless set): A's from 0, B's from b_at
+  int32_t mode[2] = {0, 0};
+  std::vector<float> blocks = std::vector<float>(64, 1.0f);
+  int b_at = 32;
   std::vector<uint8_t> a, b;
   void *da = nullptr, *db = nullptr, *dd = nullptr, *ds = nullptr, *ws = nullptr;
   cublasLtHandle_t h = nullptr;
@@ -432,15 +437,25 @@ struct Fp8Call {
     a.resize(k * m), b.resize(k * n);
     for (auto& x : a) x = finite(ta);
     for (auto& x : b) x = finite(tb);
-    da = device_alloc(a.size()), db = device_alloc(b.size()), dd = device_alloc(m * n * 2), ds = device_alloc(8);
+    const bool blocked = mode[0] || mode[1];
+    da = device_alloc(a.size()), db = device_alloc(b.size()), dd = device_alloc(m * n * 2);
+    ds = device_alloc(blocked ? blocks.size() * 4 : 8);
     lns::simtest::upload(da, a.data(), a.size()), lns::simtest::upload(db, b.data(), b.size());
-    lns::simtest::upload(ds, scale, 8);
+    if (blocked) {
+      lns::simtest::upload(ds, blocks.data(), blocks.size() * 4);
+    } else {
+      lns::simtest::upload(ds, scale, 8);
+    }
     cublasLtCreate(&h);
     cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
     const float* sa = static_cast<float*>(ds);
-    const float* sb = sa + 1;
+    const float* sb = sa + (blocked ? b_at : 1);
+    for (int i = 0; i < 2; ++i)
+      if (mode[i])
+        cublasLtMatmulDescSetAttribute(desc, i == 0 ? CUBLASLT_MATMUL_DESC_A_SCALE_MODE : CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                       &mode[i], sizeof mode[i]);
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa);
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb);
     cublasLtMatrixLayoutCreate(&la, ta, opa == CUBLAS_OP_T ? k : m, opa == CUBLAS_OP_T ? m : k, opa == CUBLAS_OP_T ? k : m);
@@ -506,6 +521,48 @@ TEST_F(SimCublasLtDeathTest, Fp8RefusesWhatTheLibraryRefuses) {
     const int8_t fast = 1;
     EXPECT_DEATH(cublasLtMatmulDescSetAttribute(f.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast),
                  "FAST_ACCUM = 1 .* is not modelled");
+  }
+}
+
+// Block scales (--fp8=blockwise): what cuBLASLt refuses, and a factor of a real tile that
+// is not a positive finite number. (Their product: GemmFp8.BlockScalesMultiplyEachTilesProduct,
+// through the wrapper.)
+TEST_F(SimCublasLtDeathTest, Fp8BlockScalesRefuseWhatTheLibraryRefuses) {
+  const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  {
+    Fp8Call f;
+    f.mode[0] = f.mode[1] = blk;
+    f.build();
+    EXPECT_DEATH(f.plan(), "128x128 block scales on both A and B are not supported");
+  }
+  {
+    Fp8Call f;
+    f.mode[0] = vec;  // B per tensor
+    f.build();
+    EXPECT_DEATH(f.plan(), "a per-tensor scale beside a block scale");
+  }
+  {
+    Fp8Call f;
+    f.mode[0] = vec, f.mode[1] = blk, f.b_at = 33;
+    f.build();
+    f.plan();
+    EXPECT_DEATH(f.run(), "the B block scale tensor at .* is not 16-byte aligned");
+  }
+  {
+    Fp8Call f;
+    f.mode[0] = vec, f.mode[1] = blk;
+    f.blocks[5] = 0.0f;  // A's factor for row 5 of the one K tile
+    f.build();
+    f.plan();
+    EXPECT_DEATH(f.run(), "the A block scale 5 is 0.000000, not a positive finite number");
+  }
+  {
+    Fp8Call f;  // a padding entry (B's [1][4] tensor: entries 1-3) is never read
+    f.mode[0] = vec, f.mode[1] = blk;
+    f.blocks[32 + 2] = NAN;
+    f.build();
+    f.plan();
+    f.run();
   }
 }
 

@@ -9,6 +9,9 @@
 // each code decoded exactly (lns/fp8.h) and the product multiplied by alpha and the
 // A and B scales, read from device memory when the product runs. A scale that is not a
 // positive finite number is reported: the library would use it and return garbage.
+// Block scales (VEC128_32F, BLK128x128_32F; run_matmul_blocked says their layout) are
+// modelled with what the library refuses for them: a block scale beside a per-tensor
+// one, 128x128 tiles on both operands, a scale tensor that is not 16-byte aligned.
 // Anything outside what src/cuda/gemm.cpp uses (other types, epilogues, device-side
 // alpha) is reported as "not modelled" rather than guessed.
 #include <cublasLt.h>
@@ -32,6 +35,7 @@ struct cublasLtMatmulDescOpaque_st {
   cudaDataType_t scale;
   cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
   const float* scale_ptr[2] = {nullptr, nullptr};  // A, B scale pointers (device); null: 1
+  int32_t scale_mode[2] = {0, 0};  // A, B: cublasLtMatmulMatrixScale_t (scalar, 1x128 or 128x128 tiles)
 };
 struct cublasLtMatrixLayoutOpaque_st {
   cudaDataType type;
@@ -93,7 +97,7 @@ uint32_t actual_alignment(const void* p, const cublasLtMatrixLayoutOpaque_st& l)
 uint64_t signature(const cublasLtMatmulDescOpaque_st& d, const cublasLtMatrixLayoutOpaque_st* const l[4]) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-  mix(d.compute), mix(d.scale), mix(d.trans_a), mix(d.trans_b);
+  mix(d.compute), mix(d.scale), mix(d.trans_a), mix(d.trans_b), mix(d.scale_mode[0]), mix(d.scale_mode[1]);
   for (int i = 0; i < 4; ++i)
     mix(l[i]->type), mix(l[i]->rows), mix(l[i]->cols), mix(uint64_t(l[i]->ld)), mix(uint64_t(l[i]->batch)),
         mix(uint64_t(l[i]->stride));
@@ -119,6 +123,12 @@ void check_problem(const char* call, const cublasLtMatmulDescOpaque_st& d,
     if (d.trans_a != CUBLAS_OP_T || d.trans_b != CUBLAS_OP_N)
       fail(c + ": FP8 needs A transposed and B not (the \"TN\" format)");
     if (l[0]->batch > 1) fail(c + ": batched FP8 products are not modelled by the emulation");
+    const int32_t ma = d.scale_mode[0], mb = d.scale_mode[1];
+    if ((ma == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) != (mb == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F))
+      fail(c + ": a per-tensor scale beside a block scale is not modelled by the emulation (A scale mode " +
+           std::to_string(ma) + ", B " + std::to_string(mb) + ")");
+    if (ma == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F && mb == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F)
+      fail(c + ": 128x128 block scales on both A and B are not supported by cuBLASLt (one must be VEC128_32F)");
     for (int i = 0; i < 4; ++i)
       if (l[i]->rows % 16 || l[i]->cols % 16 || (uint64_t(l[i]->ld) * elem_size(l[i]->type)) % 16)
         fail(c + ": FP8 needs every dimension a multiple of 16 and 16-byte leading dimensions; " + kOperand[i] +
@@ -199,6 +209,70 @@ void run_matmul(bool ta, bool tb, const Operand& A, const Operand& B, const Oper
   }
 }
 
+// Block-scaled FP8 (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, BLK128x128_32F: DeepSeek-V3's
+// recipe as Transformer Engine lays it out for the library). An operand stored K-major
+// (K rows, `outer` columns: A transposed or B not) has one f32 factor per tile of 128
+// along K: per column with VEC128, in a [ceil(K/128)][outer rounded up to 4] tensor
+// (columns contiguous), or per 128 x 128 tile with BLK128x128, in a
+// [ceil(outer/128)][ceil(K/128) rounded up to 4] tensor. The product sums each K tile
+// in f32 and adds it times both tiles' factors.
+struct BlockScale {
+  int32_t mode = 0;
+  uint64_t k = 0, outer = 0;
+  const float* p = nullptr;
+  uint64_t tiles() const { return (k + 127) / 128; }
+  uint64_t floats() const {
+    return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? tiles() * ((outer + 3) / 4 * 4)
+                                                           : (outer + 127) / 128 * ((tiles() + 3) / 4 * 4);
+  }
+  float at(uint64_t col, uint64_t tile) const {
+    return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? p[tile * ((outer + 3) / 4 * 4) + col]
+                                                           : p[col / 128 * ((tiles() + 3) / 4 * 4) + tile];
+  }
+};
+
+void run_matmul_blocked(const Operand& A, const Operand& B, const Operand& C, const Operand& D, float alpha,
+                        float beta, const BlockScale& sa, const BlockScale& sb, const std::string& call) {
+  const uint64_t m = D.l.rows, n = D.l.cols, k = A.l.rows, tiles = sa.tiles();
+  for (const BlockScale* s : {&sa, &sb})
+    for (uint64_t i = 0; i < s->floats(); ++i)
+      if (!(s->p[i] > 0.0f) || !std::isfinite(s->p[i])) {
+        // padding entries are never read; only the factors of real tiles must be usable
+        const bool vec = s->mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        const uint64_t ld = vec ? (s->outer + 3) / 4 * 4 : (s->tiles() + 3) / 4 * 4;
+        if (vec ? i % ld >= s->outer : i % ld >= s->tiles()) continue;
+        fail(call + ": the " + (s == &sa ? "A" : "B") + " block scale " + std::to_string(i) + " is " +
+             std::to_string(s->p[i]) + ", not a positive finite number (an FP8 scaling bug; the library would use it)");
+      }
+  std::vector<float> a(m * k), bk(k * n), acc(n), part(n);
+  for (uint64_t i = 0; i < m; ++i)
+    for (uint64_t p = 0; p < k; ++p) a[i * k + p] = load(A, 0, p, i);  // A stored K x m: op(A) = A^T
+  for (uint64_t p = 0; p < k; ++p)
+    for (uint64_t j = 0; j < n; ++j) bk[p * n + j] = load(B, 0, p, j);
+  for (uint64_t i = 0; i < m; ++i) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (uint64_t t = 0; t < tiles; ++t) {
+      std::fill(part.begin(), part.end(), 0.0f);
+      for (uint64_t p = t * 128; p < std::min(k, (t + 1) * 128); ++p) {
+        const float x = a[i * k + p];
+        const float* row = &bk[p * n];
+        for (uint64_t j = 0; j < n; ++j) part[j] += x * row[j];
+      }
+      const float fa = sa.at(i, t);
+      for (uint64_t j = 0; j < n; ++j) acc[j] += part[j] * fa * sb.at(j, t);
+    }
+    for (uint64_t j = 0; j < n; ++j) {
+      float v = alpha * acc[j];
+      if (beta != 0.0f) v += beta * load(C, 0, i, j);
+      const uint64_t at = j * uint64_t(D.l.ld) + i;
+      if (D.l.type == CUDA_R_32F)
+        static_cast<float*>(const_cast<void*>(D.p))[at] = v;
+      else
+        static_cast<uint16_t*>(const_cast<void*>(D.p))[at] = lns::f32_to_bf16(v);
+    }
+  }
+}
+
 bool overlap(const void* p, uint64_t pb, const void* q, uint64_t qb) {
   const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
   return pb && qb && a < b + qb && b < a + pb;
@@ -250,6 +324,17 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
     const int i = attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER ? 0 : 1;
     desc->scale_ptr[i] = attr_value<const float*>(buf, size, call, i == 0 ? "CUBLASLT_MATMUL_DESC_A_SCALE_POINTER"
                                                                         : "CUBLASLT_MATMUL_DESC_B_SCALE_POINTER");
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (attr == CUBLASLT_MATMUL_DESC_A_SCALE_MODE || attr == CUBLASLT_MATMUL_DESC_B_SCALE_MODE) {
+    const int i = attr == CUBLASLT_MATMUL_DESC_A_SCALE_MODE ? 0 : 1;
+    const char* name = i == 0 ? "CUBLASLT_MATMUL_DESC_A_SCALE_MODE" : "CUBLASLT_MATMUL_DESC_B_SCALE_MODE";
+    const auto mode = attr_value<int32_t>(buf, size, call, name);
+    if (mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F && mode != CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F &&
+        mode != CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F)
+      fail(std::string(call) + ": " + name + " = " + std::to_string(mode) +
+           " is not modelled by the emulation (SCALAR_32F, VEC128_32F, BLK128x128_32F)");
+    desc->scale_mode[i] = mode;
     return CUBLAS_STATUS_SUCCESS;
   }
   if (attr == CUBLASLT_MATMUL_DESC_FAST_ACCUM) {
@@ -410,12 +495,33 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const uint64_t read_c = b != 0.0f ? bytes[2] : 0;
   // The scale pointers as set now (the descriptor may be changed before the product runs).
   const float* const scale[2] = {desc->scale_ptr[0], desc->scale_ptr[1]};
-  for (int i = 0; i < 2; ++i)
+  const bool blocked = desc->scale_mode[0] != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;  // both are (check_problem)
+  BlockScale bs[2];
+  for (int i = 0; i < 2; ++i) {
+    bs[i] = BlockScale{desc->scale_mode[i], l[i]->rows, l[i]->cols, scale[i]};  // K-major: K rows (TN)
+    if (blocked && !scale[i]) fail(call + ": block scaling needs the " + kOperand[i] + " scale pointer");
     if (scale[i]) {
       const std::string what = call + " " + kOperand[i] + " scale";
-      lns::sim::require_device_range(scale[i], sizeof(float), what.c_str());
+      lns::sim::require_device_range(scale[i], blocked ? bs[i].floats() * sizeof(float) : sizeof(float), what.c_str());
       if (!is_fp8(l[i]->type)) fail(call + ": a scale pointer for " + kOperand[i] + ", which is not FP8, is not modelled");
+      if (blocked && reinterpret_cast<uintptr_t>(scale[i]) % 16)
+        fail(call + ": the " + kOperand[i] + " block scale tensor at " + str(scale[i]) + " is not 16-byte aligned");
     }
+  }
+  if (blocked) {
+    lns::sim::enqueue(
+        stream, "cublasLtMatmul",
+        [=] {
+          lns::sim::declare_access(A, bytes[0], false), lns::sim::declare_access(B, bytes[1], false);
+          lns::sim::declare_access(C, read_c, false), lns::sim::declare_access(workspace, need_ws, true);
+          for (int i = 0; i < 2; ++i) lns::sim::declare_access(scale[i], bs[i].floats() * sizeof(float), false);
+          lns::sim::declare_access(D, bytes[3], true);
+          if (need_ws) std::memset(workspace, 0xff, need_ws);
+          run_matmul_blocked(oa, ob, oc, od, a, b, bs[0], bs[1], call);
+        },
+        __builtin_return_address(0));
+    return CUBLAS_STATUS_SUCCESS;
+  }
   lns::sim::enqueue(
       stream, "cublasLtMatmul",
       [=] {
