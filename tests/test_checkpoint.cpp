@@ -148,6 +148,9 @@ TEST(Checkpoint, Fp8ScalingStateResumesBitExact) {
   EXPECT_NE(resume_error(m, damaged("fp8_key", [](nlohmann::json& j) { j["fp8"]["tensors"][0]["key"] = "fp8/nope"; }))
                 .find("is not a 1-D F32 entry 'fp8/nope'"),
             std::string::npos);
+  EXPECT_NE(resume_error(m, damaged("fp8_mode", [](nlohmann::json& j) { j["fp8"]["mode"] = "blockwise"; }))
+                .find("entries; --fp8=blockwise keeps no scaling state"),
+            std::string::npos);
   LlamaConfig two = m;
   two.fp8_scaling.history = 2;  // the record says 2, the stored states hold 3 + 3 values
   EXPECT_NE(resume_error(two, damaged("fp8_len", [](nlohmann::json& j) { j["fp8"]["amax_history"] = 2; }))

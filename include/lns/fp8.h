@@ -78,4 +78,33 @@ LNS_HOST_DEVICE inline uint8_t fp8_encode_satfinite(float x, Fp8Format f) {
   return static_cast<uint8_t>(a > 0x7F800000u ? 0x7Fu : out);  // NaN (a NaN code in both formats)
 }
 
+// --fp8=blockwise's tile scale (lns/fp8_linear.h: fp8_tile_scale), on the bits so that
+// kernels share it: the largest power of two s with amax s <= fp8_max, i.e. 2^(em - ea)
+// less one where the mantissa of amax exceeds the maximum's, within f32's normal range;
+// 1 for an amax of 0 or one that is not finite; 2^127 for a subnormal amax.
+LNS_HOST_DEVICE inline float fp8_pow2_scale(float amax, Fp8Format f) {
+  uint32_t ua, um, us;
+  const float mx = f == Fp8Format::E4M3 ? 448.0f : 57344.0f;
+#if defined(__CUDA_ARCH__)
+  ua = __float_as_uint(amax), um = __float_as_uint(mx);
+#else
+  std::memcpy(&ua, &amax, 4), std::memcpy(&um, &mx, 4);
+#endif
+  ua &= 0x7FFFFFFFu;
+  if (ua == 0 || ua >= 0x7F800000u) return 1.0f;
+  int e = 127;  // a subnormal amax: the largest scale there is
+  if (ua >> 23) {
+    e = static_cast<int>(um >> 23) - static_cast<int>(ua >> 23) - ((um & 0x7FFFFFu) < (ua & 0x7FFFFFu) ? 1 : 0);
+    e = e < -126 ? -126 : e > 127 ? 127 : e;
+  }
+  us = static_cast<uint32_t>(e + 127) << 23;
+  float s;
+#if defined(__CUDA_ARCH__)
+  s = __uint_as_float(us);
+#else
+  std::memcpy(&s, &us, 4);
+#endif
+  return s;
+}
+
 }  // namespace lns

@@ -41,7 +41,7 @@ namespace lns {
 
 // --fp8: none (bf16/f32 GEMMs), delayed (per-tensor scales from an amax history, as
 // Transformer Engine's DelayedScaling) or blockwise (DeepSeek-V3's 1x128 / 128x128
-// tiles, above; on the CPU only for now: the stage refuses it on CUDA).
+// tiles, above).
 enum class Fp8Mode { None, Delayed, Blockwise };
 const char* fp8_mode_name(Fp8Mode m);  // "none", "delayed", "blockwise"
 // UserError naming `flag` and the accepted values.

@@ -32,14 +32,6 @@ Fp8Mode parse_fp8_mode(const std::string& s, const std::string& flag) {
   fail(flag, "=", s, ": expected none, delayed or blockwise");
 }
 
-float fp8_tile_scale(float amax, Fp8Format f) {
-  if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
-  // floor(log2(max / amax)) from the exponents, exact: max / amax = 2^(em - ea) x (mm / ma)
-  // with mantissas in [1, 2), so the floor is em - ea, less one where mm < ma
-  int ea = 0, em = 0;
-  const float ma = std::frexp(amax, &ea), mm = std::frexp(fp8_max(f), &em);
-  const int e = em - ea - (mm < ma ? 1 : 0);
-  return std::ldexp(1.0f, std::clamp(e, -126, 127));
-}
+float fp8_tile_scale(float amax, Fp8Format f) { return fp8_pow2_scale(std::fabs(amax), f); }
 
 }  // namespace lns

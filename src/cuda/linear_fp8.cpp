@@ -49,15 +49,74 @@ GemmArgs fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* a, GemmInput a
   return g;
 }
 
+// --fp8=blockwise: the same three products on tile-scaled operands (fp8_cast_tiles_*),
+// their factors read by cuBLASLt's block scale modes (1 x 128: Vec128, 128 x 128: Block128):
+//   forward  y  = x8[N,in] (1x128) . w8[out,in] (128x128)
+//   dx       dx (+)= dy8[N,out] (1x128) . wT8[in,out] (128x128, the transposed grid)
+//   dw       dw += dyT8[out,N] (128x1 of dy) . xT8[in,N] (128x1 of x)
+GemmArgs tiled_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* a, GemmInput at, const float* sa, GemmScale ma,
+                    const uint8_t* b, GemmInput bt, const float* sb, GemmScale mb) {
+  GemmArgs g;
+  g.M = M, g.N = N, g.K = K;
+  g.A = a, g.lda = K, g.a_type = at, g.a_scale = sa, g.a_scale_mode = ma;
+  g.B = b, g.ldb = K, g.trans_b = true, g.b_type = bt, g.b_scale = sb, g.b_scale_mode = mb;
+  return g;
+}
+
+// Bytes of an f32 scale tensor, for Carve.
+int64_t scale_bytes(GemmScale m, int64_t rows, int64_t K) { return 4 * gemm_scale_floats(m, rows, K); }
+
+void forward_blockwise(Tensor y, Tensor x, Tensor w, const Fp8Linear& f, int64_t rows, int64_t in, int64_t out) {
+  float *rx = f.row(f.x), *rw = f.row(f.w);
+  const std::vector<uint8_t*> buf =
+      Carve{{rows * in, out * in, in * out, scale_bytes(GemmScale::Vec128, rows, in),
+             scale_bytes(GemmScale::Block128, out, in), scale_bytes(GemmScale::Block128, in, out)}}
+          .take();
+  auto* sx = reinterpret_cast<float*>(buf[3]);
+  auto* sw = reinterpret_cast<float*>(buf[4]);
+  fp8_cast_tiles_rows(x.view({rows, in}), rx, Fp8Format::E4M3, true, buf[0], sx);
+  fp8_cast_tiles_blocks(w, rw, Fp8Format::E4M3, true, buf[1], buf[2], sw, reinterpret_cast<float*>(buf[5]));
+  GemmArgs g = tiled_gemm(rows, out, in, buf[0], GemmInput::E4M3, sx, GemmScale::Vec128, buf[1], GemmInput::E4M3, sw,
+                          GemmScale::Block128);
+  g.C = y.data, g.ldc = out, g.c_dtype = y.dtype;
+  gemm(g);
+}
+
+void backward_blockwise(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx, const Fp8Linear& f,
+                        int64_t rows, int64_t in, int64_t out) {
+  float *rw = f.row(f.w), *rdy = f.row(f.dy);
+  const std::vector<uint8_t*> buf =
+      Carve{{rows * out, out * rows, out * in, in * out, in * rows, scale_bytes(GemmScale::Vec128, rows, out),
+             scale_bytes(GemmScale::Vec128, out, rows), scale_bytes(GemmScale::Block128, out, in),
+             scale_bytes(GemmScale::Block128, in, out), scale_bytes(GemmScale::Vec128, in, rows)}}
+          .take();
+  uint8_t *dy8 = buf[0], *dyT8 = buf[1], *w8 = buf[2], *wT8 = buf[3], *xT8 = buf[4];
+  auto sc = [&](int i) { return reinterpret_cast<float*>(buf[size_t(i)]); };
+  fp8_cast_tiles_rows(dy.view({rows, out}), rdy, Fp8Format::E5M2, true, dy8, sc(5));
+  if (!dx.empty()) {
+    fp8_cast_tiles_blocks(w, rw, Fp8Format::E4M3, false, w8, wT8, sc(7), sc(8));
+    GemmArgs g = tiled_gemm(rows, in, out, dy8, GemmInput::E5M2, sc(5), GemmScale::Vec128, wT8, GemmInput::E4M3, sc(8),
+                            GemmScale::Block128);
+    g.C = dx.data, g.ldc = in, g.c_dtype = dx.dtype, g.beta = accumulate_dx ? 1.0f : 0.0f;
+    gemm(g);
+  }
+  fp8_cast_tiles_cols(dy.view({rows, out}), Fp8Format::E5M2, dyT8, sc(6));
+  fp8_cast_tiles_cols(x.view({rows, in}), Fp8Format::E4M3, xT8, sc(9));
+  GemmArgs g = tiled_gemm(out, in, rows, dyT8, GemmInput::E5M2, sc(6), GemmScale::Vec128, xT8, GemmInput::E4M3, sc(9),
+                          GemmScale::Vec128);
+  g.C = dw.data, g.ldc = in, g.c_dtype = DType::F32, g.beta = 1.0f;
+  gemm(g);
+}
+
 }  // namespace
 
 void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
-  LNS_CHECK(!f.blockwise) << "fp8 linear: --fp8=blockwise has no CUDA path yet (the stage refuses it)";
   expect(x, DType::BF16, "fp8 linear x");
   expect(w, DType::BF16, "fp8 linear w");
   const int64_t in = w.dim(1), out = w.dim(0), rows = x.numel() / in;
   LNS_CHECK(x.dim(-1) == in && y.numel() == rows * out);
   expect(f.table, DType::F32, "fp8 table");
+  if (f.blockwise) return forward_blockwise(y, x, w, f, rows, in, out);
   float *rx = f.row(f.x), *rw = f.row(f.w);
   const std::vector<uint8_t*> buf = Carve{{rows * in, out * in}}.take();
   fp8_cast(x.view({rows, in}), rx, Fp8Format::E4M3, true, buf[0], nullptr);  // x8 [N,in]
@@ -69,7 +128,6 @@ void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
 
 void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
                          const Fp8Linear& f) {
-  LNS_CHECK(!f.blockwise) << "fp8 linear: --fp8=blockwise has no CUDA path yet (the stage refuses it)";
   expect(dy, DType::BF16, "fp8 linear dy");
   expect(x, DType::BF16, "fp8 linear x");
   expect(w, DType::BF16, "fp8 linear w");
@@ -77,6 +135,7 @@ void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bo
   const int64_t in = w.dim(1), out = w.dim(0), rows = dy.numel() / out;
   LNS_CHECK(x.numel() == rows * in && dw.numel() == out * in && (dx.empty() || dx.numel() == rows * in));
   expect(f.table, DType::F32, "fp8 table");
+  if (f.blockwise) return backward_blockwise(dx, dw, dy, x, w, accumulate_dx, f, rows, in, out);
   float *rx = f.row(f.x), *rw = f.row(f.w), *rdy = f.row(f.dy);
   const std::vector<uint8_t*> buf = Carve{{rows * out, out * rows, in * out, in * rows}}.take();
   uint8_t *dy8 = buf[0], *dyT8 = buf[1], *wT8 = buf[2], *xT8 = buf[3];

@@ -186,9 +186,6 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   register_params();
   params_.finalize(device_);
   if (cfg_.fp8 != Fp8Mode::None) {
-    LNS_REQUIRE(!(device_ == Device::CUDA && cfg_.fp8 == Fp8Mode::Blockwise),
-                "--fp8=blockwise runs on the CPU only for now (its block-scaled cuBLASLt GEMMs are not built "
-                "yet); use --fp8=delayed on --device=cuda");
     if (device_ == Device::CUDA) {  // cuBLASLt's FP8 matmul: every GEMM dimension a multiple of 16
       const std::pair<int64_t, const char*> dims[] = {
           {B_ * T_, "the tokens of a micro-batch (--micro_batch_size x --seq_len)"},

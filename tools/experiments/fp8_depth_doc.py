@@ -99,13 +99,13 @@ def trend(cells, scheme):
     if not pts:
         return "not run", pts
     if len(pts) == 1:
-        return "one depth (%d: %+.4f), no trend yet" % (pts[0][0], pts[0][1]["mean"]), pts
+        return "one depth so far (%d: %+.4f)" % (pts[0][0], pts[0][1]["mean"]), pts
     (l0, a), (l1, b) = pts[0], pts[-1]
     grows = b["mean"] > a["mean"]
     a_ok = apart(a, b)
     word = "grows" if grows else "does not grow"
     how = "beyond the spread" if a_ok else "within the spread" if a_ok is False else "one seed"
-    return "%s from %d to %d blocks (%+.4f to %+.4f, %s)" % (word, l0, l1, a["mean"], b["mean"], how), pts
+    return "the gap %s from %d to %d blocks (%+.4f to %+.4f, %s)" % (word, l0, l1, a["mean"], b["mean"], how), pts
 
 
 def render(cells, fp8_dir, base_dir, n_fp8, n_base):
@@ -124,7 +124,7 @@ def render(cells, fp8_dir, base_dir, n_fp8, n_base):
             fmt(c["gap"], 4), fmt(c["gap_pct"], 2), ", ".join(map(str, c["diverged"])) or "—"))
     w.append("")
     for s in SCHEMES:
-        w.append("- %s: the gap %s." % (NAMES[s], trend(cells, s)[0]))
+        w.append("- %s: %s." % (NAMES[s], trend(cells, s)[0]))
     w.append("\n### Q2, the casts' health against depth\n")
     w.append("Saturated and flushed-to-zero values, % of each tensor's values (mean over the blocks, the logged "
              "steps and the seven linears, then over seeds); deep and shallow: the deeper and the shallower "
