@@ -32,6 +32,9 @@ RESULT {"impl": "lns", "device": "cuda", "median_ms": 1620.0, "mfu": 0.64, "peak
 ### step step_fp8_1b_lns: lns_bench_step --fp8=delayed
 RESULT {"impl": "lns", "device": "cuda", "median_ms": 1300.0, "mfu": 0.8, "peak_mem_gib": 36.0}
 ### done step_fp8_1b_lns rc=0 seconds=50
+### step step_fp8bw_1b_lns: lns_bench_step --fp8=blockwise
+RESULT {"impl": "lns", "device": "cuda", "median_ms": 1350.0, "mfu": 0.77, "peak_mem_gib": 36.2}
+### done step_fp8bw_1b_lns rc=0 seconds=50
 ### step step_torch_1b_lns: bench_step_torch.py --compile
 RESULT {"impl": "torch", "median_ms": 2241.0, "mfu": 0.46, "peak_mem_gib": 39.5, "intermediate_size": 5461}
 ### done step_torch_1b_lns rc=0 seconds=90
@@ -76,6 +79,7 @@ class BenchRecord(unittest.TestCase):
         self.assertNotIn("profile", c["lns_graphs"])
         self.assertEqual(c["lns_cudnn"]["step_ms"], 1620.0)
         self.assertEqual(c["lns_fp8"]["step_ms"], 1300.0)
+        self.assertEqual(c["lns_fp8_blockwise"]["step_ms"], 1350.0)
         self.assertEqual(c["torch_compile"]["step_ms"], 2241.0)
         self.assertEqual(c["torch_compile_padded"]["step_ms"], 2106.0)
         self.assertNotIn("1b_lns_seq4k", rec["configs"])  # no figures: only its status
@@ -96,7 +100,7 @@ class BenchRecord(unittest.TestCase):
         self.assertTrue(text.endswith("<!-- bench_records:end -->\nafter\n"))
         self.assertNotIn("\nold\n", text)
         self.assertIn("| NVIDIA H100 80GB HBM3, 2026-11-27 21:40, abc1234 | 1b_lns | 1,800.0 | 58.0% | 1,755.0 | 1,620.0 | "
-                      "1,300.0 | 9.5 | 2,241.0 | 2,106.0 | 1.30x |", text)
+                      "1,300.0 | 1,350.0 | 9.5 | 2,241.0 | 2,106.0 | 1.30x |", text)
         # A step without figures shows why.
         self.assertIn("| NVIDIA H100 80GB HBM3, 2026-11-27 21:40, abc1234 | 1b_lns_seq4k | FAILED (rc 1), 3 s |", text)
         # Each profile row beside the roofline model's bound for the same work.

@@ -39,6 +39,7 @@ import profile_model  # noqa: E402  (the roofline bound of each profile row)
 
 BEGIN, END = "<!-- bench_records:begin -->", "<!-- bench_records:end -->"
 PEERS = {"step_": "lns", "step_graphs_": "lns_graphs", "step_cudnn_": "lns_cudnn", "step_fp8_": "lns_fp8",
+         "step_fp8bw_": "lns_fp8_blockwise",
          "step_torch_": "torch_compile", "step_torch_padded_": "torch_compile_padded"}
 
 
@@ -128,14 +129,16 @@ def cell(d, key, fmt, status=None):
 
 def tables(records):
     out = ["| GPU, date (UTC), commit | config | lns step ms | lns MFU | with --cuda_graphs ms | "
-           "with --attention=cudnn ms | with --fp8=delayed ms | start-up s | torch.compile ms | padded FFN ms | "
+           "with --attention=cudnn ms | with --fp8=delayed ms | with --fp8=blockwise ms | start-up s | "
+           "torch.compile ms | padded FFN ms | "
            "lns speed-up (its fastest bf16 run, against the padded peer where there is one) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path, r in records:
         for cfg in sorted(set(r.get("configs", {})) | set(r.get("status", {}))):
             c, st = r.get("configs", {}).get(cfg, {}), r.get("status", {}).get(cfg, {})
             lns, tc, tp = c.get("lns"), c.get("torch_compile"), c.get("torch_compile_padded")
             graphs, cudnn, fp8 = c.get("lns_graphs"), c.get("lns_cudnn"), c.get("lns_fp8")
+            fp8bw = c.get("lns_fp8_blockwise")
             peer = tp or tc
             ours = [d["step_ms"] for d in (lns, graphs, cudnn) if d and d.get("step_ms")]
             speed = "—"
@@ -146,6 +149,7 @@ def tables(records):
                        f"{cell(lns, 'mfu', '{:.1%}')} | {cell(graphs, 'step_ms', '{:,.1f}', st.get('lns_graphs'))} | "
                        f"{cell(cudnn, 'step_ms', '{:,.1f}', st.get('lns_cudnn'))} | "
                        f"{cell(fp8, 'step_ms', '{:,.1f}', st.get('lns_fp8'))} | "
+                       f"{cell(fp8bw, 'step_ms', '{:,.1f}', st.get('lns_fp8_blockwise'))} | "
                        f"{cell(lns, 'startup_s', '{:.1f}')} | "
                        f"{cell(tc, 'step_ms', '{:,.1f}', st.get('torch_compile'))} | "
                        f"{cell(tp, 'step_ms', '{:,.1f}', st.get('torch_compile_padded'))} | {speed} |")

@@ -403,6 +403,10 @@ if has_stage bench; then
       # shellcheck disable=SC2086
       step "step_fp8_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
         --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=delayed
+      # and with 1 x 128 / 128 x 128 tile scales (cuBLASLt's block-scaled FP8 GEMMs)
+      # shellcheck disable=SC2086
+      step "step_fp8bw_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
+        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=blockwise
     fi
     [ "${TORCH:-1}" = 0 ] && continue
     torch_args=(--flagfile="configs/$cfg.flags" --device cuda --autocast --compile --fused_adam
