@@ -149,7 +149,8 @@ __global__ void fp8_tiles_cols_kernel(const bf16* x, int64_t R, int64_t C, bool 
 
 // 128 x 128 tiles of w[R,C]: one block per tile. q[R,C] and qT[C,R] the codes; s
 // [ceil(R/128)][round4(ceil(C/128))] and sT [ceil(C/128)][round4(ceil(R/128))] the factors
-// of w and of its transpose (a square tile reads the same both ways); partial[tile][4].
+// of w and of its transpose (a square tile reads the same both ways); either pair may be
+// null (the forward reads w, dx's product its transpose); partial[tile][4].
 __global__ void fp8_tiles_blocks_kernel(const bf16* x, int64_t R, int64_t C, bool e4m3, uint8_t* q, uint8_t* qT,
                                         float* s, float* sT, float* partial) {
   __shared__ float red[32];
@@ -170,13 +171,13 @@ __global__ void fp8_tiles_blocks_kernel(const bf16* x, int64_t R, int64_t C, boo
     const float sv = to_f(x[r * C + c]) * scale;
     const uint8_t code = fp8_encode_satfinite(sv, f);
     if (sv != 0.0f && isfinite(sv) && (code & 0x7F) == 0) flushed += 1.0f;
-    q[r * C + c] = code;
-    qT[c * R + r] = code;
+    if (q) q[r * C + c] = code;
+    if (qT) qT[c * R + r] = code;
   }
   flushed = block_sum(flushed, red), nonfinite = block_sum(nonfinite, red);
   if (threadIdx.x == 0) {
-    s[tr * round4(gridDim.x) + tc] = 1.0f / scale;
-    sT[tc * round4(gridDim.y) + tr] = 1.0f / scale;
+    if (s) s[tr * round4(gridDim.x) + tc] = 1.0f / scale;
+    if (sT) sT[tc * round4(gridDim.y) + tr] = 1.0f / scale;
     float* p = partial + (tr * gridDim.x + tc) * kStats;
     p[0] = amax, p[1] = 0.0f, p[2] = flushed, p[3] = nonfinite;
   }

@@ -22,7 +22,8 @@ void fp8_cast(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q,
 void fp8_cast_tiles_rows(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q, float* s);
 // 128 x 1 down R, transposed: qT[C,R], s Vec128 for an operand of C rows (K = R); never recorded.
 void fp8_cast_tiles_cols(const Tensor& x, Fp8Format f, uint8_t* qT, float* s);
-// 128 x 128: q[R,C] with s Block128 (R rows, K = C), and qT[C,R] with sT Block128 (C rows, K = R).
+// 128 x 128: q[R,C] with s Block128 (R rows, K = C), and qT[C,R] with sT Block128 (C rows,
+// K = R); either pair may be null.
 void fp8_cast_tiles_blocks(const Tensor& w, float* row, Fp8Format f, bool record, uint8_t* q, uint8_t* qT, float* s,
                            float* sT);
 

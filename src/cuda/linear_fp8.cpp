@@ -69,13 +69,12 @@ int64_t scale_bytes(GemmScale m, int64_t rows, int64_t K) { return 4 * gemm_scal
 void forward_blockwise(Tensor y, Tensor x, Tensor w, const Fp8Linear& f, int64_t rows, int64_t in, int64_t out) {
   float *rx = f.row(f.x), *rw = f.row(f.w);
   const std::vector<uint8_t*> buf =
-      Carve{{rows * in, out * in, in * out, scale_bytes(GemmScale::Vec128, rows, in),
-             scale_bytes(GemmScale::Block128, out, in), scale_bytes(GemmScale::Block128, in, out)}}
+      Carve{{rows * in, out * in, scale_bytes(GemmScale::Vec128, rows, in), scale_bytes(GemmScale::Block128, out, in)}}
           .take();
-  auto* sx = reinterpret_cast<float*>(buf[3]);
-  auto* sw = reinterpret_cast<float*>(buf[4]);
+  auto* sx = reinterpret_cast<float*>(buf[2]);
+  auto* sw = reinterpret_cast<float*>(buf[3]);
   fp8_cast_tiles_rows(x.view({rows, in}), rx, Fp8Format::E4M3, true, buf[0], sx);
-  fp8_cast_tiles_blocks(w, rw, Fp8Format::E4M3, true, buf[1], buf[2], sw, reinterpret_cast<float*>(buf[5]));
+  fp8_cast_tiles_blocks(w, rw, Fp8Format::E4M3, true, buf[1], nullptr, sw, nullptr);
   GemmArgs g = tiled_gemm(rows, out, in, buf[0], GemmInput::E4M3, sx, GemmScale::Vec128, buf[1], GemmInput::E4M3, sw,
                           GemmScale::Block128);
   g.C = y.data, g.ldc = out, g.c_dtype = y.dtype;
@@ -86,23 +85,23 @@ void backward_blockwise(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, boo
                         int64_t rows, int64_t in, int64_t out) {
   float *rw = f.row(f.w), *rdy = f.row(f.dy);
   const std::vector<uint8_t*> buf =
-      Carve{{rows * out, out * rows, out * in, in * out, in * rows, scale_bytes(GemmScale::Vec128, rows, out),
-             scale_bytes(GemmScale::Vec128, out, rows), scale_bytes(GemmScale::Block128, out, in),
-             scale_bytes(GemmScale::Block128, in, out), scale_bytes(GemmScale::Vec128, in, rows)}}
+      Carve{{rows * out, out * rows, in * out, in * rows, scale_bytes(GemmScale::Vec128, rows, out),
+             scale_bytes(GemmScale::Vec128, out, rows), scale_bytes(GemmScale::Block128, in, out),
+             scale_bytes(GemmScale::Vec128, in, rows)}}
           .take();
-  uint8_t *dy8 = buf[0], *dyT8 = buf[1], *w8 = buf[2], *wT8 = buf[3], *xT8 = buf[4];
+  uint8_t *dy8 = buf[0], *dyT8 = buf[1], *wT8 = buf[2], *xT8 = buf[3];
   auto sc = [&](int i) { return reinterpret_cast<float*>(buf[size_t(i)]); };
-  fp8_cast_tiles_rows(dy.view({rows, out}), rdy, Fp8Format::E5M2, true, dy8, sc(5));
+  fp8_cast_tiles_rows(dy.view({rows, out}), rdy, Fp8Format::E5M2, true, dy8, sc(4));
   if (!dx.empty()) {
-    fp8_cast_tiles_blocks(w, rw, Fp8Format::E4M3, false, w8, wT8, sc(7), sc(8));
-    GemmArgs g = tiled_gemm(rows, in, out, dy8, GemmInput::E5M2, sc(5), GemmScale::Vec128, wT8, GemmInput::E4M3, sc(8),
+    fp8_cast_tiles_blocks(w, rw, Fp8Format::E4M3, false, nullptr, wT8, nullptr, sc(6));
+    GemmArgs g = tiled_gemm(rows, in, out, dy8, GemmInput::E5M2, sc(4), GemmScale::Vec128, wT8, GemmInput::E4M3, sc(6),
                             GemmScale::Block128);
     g.C = dx.data, g.ldc = in, g.c_dtype = dx.dtype, g.beta = accumulate_dx ? 1.0f : 0.0f;
     gemm(g);
   }
-  fp8_cast_tiles_cols(dy.view({rows, out}), Fp8Format::E5M2, dyT8, sc(6));
-  fp8_cast_tiles_cols(x.view({rows, in}), Fp8Format::E4M3, xT8, sc(9));
-  GemmArgs g = tiled_gemm(out, in, rows, dyT8, GemmInput::E5M2, sc(6), GemmScale::Vec128, xT8, GemmInput::E4M3, sc(9),
+  fp8_cast_tiles_cols(dy.view({rows, out}), Fp8Format::E5M2, dyT8, sc(5));
+  fp8_cast_tiles_cols(x.view({rows, in}), Fp8Format::E4M3, xT8, sc(7));
+  GemmArgs g = tiled_gemm(out, in, rows, dyT8, GemmInput::E5M2, sc(5), GemmScale::Vec128, xT8, GemmInput::E4M3, sc(7),
                           GemmScale::Vec128);
   g.C = dw.data, g.ldc = in, g.c_dtype = DType::F32, g.beta = 1.0f;
   gemm(g);
