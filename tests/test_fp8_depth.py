@@ -126,6 +126,7 @@ class Fp8Doc(unittest.TestCase):
                                            nonfinite=0.0)
                                       for l in range(2) for lin in ("q_proj", "up_proj") for t in ("x", "w", "dy")]
             with open(path, "w") as f:
+                f.write(json.dumps(dict(step=1, fp8=rows(1, 0.9))) + "\n")  # the cold start: left out
                 f.write(json.dumps(dict(step=5, loss=1.0)) + "\n")
                 f.write(json.dumps(dict(step=5, fp8=rows(5, 0.5))) + "\n")
                 f.write(json.dumps(dict(step=10, fp8=rows(10, 0.1))) + "\n")

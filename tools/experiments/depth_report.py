@@ -95,7 +95,9 @@ def read_fp8_health(path, layers):
     repeats steps: last wins), per block and tensor over its seven linears: the amax at the
     last record (the largest of the linears'), the saturated and flushed fractions (mean
     over the records and the linears; saturated also its largest), and the non-finite
-    count summed. Lists have one number per block."""
+    count summed. Lists have one number per block. Step 1's record is left out when there
+    are others: every scale starts at 1 there (Transformer Engine's start), so its casts
+    flush most small gradients whatever the depth or scheme."""
     by_step = {}
     with open(path) as f:
         for line in f:
@@ -107,6 +109,8 @@ def read_fp8_health(path, layers):
                 by_step[r["step"]] = r["fp8"]
     if not by_step:
         raise ReportError("%s: no FP8 health records (an --fp8 run logs them every --log_every steps)" % path)
+    if len(by_step) > 1:
+        by_step.pop(1, None)
     out = dict(steps=sorted(by_step), nonfinite=0.0)
     for t in FP8_TENSORS:
         sums = {k: [[] for _ in range(layers)] for k in ("saturated", "flushed")}
