@@ -89,6 +89,9 @@ TEST(Checkpoint, Fp8BlockwiseResumesBitExact) {
   const nlohmann::json j = nlohmann::json::parse(in);
   EXPECT_EQ(j["fp8"]["mode"], "blockwise");
   EXPECT_EQ(j["fp8"]["tensors"].size(), 0u);
+  LlamaConfig longer = m;  // the delayed-scaling settings do not matter to blockwise scales
+  longer.fp8_scaling.history = 16;
+  EXPECT_EQ(error_of([&] { Trainer c(longer, rc); }), "(no error)");
   LlamaConfig delayed = m;
   delayed.fp8 = Fp8Mode::Delayed;
   const std::string e = error_of([&] { Trainer c(delayed, rc); });

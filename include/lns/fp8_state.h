@@ -1,8 +1,9 @@
 // The FP8 scaling state of a stage (--fp8; lns/fp8_linear.h): one Fp8DelayedScale
-// per FP8 tensor of each linear the stage holds (--fp8=blockwise keeps none: its tiles
-// are scaled at each cast, and the table carries only the health) (its input x and weight w in E4M3, its
+// per FP8 tensor of each linear the stage holds (its input x and weight w in E4M3, its
 // output gradient dy in E5M2), the table its casts read the scales from and add their
 // health to, and the step boundary that turns what a step saw into the next step's scales.
+// --fp8=blockwise keeps no scales (its tiles are scaled at each cast): its table carries
+// only the health.
 //
 // Rows are keyed by the weight's parameter index, so a routed block's twin path (same
 // weights) shares its layer's rows. The amax a scale is computed from is the max over

@@ -340,13 +340,16 @@ void Trainer::resume_fp8(const Checkpoint& ck) {
     return;
   }
   const Fp8ScalingConfig& want = model_cfg_.fp8_scaling;
-  LNS_REQUIRE(rec.mode == fp8_mode_name(model_cfg_.fp8) && rec.scaling.history == want.history &&
-                  rec.scaling.margin == want.margin && rec.scaling.most_recent == want.most_recent,
+  const bool blockwise = model_cfg_.fp8 == Fp8Mode::Blockwise;  // its scales do not depend on the --fp8_* settings
+  LNS_REQUIRE(rec.mode == fp8_mode_name(model_cfg_.fp8) &&
+                  (blockwise || (rec.scaling.history == want.history && rec.scaling.margin == want.margin &&
+                                 rec.scaling.most_recent == want.most_recent)),
               where, ": the checkpoint's FP8 scaling is --fp8=", rec.mode, " --fp8_amax_history=", rec.scaling.history,
               " --fp8_margin=", rec.scaling.margin, " --fp8_amax_compute=", rec.scaling.most_recent ? "most_recent" : "max",
               "; pass the same to resume");
-  std::vector<std::vector<float>> states;  // none with --fp8=blockwise: its scales are made at each cast
-  for (const Fp8Health& h : fp8->blockwise() ? std::vector<Fp8Health>{} : fp8->last_health()) {
+  if (blockwise) return;  // no state: its scales are made at each cast
+  std::vector<std::vector<float>> states;
+  for (const Fp8Health& h : fp8->last_health()) {
     std::optional<std::vector<float>> s = ck.fp8_state(h.name);
     if (!s) fail(where, ": has no FP8 scaling state for '", h.name, "'");
     states.push_back(std::move(*s));
