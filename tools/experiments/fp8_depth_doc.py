@@ -183,7 +183,8 @@ def plots(cells, fp8_runs, out_dir, prefix):
                   and r["cell"]["scheme"] == s]
             if rs:
                 prof = depth_report.per_block_mean([r["fp8_health"][t]["amax_last"] for r in rs])
-                ax.plot(range(deepest), prof, color=colors[s], label="%s (%d seeds)" % (NAMES[s], len(rs)))
+                seeds = "%d seed%s" % (len(rs), "" if len(rs) == 1 else "s")
+                ax.plot(range(deepest), prof, color=colors[s], label="%s (%s)" % (NAMES[s], seeds))
         ax.set_yscale("log")
         save_ax(ax, "block", "amax of %s (largest of the 7 linears)" % what, "%d blocks, last logged step" % deepest)
     fig.tight_layout()
