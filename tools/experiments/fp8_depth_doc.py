@@ -129,18 +129,18 @@ def render(cells, fp8_dir, base_dir, n_fp8, n_base):
     w.append("Saturated and flushed-to-zero values, % of each tensor's values (mean over the blocks, the logged "
              "steps and the seven linears, then over seeds); deep and shallow: the deeper and the shallower "
              "half of the blocks:\n")
-    w.append("| blocks | scheme | x saturated | x flushed | w flushed | dy saturated | dy flushed | "
-             "dy saturated, deep / shallow half | non-finite |")
-    w.append("|---|---|---|---|---|---|---|---|---|")
+    w.append("| blocks | scheme | x saturated | x flushed | w saturated | w flushed | dy saturated | dy flushed | "
+             "x saturated, worst block and step | dy saturated, deep / shallow half | non-finite |")
+    w.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for k in sorted(cells, key=lambda k: (k[0], SCHEMES.index(k[1]) if k[1] in SCHEMES else 9)):
         c = cells[k]
         h = c["health"]
         if not h:
             continue
-        w.append("| %d | %s | %s | %s | %s | %s | %s | %s / %s | %d |" % (
+        w.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %d |" % (
             c["layers"], NAMES.get(c["scheme"], c["scheme"]), pct(h["x"]["sat"]), pct(h["x"]["flush"]),
-            pct(h["w"]["flush"]), pct(h["dy"]["sat"]), pct(h["dy"]["flush"]), pct(h["dy"]["sat_deep"]),
-            pct(h["dy"]["sat_shallow"]), c["nonfinite"]))
+            pct(h["w"]["sat"]), pct(h["w"]["flush"]), pct(h["dy"]["sat"]), pct(h["dy"]["flush"]),
+            pct(h["x"]["sat_max"], 2), pct(h["dy"]["sat_deep"]), pct(h["dy"]["sat_shallow"]), c["nonfinite"]))
     w.append("\n### Q3, LNS and Mix-LN against Pre-LN: the difference of FP8 gaps\n")
     w.append("| blocks | scheme | its gap | Pre-LN's gap | difference | |")
     w.append("|---|---|---|---|---|---|")
@@ -172,6 +172,10 @@ def plots(cells, fp8_runs, out_dir, prefix):
                         marker="o", capsize=3, color=colors[s], label=NAMES[s])
     ax.axhline(0, color="k", linewidth=0.5)
     ax.set_xscale("log", base=2)
+    depths = sorted({k[0] for k in cells})
+    ax.set_xticks(depths)
+    ax.set_xticklabels([str(d) for d in depths])
+    ax.minorticks_off()
     save(plt, fig, ax, "blocks", "FP8 − baseline validation loss (seed range)", "Q1: the FP8 loss gap against depth",
          os.path.join(out_dir, prefix + "_gap.png"))
     # the deepest depth: per-block amax of x and dy at the last logged step, mean over seeds
