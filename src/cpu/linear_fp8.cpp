@@ -30,6 +30,17 @@ const std::array<float, 256>& decode_table(Fp8Format fmt) {
   return fmt == Fp8Format::E4M3 ? e4m3 : e5m2;
 }
 
+// A cast's health, from its chunks' stats, into its table row (amax as a max, counts as sums).
+void add_health(float* row, const std::vector<Fp8CastStats>& st, int64_t elements) {
+  for (const Fp8CastStats& s : st) {
+    row[kFp8Amax] = std::max(row[kFp8Amax], s.amax);
+    row[kFp8Saturated] += static_cast<float>(s.saturated);
+    row[kFp8Flushed] += static_cast<float>(s.flushed);
+    row[kFp8Nonfinite] += static_cast<float>(s.nonfinite);
+  }
+  row[kFp8Elements] += static_cast<float>(elements);
+}
+
 // q[i] = the value of Q(t[i] * scale) (not unscaled: the GEMM's alpha does that).
 // Adds the cast's health to `row` when record.
 std::unique_ptr<float[]> quantize(const Tensor& t, float* row, Fp8Format fmt, bool record) {
@@ -49,15 +60,7 @@ std::unique_ptr<float[]> quantize(const Tensor& t, float* row, Fp8Format fmt, bo
     st[static_cast<size_t>(c)] = cast_to_fp8(x + b, e - b, scale, fmt, codes);
     for (int64_t i = b; i < e; ++i) q[i] = dec[codes[i - b]];
   }
-  if (record) {
-    for (const Fp8CastStats& s : st) {
-      row[kFp8Amax] = std::max(row[kFp8Amax], s.amax);
-      row[kFp8Saturated] += static_cast<float>(s.saturated);
-      row[kFp8Flushed] += static_cast<float>(s.flushed);
-      row[kFp8Nonfinite] += static_cast<float>(s.nonfinite);
-    }
-    row[kFp8Elements] += static_cast<float>(n);
-  }
+  if (record) add_health(row, st, n);
   return q;
 }
 
@@ -107,15 +110,7 @@ std::unique_ptr<float[]> quantize_tiles(const Tensor& t, int64_t R, int64_t C, i
         }
       }
   }
-  if (record) {
-    for (const Fp8CastStats& s : st) {
-      row[kFp8Amax] = std::max(row[kFp8Amax], s.amax);
-      row[kFp8Saturated] += static_cast<float>(s.saturated);
-      row[kFp8Flushed] += static_cast<float>(s.flushed);
-      row[kFp8Nonfinite] += static_cast<float>(s.nonfinite);
-    }
-    row[kFp8Elements] += static_cast<float>(R * C);
-  }
+  if (record) add_health(row, st, R * C);
   return q;
 }
 

@@ -70,19 +70,24 @@ def finite(x, what):
     return float(x)
 
 
+def jsonl_records(path):
+    """The records of a metrics.jsonl, skipping a line cut short by a stop."""
+    with open(path) as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
 def read_curve(path):
     """Validation loss by step from metrics.jsonl; a resumed run repeats steps: last wins."""
     curve = {}
     if not os.path.exists(path):
         return []
-    with open(path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a stop
-            if "val_loss" in r and isinstance(r.get("step"), int):
-                curve[r["step"]] = r["val_loss"]
+    for r in jsonl_records(path):
+        if "val_loss" in r and isinstance(r.get("step"), int):
+            curve[r["step"]] = r["val_loss"]
     return sorted(curve.items())
 
 
@@ -99,14 +104,9 @@ def read_fp8_health(path, layers):
     are others: every scale starts at 1 there (Transformer Engine's start), so its casts
     flush most small gradients whatever the depth or scheme."""
     by_step = {}
-    with open(path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a stop
-            if isinstance(r.get("fp8"), list) and isinstance(r.get("step"), int):
-                by_step[r["step"]] = r["fp8"]
+    for r in jsonl_records(path):
+        if isinstance(r.get("fp8"), list) and isinstance(r.get("step"), int):
+            by_step[r["step"]] = r["fp8"]
     if not by_step:
         raise ReportError("%s: no FP8 health records (an --fp8 run logs them every --log_every steps)" % path)
     if len(by_step) > 1:
