@@ -78,8 +78,8 @@ LNS_HOST_DEVICE inline uint8_t fp8_encode_satfinite(float x, Fp8Format f) {
   return static_cast<uint8_t>(a > 0x7F800000u ? 0x7Fu : out);  // NaN (a NaN code in both formats)
 }
 
-// --fp8=blockwise's tile scale (lns/fp8_linear.h: fp8_tile_scale), on the bits so that
-// kernels share it: the largest power of two s with amax s <= fp8_max, i.e. 2^(em - ea)
+// --fp8=blockwise's tile scale (lns/fp8_linear.h), on the bits so that host and kernels
+// share it: the largest power of two s with amax s <= fp8_max, i.e. 2^(em - ea)
 // less one where the mantissa of amax exceeds the maximum's, within f32's normal range;
 // 1 for an amax of 0 or one that is not finite; 2^127 for a subnormal amax.
 LNS_HOST_DEVICE inline float fp8_pow2_scale(float amax, Fp8Format f) {

@@ -47,11 +47,9 @@ const char* fp8_mode_name(Fp8Mode m);  // "none", "delayed", "blockwise"
 // UserError naming `flag` and the accepted values.
 Fp8Mode parse_fp8_mode(const std::string& s, const std::string& flag = "--fp8");
 
-// --fp8=blockwise's tile edge (values along K per scale; weights' tiles are square).
+// --fp8=blockwise's tile edge (values along K per scale; weights' tiles are square). A
+// tile's scale is fp8_pow2_scale (lns/fp8.h) of its amax, on the host and in kernels.
 constexpr int64_t kFp8Tile = 128;
-// The power-of-two scale of a tile whose largest |value| is amax: 2^floor(log2(max /
-// amax)), within f32's normal exponents; 1 for an amax of 0 or one that is not finite.
-float fp8_tile_scale(float amax, Fp8Format f);
 
 // One row per FP8 tensor (a linear's input x, weight w or output gradient dy), f32:
 enum Fp8Field : int64_t {

@@ -2,9 +2,6 @@
 // src/cpu/linear_fp8.cpp and src/cuda/linear_fp8.cpp.
 #include "lns/fp8_linear.h"
 
-#include <algorithm>
-#include <cmath>
-
 #include "lns/errors.h"
 
 namespace lns {
@@ -32,6 +29,5 @@ Fp8Mode parse_fp8_mode(const std::string& s, const std::string& flag) {
   fail(flag, "=", s, ": expected none, delayed or blockwise");
 }
 
-float fp8_tile_scale(float amax, Fp8Format f) { return fp8_pow2_scale(std::fabs(amax), f); }
 
 }  // namespace lns

@@ -65,7 +65,7 @@ std::unique_ptr<float[]> quantize(const Tensor& t, float* row, Fp8Format fmt, bo
 }
 
 // --fp8=blockwise: t[R,C] cast tile by tile (tiles of tr x tc values, the edges cut
-// short), each with its own power-of-two scale (fp8_tile_scale), and returned unscaled:
+// short), each with its own power-of-two scale (fp8_pow2_scale), and returned unscaled:
 // q[i] = value(code_i) / s_tile, exact. Adds the cast's health to `row` when record.
 std::unique_ptr<float[]> quantize_tiles(const Tensor& t, int64_t R, int64_t C, int64_t tr, int64_t tc, float* row,
                                         Fp8Format fmt, bool record) {
@@ -95,7 +95,7 @@ std::unique_ptr<float[]> quantize_tiles(const Tensor& t, int64_t R, int64_t C, i
         amax[static_cast<size_t>(j)] = m;
       }
     for (size_t j = 0; j < amax.size(); ++j) {
-      scale[j] = fp8_tile_scale(amax[j], fmt);
+      scale[j] = fp8_pow2_scale(amax[j], fmt);
       s.amax = std::max(s.amax, amax[j]);
     }
     for (int64_t r = r0; r < r1; ++r)
