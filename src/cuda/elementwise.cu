@@ -37,7 +37,8 @@ __global__ void scaled_residual_forward_kernel(bf16* r, const bf16* x, const bf1
     r[i] = to_bf(a * to_f(x[i]) + to_f(f[i]));
 }
 
-// Fixed grid, so the partial sums and their order are the same every run (deterministic).
+// At most; the grid is a function of the length alone, so the partial sums and their
+// order are the same every run (deterministic).
 constexpr int kResidualBlocks = 256;
 
 // partial[block] = sum over its elements of dr*x (f64); dx = a*dr. dx may alias dr:
@@ -214,9 +215,10 @@ void scaled_residual_backward(Tensor dx, Tensor dalpha, Tensor dr, Tensor x, Ten
   LNS_CHECK(dx.numel() == n && x.numel() == n && alpha.numel() == 1 && dalpha.numel() == 1);
   if (n == 0) return;
   auto* partial = static_cast<double*>(scratch(Scratch::Reduce, sizeof(double) * kResidualBlocks));
-  LNS_LAUNCH(scaled_residual_backward_kernel, kResidualBlocks, kBlock, 0, stream())(ptr<bf16>(dx), partial, ptr<bf16>(dr), ptr<bf16>(x), ptr<float>(alpha), n);
+  const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(n, kBlock), kResidualBlocks));
+  LNS_LAUNCH(scaled_residual_backward_kernel, blocks, kBlock, 0, stream())(ptr<bf16>(dx), partial, ptr<bf16>(dr), ptr<bf16>(x), ptr<float>(alpha), n);
   LNS_CUDA_LAUNCHED();
-  LNS_LAUNCH(sum_partials_kernel, 1, 1, 0, stream())(ptr<float>(dalpha), partial, kResidualBlocks);
+  LNS_LAUNCH(sum_partials_kernel, 1, 1, 0, stream())(ptr<float>(dalpha), partial, blocks);
   LNS_CUDA_LAUNCHED();
 }
 

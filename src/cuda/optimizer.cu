@@ -8,8 +8,10 @@ namespace lns::cuda {
 namespace {
 
 constexpr int kBlock = 256;
-// Fixed, so the reduction order does not depend on the GPU; 1024 x 256 threads fill
-// an H100's 132 SMs (256 blocks left them at 25% occupancy).
+// At most; the count is a function of the length alone, so the reduction order does
+// not depend on the GPU. 1024 x 256 threads fill an H100's 132 SMs (256 blocks left
+// them at 25% occupancy); a short range (a norm's gains) needs a block or a few, not
+// 1024 mostly idle ones (which the emulator runs thread by thread).
 constexpr int kSumBlocks = 1024;
 
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, bf16* pc, AdamWHyper h,
@@ -74,16 +76,18 @@ double sum_squares(Tensor x) {
   const int64_t n = x.numel();
   if (n == 0) return 0.0;
   auto* partial = static_cast<double*>(scratch(Scratch::Reduce, sizeof(double) * kSumBlocks));
-  if (n % 4 == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0)
-    LNS_LAUNCH(sum_squares_kernel<4>, kSumBlocks, kBlock, 0, stream())(partial, ptr<float>(x), n);
+  const bool wide = n % 4 == 0 && reinterpret_cast<uintptr_t>(x.data) % 16 == 0;
+  const int blocks = static_cast<int>(std::min<int64_t>(ceil_div(n, int64_t(kBlock) * (wide ? 4 : 1)), kSumBlocks));
+  if (wide)
+    LNS_LAUNCH(sum_squares_kernel<4>, blocks, kBlock, 0, stream())(partial, ptr<float>(x), n);
   else
-    LNS_LAUNCH(sum_squares_kernel<1>, kSumBlocks, kBlock, 0, stream())(partial, ptr<float>(x), n);
+    LNS_LAUNCH(sum_squares_kernel<1>, blocks, kBlock, 0, stream())(partial, ptr<float>(x), n);
   LNS_CUDA_LAUNCHED();
   static double host[kSumBlocks];  // kept: no allocation per call in the training step
-  LNS_CUDA_CHECK(cudaMemcpyAsync(host, partial, sizeof(host), cudaMemcpyDeviceToHost, stream()));
+  LNS_CUDA_CHECK(cudaMemcpyAsync(host, partial, sizeof(double) * blocks, cudaMemcpyDeviceToHost, stream()));
   synchronize();
   double s = 0.0;
-  for (double v : host) s += v;
+  for (int b = 0; b < blocks; ++b) s += host[b];
   return s;
 }
 

@@ -109,7 +109,46 @@ TEST(SimChecks, SharedWriteWriteRaceIsReported) {
         cudaDeviceSynchronize();
       },
       "kernel last_writer_kernel .* block \\(0,0,0\\) thread \\(1,0,0\\): shared-memory race: thread \\(1,0,0\\) and "
-      "thread \\(0,0,0\\) both wrote");
+      "thread \\(0,0,0\\) both wrote byte [0-3] of __shared__ winner");
+}
+
+// A __device__ helper's own static __shared__ variable: the engine cannot tell which
+// kernels call the helper, so every kernel gets it refilled and watched (only other
+// kernels' variables are left out: static_shared.cpp).
+__device__ float* helper_slot() {
+  __shared__ float slot[2];
+  return slot;
+}
+__global__ void helper_slot_kernel(float* out, bool race) {
+  float* slot = helper_slot();
+  if (race || threadIdx.x == 0) slot[blockIdx.x] = float(threadIdx.x + 1);
+  __syncthreads();
+  if (threadIdx.x == 0) out[blockIdx.x * 2] = slot[0], out[blockIdx.x * 2 + 1] = slot[1];
+}
+
+TEST(SimChecks, HelperFunctionSharedIsRefilledAndWatched) {
+  DevBuf out(4);
+  {
+    WithChecks off(false, false);
+    LNS_LAUNCH(last_writer_kernel, 1, 32, 0, nullptr)(out.p);  // another kernel first: its variable is left out
+    cudaDeviceSynchronize();                                   // (the emulator runs work at sync points)
+  }
+  {
+    WithChecks on(false, true);
+    LNS_LAUNCH(helper_slot_kernel, 2, 32, 0, nullptr)(out.p, false);
+    const std::vector<float> got = out.get();
+    EXPECT_EQ(got[0], 1.0f);
+    EXPECT_TRUE(std::isnan(got[1])) << got[1];  // block 0 never wrote slot[1]
+    EXPECT_TRUE(std::isnan(got[2])) << got[2];  // nor block 1 slot[0]: not block 0's value
+    EXPECT_EQ(got[3], 1.0f);
+  }
+  EXPECT_DEATH(
+      {
+        WithChecks on(false, true);
+        LNS_LAUNCH(helper_slot_kernel, 1, 32, 0, nullptr)(out.p, true);
+        cudaDeviceSynchronize();
+      },
+      "shared-memory race: thread \\(1,0,0\\) and thread \\(0,0,0\\) both wrote byte [0-3] of __shared__ slot");
 }
 
 // ---- read-side races (the access hooks; the Release emulation build) -------------------
@@ -161,8 +200,8 @@ TEST(SimChecks, SharedReadAfterWriteRaceIsReported) {
         LNS_LAUNCH(shift_kernel, 1, 64, 0, nullptr)(out.p, in.p, 63, false);
         cudaDeviceSynchronize();
       },
-      "kernel shift_kernel .* block \\(0,0,0\\) thread \\(1,0,0\\): shared-memory race: thread \\(1,0,0\\) read a "
-      "static __shared__ byte \\(offset [0-9]+\\) that thread \\(0,0,0\\) wrote with no __syncthreads between them "
+      "kernel shift_kernel .* block \\(0,0,0\\) thread \\(1,0,0\\): shared-memory race: thread \\(1,0,0\\) read "
+      "byte 0 of __shared__ buf that thread \\(0,0,0\\) wrote with no __syncthreads between them "
       "\\(the read at tests/gpu/test_sim_checks.cpp:[0-9]+.*, the write at tests/gpu/test_sim_checks.cpp:[0-9]+");
 }
 
@@ -185,8 +224,8 @@ TEST(SimChecks, SharedWriteAfterReadRaceIsReported) {
         LNS_LAUNCH(neighbour_update_kernel, 1, 64, 0, nullptr)(out.p, in.p, false);
         cudaDeviceSynchronize();
       },
-      "kernel neighbour_update_kernel .* thread \\(1,0,0\\): shared-memory race: thread \\(1,0,0\\) wrote a static "
-      "__shared__ byte \\(offset [0-9]+\\) that thread \\(0,0,0\\) read with no __syncthreads between them \\(the "
+      "kernel neighbour_update_kernel .* thread \\(1,0,0\\): shared-memory race: thread \\(1,0,0\\) wrote byte 4 "
+      "of __shared__ buf that thread \\(0,0,0\\) read with no __syncthreads between them \\(the "
       "write at tests/gpu/test_sim_checks.cpp:[0-9]+.*, the read at tests/gpu/test_sim_checks.cpp:[0-9]+");
 }
 
@@ -212,7 +251,7 @@ TEST(SimChecks, DynamicSharedReadAfterWriteRaceIsReported) {
 
 // GCC drops the section attribute of a static inside a function template (PR 70435),
 // so a template kernel's __shared__ variable is found by name instead
-// (src/cuda/sim/template_shared.cpp). The same two checks hold for it: it starts each
+// (src/cuda/sim/static_shared.cpp). The same two checks hold for it: it starts each
 // block as NaN bytes, and races on it are reported by the variable's name.
 template <int kShift>
 __global__ void template_shift_kernel(float* out, const float* in, bool sync) {

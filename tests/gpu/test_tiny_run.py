@@ -26,6 +26,10 @@ TRAIN = os.environ.get("LNS_TRAIN_BIN", os.path.join(ROOT, "build-cuda", "lns_tr
 # 3.12% of a 0.30 loss, over the bound) and settled after (steps 141-160: 0.47%).
 STEPS = int(os.environ.get("LNS_TINY_RUN_STEPS", "160"))
 WINDOW = min(20, STEPS // 2)  # the last WINDOW steps are compared
+# And smaller batches: LNS_TINY_RUN_BATCH="SEQ_LEN SEQUENCES" (the config's 128 x 16 when
+# unset; the emulation build's entry sets 64 x 8, a quarter of the tokens: 20 emulated
+# steps of the full batch took 278 s, the longest test in CI).
+SHAPE = [int(v) for v in os.environ.get("LNS_TINY_RUN_BATCH", "128 16").split()]
 NO_GPU = ("no usable CUDA device", "no CUDA device visible", "no CUDA support")
 
 
@@ -54,7 +58,8 @@ def train(device, data, out):
     cmd = [TRAIN, f"--flagfile={ROOT}/configs/tiny_lns.flags", f"--device={device}",
            f"--data={data}.train.tok", f"--val_data={data}.val.tok", f"--out_dir={out}",
            f"--steps={STEPS}", "--warmup_steps=10", "--eval_every=0", "--eval_tokens=4096",
-           "--log_every=10"]
+           "--log_every=10", f"--seq_len={SHAPE[0]}", f"--global_batch_size={SHAPE[1]}",
+           f"--micro_batch_size={min(8, SHAPE[1])}"]
     losses = run_and_read_losses(cmd, device, out, f"{device} run")
     return [losses[s] for s in sorted(losses)]
 
@@ -86,7 +91,7 @@ def main():
     tail = range(STEPS - WINDOW, STEPS)
     gap = sum(abs(gpu[i] - cpu[i]) for i in tail) / WINDOW
     ref = sum(cpu[i] for i in tail) / WINDOW
-    print(f"tiny_lns, {STEPS} steps: CPU f32 loss {cpu[0]:.4f} -> {cpu[-1]:.4f}, "
+    print(f"tiny_lns, {STEPS} steps of {SHAPE[1]} x {SHAPE[0]} tokens: CPU f32 loss {cpu[0]:.4f} -> {cpu[-1]:.4f}, "
           f"GPU bf16 {gpu[0]:.4f} -> {gpu[-1]:.4f}; mean |gap| over the last {WINDOW} steps "
           f"{gap:.4f} ({100 * gap / ref:.2f}% of the CPU loss)")
     for i in range(0, STEPS, 10):

@@ -35,13 +35,6 @@
 uint3 threadIdx{0, 0, 0}, blockIdx{0, 0, 0};
 dim3 blockDim, gridDim;
 
-// Static __shared__ variables live in this section (cuda_runtime.h); the linker
-// provides its bounds. Weak: a program may have no shared variables.
-extern "C" {
-extern char __start_lns_sim_shared[] __attribute__((weak));
-extern char __stop_lns_sim_shared[] __attribute__((weak));
-}
-
 // lns_sim_switch(save, to): saves the callee-saved registers on the current stack,
 // stores the stack pointer in *save, switches to the stack `to` and restores its
 // registers. A new fiber's stack is prepared so that the first switch "returns" into
@@ -172,17 +165,12 @@ std::string site_str(const char* file, int line) { return source_path(file) + ":
 
 // ---- the two shared-memory regions ------------------------------------------------
 
-size_t static_shared_bytes() {
-  return __start_lns_sim_shared ? static_cast<size_t>(__stop_lns_sim_shared - __start_lns_sim_shared) : 0;
-}
-
 // Shared memory starts undefined on a GPU: fill it with NaN bytes so that a read
 // before the block wrote it gives NaN instead of the previous block's values.
 void reset_shared(const Grid& g) {
   const size_t dynamic_bytes = g.shared_bytes;
-  if (static_shared_bytes()) std::memset(__start_lns_sim_shared, 0xff, static_shared_bytes());
-  if (g.template_shared)
-    for (const SharedVar& v : *g.template_shared) std::memset(v.p, 0xff, v.bytes);
+  if (g.static_shared)
+    for (const SharedVar& v : *g.static_shared) std::memset(v.p, 0xff, v.bytes);
   char* d = dynamic_shared_buffer();
 #if LNS_SIM_ASAN
   __asan_unpoison_memory_region(d, kMaxDynamicShared);
@@ -374,9 +362,8 @@ void complete_barrier(Block& b) {
 // Every stretch of shared memory the grid's blocks have, for the race check.
 std::vector<SharedVar> shared_of(const Grid& g) {
   std::vector<SharedVar> out;
-  if (static_shared_bytes()) out.push_back({__start_lns_sim_shared, static_shared_bytes(), ""});
+  if (g.static_shared) out = *g.static_shared;
   if (g.shared_bytes) out.push_back({dynamic_shared_buffer(), g.shared_bytes, "dynamic"});
-  if (g.template_shared) out.insert(out.end(), g.template_shared->begin(), g.template_shared->end());
   return out;
 }
 

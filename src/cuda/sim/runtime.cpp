@@ -554,7 +554,7 @@ void launch_grid(const LaunchSite& site, const void* func, dim3 grid, dim3 block
   g->site = site, g->grid = grid, g->block = block, g->shared_bytes = shared_bytes;
   g->body = std::move(thread_body);
   g->pointers = std::move(pointers);
-  g->template_shared = &template_static_shared(func);
+  g->static_shared = kernel_static_shared(func);
   OpSource src;
   src.name = site.kernel, src.file = site.file, src.line = site.line;
   push(s, src, [g] {

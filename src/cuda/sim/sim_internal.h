@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <memory>
 #include <vector>
 
 #include "cuda/sim/launch_sim.h"
@@ -14,16 +15,16 @@
 
 namespace lns::sim {
 
-// A stretch of shared memory: the static section, the launch's dynamic bytes, or one
-// static __shared__ variable of a template kernel (template_shared.cpp).
+// A stretch of shared memory: one static __shared__ variable, the launch's dynamic
+// bytes, or the whole static section (a binary without symbols).
 struct SharedVar {
   char* p = nullptr;
   size_t bytes = 0;
-  std::string name;  // for reports: "" (the section), "dynamic", or the variable's name
+  std::string name;  // for reports: the variable's name, "dynamic", or "" (the section)
 };
-// The static __shared__ variables of kernel `func` that GCC left outside the
-// lns_sim_shared section (those of template kernels), found in the symbol table.
-const std::vector<SharedVar>& template_static_shared(const void* func);
+// The static __shared__ variables kernel `func` can reach (static_shared.cpp), found
+// in the symbol table; fixed once worked out, so a queued grid keeps its own.
+std::shared_ptr<const std::vector<SharedVar>> kernel_static_shared(const void* func);
 
 // One queued kernel launch.
 struct Grid {
@@ -32,7 +33,7 @@ struct Grid {
   size_t shared_bytes = 0;
   std::function<void()> body;          // one CUDA thread
   std::vector<const void*> pointers;   // its pointer arguments (for the two-order check)
-  const std::vector<SharedVar>* template_shared = nullptr;  // template_static_shared(kernel)
+  std::shared_ptr<const std::vector<SharedVar>> static_shared;  // kernel_static_shared(kernel)
 };
 
 // Which checks run (environment LNS_SIM_CHECKS, a comma list; tests set them directly):

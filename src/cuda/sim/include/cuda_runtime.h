@@ -10,16 +10,19 @@
 #include <math.h>
 
 // ---- the device language ---------------------------------------------------------
-#define __global__
+// Kernels in a section of their own, so that the engine can tell a kernel's static
+// __shared__ variables from a helper's (src/cuda/sim/static_shared.cpp). GCC ignores
+// the attribute on a template's instances (comdat): their variables are found by name.
+#define __global__ __attribute__((section("lns_sim_kernels")))
 #define __device__
 #define __host__
 #define __forceinline__ inline __attribute__((always_inline))
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 // Static shared memory: one copy per process in a section of its own. Blocks run one
-// at a time, so the copy is the running block's; the emulator refills the section
-// with a NaN pattern when a block starts (shared memory starts undefined on a GPU)
-// and watches it in the race-check mode.
+// at a time, so the copy is the running block's; the emulator refills the variables
+// the kernel can reach with a NaN pattern when a block starts (shared memory starts
+// undefined on a GPU) and watches them in the race-check mode.
 #define __shared__ __attribute__((section("lns_sim_shared"), aligned(16))) static
 
 struct uint3 {
