@@ -170,9 +170,25 @@ class ScaleDoc(unittest.TestCase):
             doc = os.path.join(tmp, "page.md")
             with open(doc, "w") as f:
                 f.write("# P\n<!-- depth_scale:begin -->\nold\n<!-- depth_scale:end -->\nafter\n")
-            self.assertEqual(depth_scale_doc.main(["--width64", w64, "--scale", w512, "--doc", doc]), 0)
+            cross = os.path.join(tmp, "crosscheck.json")
+            self.assertEqual(depth_scale_doc.main(["--width64", w64, "--scale", w512, "--doc", doc,
+                                                   "--crosscheck", cross]), 0)
+            with open(doc) as f:
+                self.assertIn("Not run yet: `STAGES=crosscheck", f.read())
+            # the cross-check's record (scale_crosscheck.py's fields) as a table
+            rows = [dict(step=s, cpu_loss=l, cuda_loss=l + g, gap=g, rel_gap=abs(g) / l, cpu_grad_norm=1.5,
+                         cuda_grad_norm=1.5 + g) for s, l, g in ((1, 10.5, 0.002), (2, 10.25, -0.004))]
+            with open(cross, "w") as f:
+                json.dump(dict(name="w512_L12_pre_lr2e-03_s800_seed1", steps=2, date="2026-11-28", cpu_threads=16,
+                               seconds=dict(cpu=50.0, cuda=3.0), rows=rows, max_rel_gap=0.004 / 10.25), f)
+            self.assertEqual(depth_scale_doc.main(["--width64", w64, "--scale", w512, "--doc", doc,
+                                                   "--crosscheck", cross]), 0)
             with open(doc) as f:
                 page = f.read()
+            self.assertIn("`w512_L12_pre_lr2e-03_s800_seed1`, its first 2 steps from the same weights and batches, "
+                          "2026-11-28 (CPU: 16 threads, 50 s; CUDA: 3 s). Largest |gap|: **0.039%** of the CPU loss.",
+                          page)
+            self.assertIn("| 2 | 10.25000 | 10.24600 | -0.00400 (0.039%) | 1.5000 / 1.4960 |", page)
             self.assertNotIn("\nold\n", page)
             self.assertTrue(page.endswith("<!-- depth_scale:end -->\nafter\n"))
             # Q1: 3.75 - 4.1 = -0.35; the ranges [3.7, 3.8] and [4.0, 4.2] are apart

@@ -43,6 +43,12 @@
 #   fp8gap     issue 30's loss gap: 130M trained with --fp8=none and --fp8=delayed on
 #              data/realtext (tools/experiments/fp8_gap.py; FP8_STEPS 2000, FP8_BATCH 64),
 #              the record as $OUT/fp8_gap.json
+#   crosscheck issue 31's CPU f32 cross-check: the scale study's smallest cell (12 blocks,
+#              Pre-LN) for its first CROSSCHECK_STEPS (4) steps on this machine's CPU cores
+#              and on the GPU, from the same weights and batches
+#              (tools/experiments/scale_crosscheck.py; needs data/realtext, STAGES=data);
+#              the record as $OUT/scale_crosscheck.json (commit it as
+#              docs/depth_study_scale_crosscheck.json)
 #   data       nothing but the set-up: a call that carries .gpu-data (tools/device/pack_data.sh)
 #              unpacks its token files into the tree, where later calls on the machine find them
 # Other settings (environment): OUT (results folder, default ./gpu-results),
@@ -437,6 +443,19 @@ if has_stage fp8gap; then
       --warmup_steps=200 --eval_every=0 --eval_tokens=262144 --log_every=100
   else
     log "fp8gap: no data/realtext.train.tok here: run STAGES=data with .gpu-data carried first"
+    FAILED=1
+  fi
+fi
+
+if has_stage crosscheck; then
+  # Issue 31's CPU f32 cross-check (docs/depth_study_scale.md): one lns_train runs both
+  # devices; the CPU run takes every core (about 4 x 150 s on 2 cores, 2026-11-28).
+  if [ -f data/realtext.train.tok ]; then
+    step crosscheck "$RUNLOG" env PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 python3 tools/experiments/scale_crosscheck.py \
+      --cpu_bin "$BIN_DIR" --cuda_bin "$BIN_DIR" --steps "${CROSSCHECK_STEPS:-4}" --threads "$(nproc)" \
+      --out /tmp/lns-crosscheck --record "$OUT/scale_crosscheck.json"
+  else
+    log "crosscheck: no data/realtext.train.tok here: run STAGES=data with .gpu-data carried first"
     FAILED=1
   fi
 fi
