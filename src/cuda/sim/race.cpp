@@ -259,7 +259,8 @@ void race_after_slice(const char* waited_file, int waited_line) {
   if (g_hooks || g_watched == 0) return;
   const auto scan = [&](const char* lo, size_t n, size_t offset) {
     char* snap = g_snapshot.data() + offset;
-    for (size_t i = first_difference(lo, snap, n); i < n; i += 1 + first_difference(lo + i + 1, snap + i + 1, n - i - 1)) {
+    for (size_t i = first_difference(lo, snap, n); i < n;
+         i += 1 + first_difference(lo + i + 1, snap + i + 1, n - i - 1)) {
       Writer& w = g_writer[offset + i];
       if (w.epoch == g_epoch && w.thread != g_thread)
         fail("shared-memory race: " + thread_name(g_thread) + " and " + thread_name(w.thread) + " both wrote " +

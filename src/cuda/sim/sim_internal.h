@@ -6,8 +6,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cuda/sim/launch_sim.h"

@@ -155,7 +155,8 @@ std::shared_ptr<const std::vector<SharedVar>> kernel_static_shared(const void* f
   auto vars = std::make_shared<std::vector<SharedVar>>();
   const char* lo = __start_lns_sim_shared;
   const size_t section_bytes = lo ? size_t(__stop_lns_sim_shared - lo) : 0;
-  if (syms.section.empty() && section_bytes) vars->push_back({__start_lns_sim_shared, section_bytes, ""});  // no symbols
+  if (syms.section.empty() && section_bytes)  // no symbols: all of it
+    vars->push_back({__start_lns_sim_shared, section_bytes, ""});
   for (const auto& [name, v] : syms.section) {
     const bool own = !prefix.empty() && starts_with(name, prefix);
     bool another_kernels = false;
