@@ -57,9 +57,10 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   #    copies and the cuBLASLt/NCCL stand-ins declare: the kernels have no access hooks
   #    here). gpu_tiny_run and gpu_nccl_dp2 take too long here (over 10 minutes each
   #    under ASan), and so do the 4-rank pipeline runs gpu_mpi_tp2_pp2 and
-  #    gpu_mpi_pp2_vp2 (418 s and 359 s on both cores, 2026-11-28; 14 s and 22 s in
-  #    Release, where the cross-stream check also sees their kernels): phase 2 runs
-  #    them. gpu_mpi_tp2_sp (84 s) keeps the multi-rank host staging under ASan. The
+  #    gpu_mpi_pp2_vp2 (418 s and 359 s on both cores, 2026-11-28; still 264 s for the
+  #    first once the race check compared only a kernel's own shared memory; 39 s and
+  #    74 s in Release, where the cross-stream check also sees their kernels): phase 2
+  #    runs them. gpu_mpi_tp2_sp (84 s) keeps the multi-rank host staging under ASan. The
   #    --fp8=blockwise model step (86 s here) also runs in phase 2 only: its kernels
   #    and GEMMs are under ASan in Fp8Linear.CudaBlockwiseMatchesTheCpuReference (9 s).
   SIM_BUILD_DIR=${SIM_BUILD_DIR:-build-sim}
