@@ -82,15 +82,23 @@ def main():
                                                                   row["cuda_grad_norm"]))
         if abs(rec["rows"][3]["cpu_loss"] - rec["rows"][0]["cpu_loss"]) < 0.05:
             failures.append("the loss did not move in 4 steps: %s" % rec["rows"])
-        # bad input: one line naming what is wrong, exit 1 (a repeated option's last value counts)
+        # bad input: one line naming what is wrong, exit 1 (a repeated option's last value counts);
+        # a folder the script did not make is refused and left as it was
+        theirs = os.path.join(tmp, "theirs")
+        os.makedirs(os.path.join(theirs, "cpu"))
+        with open(os.path.join(theirs, "cpu", "notes.txt"), "w") as f:
+            f.write("keep")
         for extra, want in ((["--steps", "0"], "--steps=0: expected at least 1"),
                             (["--data", os.path.join(tmp, "nothing")], "nothing.train.tok: no such file"),
-                            (["--cpu_bin", os.path.join(tmp, "nowhere")], "nowhere/lns_train: not an executable")):
+                            (["--cpu_bin", os.path.join(tmp, "nowhere")], "nowhere/lns_train: not an executable"),
+                            (["--out", theirs], "was not made by scale_crosscheck.py")):
             b = crosscheck(tmp, data, *extra)
             lines = b.stderr.strip().splitlines()
             if b.returncode != 1 or len(lines) != 1 or not lines[0].startswith("scale_crosscheck: ") or \
                     want not in lines[0]:
                 failures.append("%s: exit %d, stderr %r" % (extra, b.returncode, b.stderr))
+        if not os.path.exists(os.path.join(theirs, "cpu", "notes.txt")):
+            failures.append("a folder the script did not make lost a file")
     for f in failures:
         print("FAILED: " + f)
     return 1 if failures else 0

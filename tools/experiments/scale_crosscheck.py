@@ -63,10 +63,23 @@ def flags_for(c, device, steps, run_dir, data, vocab):
                     "--eval_every=0", "--log_every=1", "--out_dir=%s" % run_dir, "--device=%s" % device]
 
 
+MARK = ".scale_crosscheck"  # in --out: the folder is this script's, and its runs may be replaced
+
+
+def claim(out):
+    """Makes --out this script's folder: a new or empty one, or one it made before. Never
+    anyone else's: its runs are deleted and replaced."""
+    if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, MARK)):
+        raise CheckError("--out=%s: exists and was not made by scale_crosscheck.py (its runs would be replaced); "
+                         "give a new folder" % out)
+    os.makedirs(out, exist_ok=True)
+    open(os.path.join(out, MARK), "w").close()
+
+
 def train(binary, flags, run_dir, device, threads):
     """Runs lns_train; returns ({step: (loss, grad_norm)}, seconds). Exit 77 when a CUDA
     run finds no GPU."""
-    shutil.rmtree(run_dir, ignore_errors=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a run of ours, in the folder claim() checked
     env = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
     t0 = time.time()
     r = subprocess.run([binary] + flags, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -110,12 +123,14 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=depth_study.STUDIES["scale"]["vocab"])
     ap.add_argument("--records", default=depth_study.STUDIES["scale"]["records"]["cuda"],
                     help="the GPU study's records (their sweep decides the cell's rate)")
-    ap.add_argument("--out", default="runs/scale_crosscheck", help="the two runs' folder")
+    ap.add_argument("--out", default="runs/scale_crosscheck",
+                    help="the two runs' folder: new, or one this script made (its runs are replaced)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="OpenMP threads of the CPU run")
     ap.add_argument("--record", default="", help="write the record here (JSON)")
     args = ap.parse_args(argv)
     # the runs start in the checkout: paths as given, from here
-    args.data, args.cpu_bin, args.cuda_bin = (os.path.abspath(p) for p in (args.data, args.cpu_bin, args.cuda_bin))
+    args.data, args.cpu_bin, args.cuda_bin, args.out = (os.path.abspath(p) for p in (args.data, args.cpu_bin,
+                                                                                   args.cuda_bin, args.out))
     try:
         if args.steps < 1:
             raise CheckError("--steps=%d: expected at least 1" % args.steps)
@@ -126,6 +141,7 @@ def main(argv=None):
             if not os.path.exists("%s.%s.tok" % (args.data, part)):
                 raise CheckError("%s.%s.tok: no such file (tools/experiments/real_corpus.py builds the corpus)"
                                  % (args.data, part))
+        claim(args.out)
         c = smallest_cell(args.grid, args.records, os.path.join(ROOT, depth_study.STUDIES["scale"]["out"]))
         name = depth_study.run_name(c)
         print("scale_crosscheck: %s, its first %d steps on the CPU (f32, %d threads) and on CUDA (bf16)"
