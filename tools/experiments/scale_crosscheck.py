@@ -19,7 +19,6 @@ Exit status 77 when the CUDA binary has no GPU to run on (ctest: skipped); every
 failure is one line "scale_crosscheck: ..." and exit status 1.
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -29,6 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
+import depth_report  # noqa: E402
 import depth_study  # noqa: E402
 
 NO_GPU = ("no usable CUDA device", "no CUDA device visible", "no CUDA support")
@@ -91,11 +91,9 @@ def train(binary, flags, run_dir, device, threads):
         tail = r.stderr.strip().splitlines()[-1:] or ["(no output)"]
         raise CheckError("the %s run failed (exit %d): %s" % (device, r.returncode, tail[0]))
     out = {}
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("kind", "train") == "train" and "loss" in rec and "step" in rec:
-                out[rec["step"]] = (rec["loss"], rec.get("grad_norm"))
+    for rec in depth_report.jsonl_records(os.path.join(run_dir, "metrics.jsonl")):
+        if rec.get("kind", "train") == "train" and "loss" in rec and "step" in rec:
+            out[rec["step"]] = (rec["loss"], rec.get("grad_norm"))
     shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)  # the end-of-run save: not needed
     return out, seconds
 
