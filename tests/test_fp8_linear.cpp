@@ -13,6 +13,7 @@
 #include "lns/fp8.h"
 #include "lns/fp8_linear.h"
 #include "lns/fp8_state.h"
+#include "fp8_step_casts.h"
 #include "test_util.h"
 
 namespace lns {
@@ -258,6 +259,8 @@ TEST(Fp8State, TheStepsAmaxBecomesTheNextScale) {
   t[f.x * kFp8Fields + kFp8Amax] = 99.0f;  // an evaluation's cast
   st.begin_step();
   EXPECT_EQ(t[f.x * kFp8Fields + kFp8Amax], 0.0f);
+  EXPECT_EQ(t[f.w * kFp8Fields + kFp8Elements], 12.0f) << "begin_step casts w (4 x 3) once for the step";
+  EXPECT_EQ(st.linear(1).w_cast.numel(), 12);
   t[f.x * kFp8Fields + kFp8Amax] = 2.0f, t[f.x * kFp8Fields + kFp8Elements] = 10;
   t[f.x * kFp8Fields + kFp8Saturated] = 3;
   t[f.dy * kFp8Fields + kFp8Amax] = 0.5f, t[f.dy * kFp8Fields + kFp8Elements] = 10;
@@ -271,7 +274,8 @@ TEST(Fp8State, TheStepsAmaxBecomesTheNextScale) {
   EXPECT_EQ(h[0].scale, 1.0f);  // the scale the step cast with
   EXPECT_EQ(h[0].saturated, 3);
   EXPECT_EQ(t[f.x * kFp8Fields + kFp8Scale], 224.0f);
-  EXPECT_EQ(t[f.w * kFp8Fields + kFp8Scale], 1.0f);  // no cast of w: its scale stays
+  EXPECT_EQ(t[f.w * kFp8Fields + kFp8Scale], 1.0f);  // w is all zeros: amax 0 keeps the scale
+  EXPECT_TRUE(st.linear(1).w_cast.empty()) << "end_step drops the step casts";
   EXPECT_EQ(t[f.dy * kFp8Fields + kFp8Scale], 57344.0f / 0.5f);
   EXPECT_EQ(t[f.x * kFp8Fields + kFp8Saturated], 0.0f);
   // The state round trip (checkpoints) and its range checks.
@@ -281,6 +285,52 @@ TEST(Fp8State, TheStepsAmaxBecomesTheNextScale) {
   std::vector<std::vector<float>> bad = st.state();
   bad.pop_back();
   EXPECT_THROW(back.restore(bad, "test"), UserError);
+}
+
+// The ops read a weight's step cast (fp8_cast_weight) in place of w, in both modes:
+// with it, y, dx and dw are those of the per-call casts bit for bit, w's health is
+// recorded by the step cast alone, and a w changed after the cast is not seen (why
+// Fp8State::begin_step casts again every step).
+TEST(Fp8Linear, OpsReadTheWeightsStepCast) {
+  for (const bool blockwise : {false, true}) {
+    Problem p(16.0f, 2048.0f, 65536.0f), q(16.0f, 2048.0f, 65536.0f);
+    Fp8Linear fp = p.lin(), fq = q.lin();
+    fp.blockwise = fq.blockwise = blockwise;
+    std::vector<float> wc(size_t(fp8_weight_cast_numel(view(p.w, {p.out, p.in}), fq)));
+    fp8_cast_weight(view(wc, {int64_t(wc.size())}), view(q.w, {q.out, q.in}), fq);
+    EXPECT_EQ(q.at(1, kFp8Elements), q.out * q.in) << "the step cast records w";
+    fq.w_cast = view(wc, {int64_t(wc.size())});
+    const std::vector<float> w0 = q.w;
+    for (float& v : q.w) v = -v;  // the step cast was made before: not seen
+    std::vector<float> yp(size_t(p.N * p.out)), yq(yp.size()), dxp(size_t(p.N * p.in)), dxq(dxp.size());
+    std::vector<float> dwp(size_t(p.out * p.in)), dwq(dwp.size());
+    linear_forward_fp8(view(yp, {p.N, p.out}), view(p.x, {p.N, p.in}), view(p.w, {p.out, p.in}), fp);
+    linear_forward_fp8(view(yq, {q.N, q.out}), view(q.x, {q.N, q.in}), view(q.w, {q.out, q.in}), fq);
+    linear_backward_fp8(view(dxp, {p.N, p.in}), view(dwp, {p.out, p.in}), view(p.dy, {p.N, p.out}),
+                        view(p.x, {p.N, p.in}), view(p.w, {p.out, p.in}), false, fp);
+    linear_backward_fp8(view(dxq, {q.N, q.in}), view(dwq, {q.out, q.in}), view(q.dy, {q.N, q.out}),
+                        view(q.x, {q.N, q.in}), view(q.w, {q.out, q.in}), false, fq);
+    EXPECT_EQ(yp, yq) << blockwise;
+    EXPECT_EQ(dxp, dxq) << blockwise;
+    EXPECT_EQ(dwp, dwq) << blockwise;
+    EXPECT_EQ(p.table, q.table) << "the same health: w once (the forward's cast or the step cast)";
+    // Without the step cast the negated w is what the ops read.
+    fq.w_cast = Tensor{};
+    std::vector<float> yn(yp.size());
+    linear_forward_fp8(view(yn, {q.N, q.out}), view(q.x, {q.N, q.in}), view(q.w, {q.out, q.in}), fq);
+    EXPECT_NE(yn, yp) << blockwise;
+    q.w = w0;
+  }
+}
+
+// A stage's two steps with step casts against per-call casts (tests/fp8_step_casts.h).
+TEST(Fp8State, StepCastsAreThePerCallCasts) {
+  for (const Fp8Mode m : {Fp8Mode::Delayed, Fp8Mode::Blockwise}) {
+    LlamaConfig c = small_model(NormScheme::LNS);
+    c.fp8 = m;
+    SCOPED_TRACE(fp8_mode_name(m));
+    expect_step_casts_are_per_call_casts(c, Device::CPU);
+  }
 }
 
 }  // namespace

@@ -70,17 +70,32 @@ struct Fp8Linear {
   Tensor table;
   int64_t x = -1, w = -1, dy = -1;
   bool blockwise = false;  // --fp8=blockwise: tile scales (above); else the rows' per-tensor scales
+  // The weight's operands as fp8_cast_weight left them (its step's codes), read by the
+  // ops instead of casting w; empty: the ops cast w at every call (and record it).
+  Tensor w_cast{};
   // Row r of the table (checked: an f32 [R, kFp8Fields] table, 0 <= r < R), on its device.
   float* row(int64_t r) const;
 };
 
 // Casts record into their rows (amax as a max, counts as sums). The backward casts x
-// and w again with the forward's scales (the same codes) and records only dy.
+// (and w, without f.w_cast) again with the forward's scales (the same codes) and
+// records only dy.
 // CPU (src/cpu/linear_fp8.cpp, the reference) and CUDA (src/cuda/linear_fp8.cpp: the
 // casts of src/cuda/fp8.cu and cuBLASLt's FP8 matmul, which needs every GEMM dimension
 // a multiple of 16).
 void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f);
 void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
                          const Fp8Linear& f);
+
+// A weight cast once for a whole optimizer step (Fp8State::begin_step). The weight and
+// its scale do not change within a step, so every micro-batch's forward, its recompute
+// and its backward would cast w to the same codes: cast once, they read w_cast (w is
+// then one pass per step, not two per micro-batch). The cast records w's health once.
+// w_cast is f32 [fp8_weight_cast_numel(w, f)] on w's device; what it holds is the
+// backend's business: the CPU keeps the codes' f32 values ([out,in], read both ways by
+// its GEMMs), CUDA the codes of w and of its transpose (and their tile factors under
+// blockwise), each 256-byte aligned (src/cuda/linear_fp8.cpp).
+int64_t fp8_weight_cast_numel(Tensor w, const Fp8Linear& f);
+void fp8_cast_weight(Tensor w_cast, Tensor w, const Fp8Linear& f);
 
 }  // namespace lns

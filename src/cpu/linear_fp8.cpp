@@ -41,13 +41,12 @@ void add_health(float* row, const std::vector<Fp8CastStats>& st, int64_t element
   row[kFp8Elements] += static_cast<float>(elements);
 }
 
-// q[i] = the value of Q(t[i] * scale) (not unscaled: the GEMM's alpha does that).
-// Adds the cast's health to `row` when record.
-std::unique_ptr<float[]> quantize(const Tensor& t, float* row, Fp8Format fmt, bool record) {
+// q[i] = the value of Q(t[i] * scale) (not unscaled: the GEMM's alpha does that), into
+// q[t.numel()] (every element written). Adds the cast's health to `row` when record.
+void quantize_into(float* q, const Tensor& t, float* row, Fp8Format fmt, bool record) {
   const int64_t n = t.numel();
   const float scale = row[kFp8Scale];
   LNS_CHECK(scale > 0.0f) << "fp8: scale " << scale << " is not positive";
-  std::unique_ptr<float[]> q(new float[static_cast<size_t>(n)]);  // every element written below
   constexpr int64_t kChunk = 1 << 13;  // small enough that every thread gets a share of a layer's x
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<Fp8CastStats> st(static_cast<size_t>(chunks));
@@ -61,16 +60,20 @@ std::unique_ptr<float[]> quantize(const Tensor& t, float* row, Fp8Format fmt, bo
     for (int64_t i = b; i < e; ++i) q[i] = dec[codes[i - b]];
   }
   if (record) add_health(row, st, n);
+}
+
+std::unique_ptr<float[]> quantize(const Tensor& t, float* row, Fp8Format fmt, bool record) {
+  std::unique_ptr<float[]> q(new float[static_cast<size_t>(t.numel())]);
+  quantize_into(q.get(), t, row, fmt, record);
   return q;
 }
 
 // --fp8=blockwise: t[R,C] cast tile by tile (tiles of tr x tc values, the edges cut
 // short), each with its own power-of-two scale (fp8_pow2_scale), and returned unscaled:
-// q[i] = value(code_i) / s_tile, exact. Adds the cast's health to `row` when record.
-std::unique_ptr<float[]> quantize_tiles(const Tensor& t, int64_t R, int64_t C, int64_t tr, int64_t tc, float* row,
-                                        Fp8Format fmt, bool record) {
+// q[i] = value(code_i) / s_tile, exact, into q[R*C]. Adds the cast's health to `row` when record.
+void quantize_tiles_into(float* q, const Tensor& t, int64_t R, int64_t C, int64_t tr, int64_t tc, float* row,
+                         Fp8Format fmt, bool record) {
   LNS_CHECK(t.numel() == R * C && tr > 0 && tc > 0);
-  std::unique_ptr<float[]> q(new float[static_cast<size_t>(R * C)]);
   const float* x = t.f32();
   const std::array<float, 256>& dec = decode_table(fmt);
   const int64_t row_tiles = (R + tr - 1) / tr, col_tiles = (C + tc - 1) / tc;
@@ -111,10 +114,49 @@ std::unique_ptr<float[]> quantize_tiles(const Tensor& t, int64_t R, int64_t C, i
       }
   }
   if (record) add_health(row, st, R * C);
+}
+
+std::unique_ptr<float[]> quantize_tiles(const Tensor& t, int64_t R, int64_t C, int64_t tr, int64_t tc, float* row,
+                                        Fp8Format fmt, bool record) {
+  std::unique_ptr<float[]> q(new float[static_cast<size_t>(R * C)]);
+  quantize_tiles_into(q.get(), t, R, C, tr, tc, row, fmt, record);
   return q;
 }
 
+// w[out,in] as the GEMMs read it (E4M3; 128 x 128 tiles under blockwise, which read the
+// same in both directions), into q[out*in].
+void quantize_weight_into(float* q, const Tensor& w, const Fp8Linear& f, bool record) {
+  if (f.blockwise) return quantize_tiles_into(q, w, w.dim(0), w.dim(1), kFp8Tile, kFp8Tile, f.row(f.w), Fp8Format::E4M3, record);
+  quantize_into(q, w, f.row(f.w), Fp8Format::E4M3, record);
+}
+
+// w's operand: the step's cast (f.w_cast, from fp8_cast_weight) or one made here into
+// `own` (recorded when `record`: the forward's; the backward's repeats it).
+const float* weight_operand(std::unique_ptr<float[]>& own, const Tensor& w, const Fp8Linear& f, bool record) {
+  if (!f.w_cast.empty()) {
+    LNS_CHECK(f.w_cast.dtype == DType::F32 && f.w_cast.numel() == w.numel())
+        << "fp8 w_cast " << f.w_cast.shape.str() << " for w " << w.shape.str();
+    return f.w_cast.f32();
+  }
+  own.reset(new float[static_cast<size_t>(w.numel())]);
+  quantize_weight_into(own.get(), w, f, record);
+  return own.get();
+}
+
 }  // namespace
+
+int64_t fp8_weight_cast_numel(Tensor w, const Fp8Linear& f) {
+  LNS_DISPATCH(w, fp8_weight_cast_numel(w, f));
+  return w.numel();
+}
+
+void fp8_cast_weight(Tensor w_cast, Tensor w, const Fp8Linear& f) {
+  LNS_DISPATCH(w, fp8_cast_weight(w_cast, w, f));
+  cpu::require_cpu({&w_cast, &w, &f.table});
+  LNS_CHECK(w.shape.ndim == 2 && w.dtype == DType::F32 && w_cast.dtype == DType::F32 && w_cast.numel() == w.numel())
+      << "fp8_cast_weight: w " << w.shape.str() << " into " << w_cast.shape.str();
+  quantize_weight_into(w_cast.f32(), w, f, /*record=*/true);
+}
 
 void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
   LNS_DISPATCH(y, linear_forward_fp8(y, x, w, f));
@@ -125,17 +167,18 @@ void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
   float *rx = f.row(f.x), *rw = f.row(f.w);
   if (f.blockwise) {  // y[N,out] = qx[N,in] @ qw[out,in]^T, the tiles already unscaled
     const std::unique_ptr<float[]> qx = quantize_tiles(x, N, in, 1, kFp8Tile, rx, Fp8Format::E4M3, true);
-    const std::unique_ptr<float[]> qw = quantize_tiles(w, out, in, kFp8Tile, kFp8Tile, rw, Fp8Format::E4M3, true);
-    if (N > 0)
-      cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, 1.0f, qx.get(), in, qw.get(), in, 0.0f, y.f32(), out);
+    std::unique_ptr<float[]> own;
+    const float* qw = weight_operand(own, w, f, true);
+    if (N > 0) cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, 1.0f, qx.get(), in, qw, in, 0.0f, y.f32(), out);
     return;
   }
   const std::unique_ptr<float[]> qx = quantize(x, rx, Fp8Format::E4M3, true);  // [N,in]
-  const std::unique_ptr<float[]> qw = quantize(w, rw, Fp8Format::E4M3, true);  // [out,in]
+  std::unique_ptr<float[]> own;
+  const float* qw = weight_operand(own, w, f, true);  // [out,in]
   if (N == 0) return;
   // y[N,out] = qx[N,in] @ qw[out,in]^T / (sx sw)
-  cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, rx[kFp8ScaleInv] * rw[kFp8ScaleInv], qx.get(), in,
-                 qw.get(), in, 0.0f, y.f32(), out);
+  cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, rx[kFp8ScaleInv] * rw[kFp8ScaleInv], qx.get(), in, qw, in,
+                 0.0f, y.f32(), out);
 }
 
 void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
@@ -152,9 +195,10 @@ void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bo
     if (N == 0) return;
     if (!dx.empty()) {
       LNS_CHECK(dx.numel() == N * in);
-      const std::unique_ptr<float[]> qw = quantize_tiles(w, out, in, kFp8Tile, kFp8Tile, rw, Fp8Format::E4M3, false);
+      std::unique_ptr<float[]> own;
+      const float* qw = weight_operand(own, w, f, false);
       // dx[N,in] (+)= qdy[N,out] @ qw[out,in]
-      cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, qdy.get(), out, qw.get(), in,
+      cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, qdy.get(), out, qw, in,
                      accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
     }
     const std::unique_ptr<float[]> cdy = quantize_tiles(dy, N, out, kFp8Tile, 1, rdy, Fp8Format::E5M2, false);
@@ -167,10 +211,11 @@ void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bo
   if (N == 0) return;
   if (!dx.empty()) {
     LNS_CHECK(dx.numel() == N * in);
-    const std::unique_ptr<float[]> qw = quantize(w, rw, Fp8Format::E4M3, false);  // [out,in]
+    std::unique_ptr<float[]> own;
+    const float* qw = weight_operand(own, w, f, false);  // [out,in]
     // dx[N,in] (+)= qdy[N,out] @ qw[out,in] / (sdy sw)
     cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, rdy[kFp8ScaleInv] * rw[kFp8ScaleInv], qdy.get(),
-                   out, qw.get(), in, accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
+                   out, qw, in, accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
   }
   const std::unique_ptr<float[]> qx = quantize(x, rx, Fp8Format::E4M3, false);  // [N,in]
   // dw[out,in] += qdy^T[out,N] @ qx[N,in] / (sdy sx)

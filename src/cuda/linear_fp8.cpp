@@ -6,9 +6,11 @@
 //   forward  y[N,out]   = x8[N,in] . w8[out,in]          (K = in)
 //   dx       dx[N,in]  (+)= dy8[N,out] . wT8[in,out]     (K = out)
 //   dw       dw[out,in] += dyT8[out,N] . xT8[in,N]       (K = N)
-// where "A . B" is A @ B^T with both stored K-major. x and w are cast again in backward
-// (not recorded; the same codes as forward's): a step reads them once more instead of
-// keeping 8-bit copies between passes.
+// where "A . B" is A @ B^T with both stored K-major. x is cast again in backward (not
+// recorded; the same codes as forward's): a step reads it once more instead of keeping
+// an 8-bit copy between passes. w is cast once per step by fp8_cast_weight, w8 and wT8
+// in one pass, when the stage's FP8 state holds the step's casts (f.w_cast); without
+// them (evaluation, tests of the op) each call casts w again, as x.
 #include <vector>
 
 #include "cuda/fp8_cast.h"
@@ -26,19 +28,51 @@ void expect(const Tensor& t, DType dt, const char* what) {
                                                        << ", expected CUDA " << dtype_name(dt);
 }
 
-// Byte buffers carved from one scratch allocation, each 256-byte aligned (cuBLASLt's
-// preferred operand alignment).
+// Byte buffers carved from one allocation, each 256-byte aligned (cuBLASLt's preferred
+// operand alignment): from the scratch (take) or from a weight's step cast (at).
 struct Carve {
   std::vector<int64_t> sizes;
-  std::vector<uint8_t*> take() {
-    int64_t total = 0;
-    for (const int64_t n : sizes) total += (n + 255) / 256 * 256;
-    auto* base = static_cast<uint8_t*>(scratch(Scratch::Fp8Operands, static_cast<size_t>(total)));
+  int64_t total() const {
+    int64_t t = 0;
+    for (const int64_t n : sizes) t += (n + 255) / 256 * 256;
+    return t;
+  }
+  std::vector<uint8_t*> at(uint8_t* base) const {
     std::vector<uint8_t*> out;
     for (const int64_t n : sizes) out.push_back(base), base += (n + 255) / 256 * 256;
     return out;
   }
+  std::vector<uint8_t*> take() const {
+    return at(static_cast<uint8_t*>(scratch(Scratch::Fp8Operands, static_cast<size_t>(total()))));
+  }
 };
+
+// Bytes of an f32 scale tensor, for Carve.
+int64_t scale_bytes(GemmScale m, int64_t rows, int64_t K) { return 4 * gemm_scale_floats(m, rows, K); }
+
+// A weight's step cast (f.w_cast, written by fp8_cast_weight): w8[out,in] and
+// wT8[in,out] E4M3 codes, then under blockwise their Block128 factors s (out rows, K =
+// in) and sT (in rows, K = out).
+struct WeightCast {
+  uint8_t *w8 = nullptr, *wT8 = nullptr;
+  float *s = nullptr, *sT = nullptr;
+};
+Carve weight_cast_layout(int64_t out, int64_t in, bool blockwise) {
+  if (!blockwise) return {{out * in, in * out}};
+  return {{out * in, in * out, scale_bytes(GemmScale::Block128, out, in), scale_bytes(GemmScale::Block128, in, out)}};
+}
+// f.w_cast carved (checked to be the size fp8_weight_cast_numel gives), or all null
+// when the linear has no step cast.
+WeightCast weight_cast(const Fp8Linear& f, int64_t out, int64_t in) {
+  if (f.w_cast.empty()) return {};
+  const Carve c = weight_cast_layout(out, in, f.blockwise);
+  LNS_CHECK(f.w_cast.device == Device::CUDA && f.w_cast.dtype == DType::F32 && f.w_cast.numel() * 4 == c.total())
+      << "fp8 w_cast " << f.w_cast.shape.str() << " for w [" << out << ", " << in << "]";
+  const std::vector<uint8_t*> b = c.at(static_cast<uint8_t*>(f.w_cast.data));
+  WeightCast w{b[0], b[1]};
+  if (f.blockwise) w.s = reinterpret_cast<float*>(b[2]), w.sT = reinterpret_cast<float*>(b[3]);
+  return w;
+}
 
 GemmArgs fp8_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* a, GemmInput at, const float* a_row,
                   const uint8_t* b, GemmInput bt, const float* b_row) {
@@ -63,19 +97,20 @@ GemmArgs tiled_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* a, GemmInput
   return g;
 }
 
-// Bytes of an f32 scale tensor, for Carve.
-int64_t scale_bytes(GemmScale m, int64_t rows, int64_t K) { return 4 * gemm_scale_floats(m, rows, K); }
-
 void forward_blockwise(Tensor y, Tensor x, Tensor w, const Fp8Linear& f, int64_t rows, int64_t in, int64_t out) {
   float *rx = f.row(f.x), *rw = f.row(f.w);
-  const std::vector<uint8_t*> buf =
-      Carve{{rows * in, out * in, scale_bytes(GemmScale::Vec128, rows, in), scale_bytes(GemmScale::Block128, out, in)}}
-          .take();
-  auto* sx = reinterpret_cast<float*>(buf[2]);
-  auto* sw = reinterpret_cast<float*>(buf[3]);
+  WeightCast wc = weight_cast(f, out, in);
+  const bool cast_w = wc.w8 == nullptr;
+  const std::vector<uint8_t*> buf = Carve{{rows * in, scale_bytes(GemmScale::Vec128, rows, in),
+                                           cast_w ? out * in : 0, cast_w ? scale_bytes(GemmScale::Block128, out, in) : 0}}
+                                        .take();
+  auto* sx = reinterpret_cast<float*>(buf[1]);
   fp8_cast_tiles_rows(x.view({rows, in}), rx, Fp8Format::E4M3, true, buf[0], sx);
-  fp8_cast_tiles_blocks(w, rw, Fp8Format::E4M3, true, buf[1], nullptr, sw, nullptr);
-  GemmArgs g = tiled_gemm(rows, out, in, buf[0], GemmInput::E4M3, sx, GemmScale::Vec128, buf[1], GemmInput::E4M3, sw,
+  if (cast_w) {
+    wc.w8 = buf[2], wc.s = reinterpret_cast<float*>(buf[3]);
+    fp8_cast_tiles_blocks(w, rw, Fp8Format::E4M3, true, wc.w8, nullptr, wc.s, nullptr);
+  }
+  GemmArgs g = tiled_gemm(rows, out, in, buf[0], GemmInput::E4M3, sx, GemmScale::Vec128, wc.w8, GemmInput::E4M3, wc.s,
                           GemmScale::Block128);
   g.C = y.data, g.ldc = out, g.c_dtype = y.dtype;
   gemm(g);
@@ -84,18 +119,23 @@ void forward_blockwise(Tensor y, Tensor x, Tensor w, const Fp8Linear& f, int64_t
 void backward_blockwise(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx, const Fp8Linear& f,
                         int64_t rows, int64_t in, int64_t out) {
   float *rw = f.row(f.w), *rdy = f.row(f.dy);
+  WeightCast wc = weight_cast(f, out, in);
+  const bool cast_w = wc.wT8 == nullptr && !dx.empty();
   const std::vector<uint8_t*> buf =
-      Carve{{rows * out, out * rows, in * out, in * rows, scale_bytes(GemmScale::Vec128, rows, out),
-             scale_bytes(GemmScale::Vec128, out, rows), scale_bytes(GemmScale::Block128, in, out),
+      Carve{{rows * out, out * rows, cast_w ? in * out : 0, in * rows, scale_bytes(GemmScale::Vec128, rows, out),
+             scale_bytes(GemmScale::Vec128, out, rows), cast_w ? scale_bytes(GemmScale::Block128, in, out) : 0,
              scale_bytes(GemmScale::Vec128, in, rows)}}
           .take();
-  uint8_t *dy8 = buf[0], *dyT8 = buf[1], *wT8 = buf[2], *xT8 = buf[3];
+  uint8_t *dy8 = buf[0], *dyT8 = buf[1], *xT8 = buf[3];
   auto sc = [&](int i) { return reinterpret_cast<float*>(buf[size_t(i)]); };
   fp8_cast_tiles_rows(dy.view({rows, out}), rdy, Fp8Format::E5M2, true, dy8, sc(4));
   if (!dx.empty()) {
-    fp8_cast_tiles_blocks(w, rw, Fp8Format::E4M3, false, nullptr, wT8, nullptr, sc(6));
-    GemmArgs g = tiled_gemm(rows, in, out, dy8, GemmInput::E5M2, sc(4), GemmScale::Vec128, wT8, GemmInput::E4M3, sc(6),
-                            GemmScale::Block128);
+    if (cast_w) {
+      wc.wT8 = buf[2], wc.sT = sc(6);
+      fp8_cast_tiles_blocks(w, rw, Fp8Format::E4M3, false, nullptr, wc.wT8, nullptr, wc.sT);
+    }
+    GemmArgs g = tiled_gemm(rows, in, out, dy8, GemmInput::E5M2, sc(4), GemmScale::Vec128, wc.wT8, GemmInput::E4M3,
+                            wc.sT, GemmScale::Block128);
     g.C = dx.data, g.ldc = in, g.c_dtype = dx.dtype, g.beta = accumulate_dx ? 1.0f : 0.0f;
     gemm(g);
   }
@@ -117,10 +157,12 @@ void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
   expect(f.table, DType::F32, "fp8 table");
   if (f.blockwise) return forward_blockwise(y, x, w, f, rows, in, out);
   float *rx = f.row(f.x), *rw = f.row(f.w);
-  const std::vector<uint8_t*> buf = Carve{{rows * in, out * in}}.take();
+  const WeightCast wc = weight_cast(f, out, in);
+  const std::vector<uint8_t*> buf = Carve{{rows * in, wc.w8 ? 0 : out * in}}.take();
   fp8_cast(x.view({rows, in}), rx, Fp8Format::E4M3, true, buf[0], nullptr);  // x8 [N,in]
-  fp8_cast(w, rw, Fp8Format::E4M3, true, buf[1], nullptr);                    // w8 [out,in]
-  GemmArgs g = fp8_gemm(rows, out, in, buf[0], GemmInput::E4M3, rx, buf[1], GemmInput::E4M3, rw);
+  const uint8_t* w8 = wc.w8;                                                   // [out,in]
+  if (!w8) fp8_cast(w, rw, Fp8Format::E4M3, true, buf[1], nullptr), w8 = buf[1];
+  GemmArgs g = fp8_gemm(rows, out, in, buf[0], GemmInput::E4M3, rx, w8, GemmInput::E4M3, rw);
   g.C = y.data, g.ldc = out, g.c_dtype = y.dtype;
   gemm(g);
 }
@@ -136,11 +178,13 @@ void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bo
   expect(f.table, DType::F32, "fp8 table");
   if (f.blockwise) return backward_blockwise(dx, dw, dy, x, w, accumulate_dx, f, rows, in, out);
   float *rx = f.row(f.x), *rw = f.row(f.w), *rdy = f.row(f.dy);
-  const std::vector<uint8_t*> buf = Carve{{rows * out, out * rows, in * out, in * rows}}.take();
-  uint8_t *dy8 = buf[0], *dyT8 = buf[1], *wT8 = buf[2], *xT8 = buf[3];
+  const WeightCast wc = weight_cast(f, out, in);
+  const std::vector<uint8_t*> buf = Carve{{rows * out, out * rows, wc.wT8 ? 0 : in * out, in * rows}}.take();
+  uint8_t *dy8 = buf[0], *dyT8 = buf[1], *xT8 = buf[3];
   fp8_cast(dy.view({rows, out}), rdy, Fp8Format::E5M2, true, dx.empty() ? nullptr : dy8, dyT8);
   if (!dx.empty()) {
-    fp8_cast(w, rw, Fp8Format::E4M3, false, nullptr, wT8);  // [in,out]
+    const uint8_t* wT8 = wc.wT8;  // [in,out]
+    if (!wT8) fp8_cast(w, rw, Fp8Format::E4M3, false, nullptr, buf[2]), wT8 = buf[2];
     GemmArgs g = fp8_gemm(rows, in, out, dy8, GemmInput::E5M2, rdy, wT8, GemmInput::E4M3, rw);
     g.C = dx.data, g.ldc = in, g.c_dtype = dx.dtype, g.beta = accumulate_dx ? 1.0f : 0.0f;
     gemm(g);
@@ -149,6 +193,23 @@ void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bo
   GemmArgs g = fp8_gemm(out, in, rows, dyT8, GemmInput::E5M2, rdy, xT8, GemmInput::E4M3, rx);
   g.C = dw.data, g.ldc = in, g.c_dtype = DType::F32, g.beta = 1.0f;
   gemm(g);
+}
+
+int64_t fp8_weight_cast_numel(Tensor w, const Fp8Linear& f) {
+  LNS_CHECK(w.shape.ndim == 2) << "fp8 weight " << w.shape.str();
+  return weight_cast_layout(w.dim(0), w.dim(1), f.blockwise).total() / 4;  // 256-byte multiples
+}
+
+// w8 and wT8 (and under blockwise their factors) in one pass over w, recorded.
+void fp8_cast_weight(Tensor w_cast, Tensor w, const Fp8Linear& f) {
+  expect(w, DType::BF16, "fp8 weight");
+  expect(f.table, DType::F32, "fp8 table");
+  Fp8Linear g = f;
+  g.w_cast = w_cast;
+  const WeightCast c = weight_cast(g, w.dim(0), w.dim(1));
+  LNS_CHECK(c.w8 != nullptr) << "fp8_cast_weight: no w_cast";
+  if (f.blockwise) return fp8_cast_tiles_blocks(w, f.row(f.w), Fp8Format::E4M3, true, c.w8, c.wT8, c.s, c.sT);
+  fp8_cast(w, f.row(f.w), Fp8Format::E4M3, true, c.w8, c.wT8);
 }
 
 }  // namespace lns::cuda

@@ -28,6 +28,8 @@ void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool a
 void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f);
 void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
                          const Fp8Linear& f);
+int64_t fp8_weight_cast_numel(Tensor w, const Fp8Linear& f);
+void fp8_cast_weight(Tensor w_cast, Tensor w, const Fp8Linear& f);
 
 void rope_forward(Tensor x, Tensor cos, Tensor sin);
 void rope_backward(Tensor dx, Tensor cos, Tensor sin);

@@ -27,7 +27,8 @@ const char* fp8_role_name(int r) {
 
 Fp8State::Fp8State(const ParamSet& params, const std::vector<int>& weights, Fp8Mode mode,
                    const Fp8ScalingConfig& config, Device device)
-    : blockwise_(mode == Fp8Mode::Blockwise), row_of_weight_(static_cast<size_t>(params.size()), -1) {
+    : params_(&params), blockwise_(mode == Fp8Mode::Blockwise), weights_(weights),
+      row_of_weight_(static_cast<size_t>(params.size()), -1) {
   LNS_CHECK(mode != Fp8Mode::None);
   config.validate("--fp8_");
   std::map<int, int> per_layer;  // FP8 linears seen so far, by layer
@@ -56,7 +57,23 @@ bool Fp8State::has(int weight) const {
 Fp8Linear Fp8State::linear(int weight) const {
   LNS_CHECK(has(weight)) << "no FP8 rows for parameter " << weight;
   const int64_t r = row_of_weight_[static_cast<size_t>(weight)];
-  return {table_.t, r, r + 1, r + 2, blockwise_};
+  Fp8Linear f{table_.t, r, r + 1, r + 2, blockwise_};
+  if (step_casts_) f.w_cast = w_casts_[static_cast<size_t>(r / 3)].t;
+  return f;
+}
+
+void Fp8State::begin_step() {
+  upload_scales();
+  step_casts_ = false;
+  w_casts_.resize(weights_.size());
+  for (size_t i = 0; i < weights_.size(); ++i) {
+    const Tensor w = params_->compute(weights_[i]);
+    const Fp8Linear f = linear(weights_[i]);
+    const int64_t n = fp8_weight_cast_numel(w, f);
+    if (w_casts_[i].t.numel() != n) w_casts_[i] = OwnedTensor(DType::F32, {n}, table_.t.device);
+    fp8_cast_weight(w_casts_[i], w, f);
+  }
+  step_casts_ = true;
 }
 
 void Fp8State::upload_scales() {
@@ -69,6 +86,7 @@ void Fp8State::upload_scales() {
 }
 
 const std::vector<Fp8Health>& Fp8State::end_step(const std::vector<Communicator*>& groups) {
+  step_casts_ = false;
   const std::vector<float> t = to_host_f32(table_.t);
   const size_t R = scales_.size();
   std::vector<double> amax(R), counts(R * 4);
@@ -109,6 +127,7 @@ void Fp8State::restore(const std::vector<std::vector<float>>& s, const std::stri
   LNS_REQUIRE(s.size() == scales_.size(), what, ": FP8 scaling state for ", s.size(), " tensors, expected ",
               scales_.size());
   for (size_t r = 0; r < s.size(); ++r) scales_[r].restore(s[r], what + " (" + health_[r].name + ")");
+  step_casts_ = false;  // cast with the scales restored over
   upload_scales();
 }
 

@@ -32,6 +32,7 @@
 #include "lns/fp8_state.h"
 #include "lns/ops.h"
 #include "lns/stage.h"
+#include "tests/fp8_step_casts.h"
 #include "tests/test_util.h"
 
 #ifdef LNS_WITH_CUDA
@@ -833,6 +834,20 @@ TEST(ModelStep, Fp8BlockwiseGpuStepMatchesCpuStep) {
   LlamaConfig c = test::small_model(NormScheme::LNS);
   c.hidden_size = 64, c.num_heads = 4, c.num_kv_heads = 2, c.fp8 = Fp8Mode::Blockwise;
   gpu_step_matches_cpu_step(c, "lns, --fp8=blockwise", {}, 0.3);
+}
+
+// The weights cast once per step on CUDA (fp8_cast_weight: w8 and wT8 in one pass, and
+// under blockwise both directions' tile factors, carved from one buffer) against each
+// op casting w itself: the same losses and gradients bit for bit over two steps with
+// a weight update between them (tests/fp8_step_casts.h).
+TEST(ModelStep, Fp8StepCastsAreThePerCallCasts) {
+  REQUIRE_GPU();
+  for (const Fp8Mode m : {Fp8Mode::Delayed, Fp8Mode::Blockwise}) {
+    LlamaConfig c = test::small_model(NormScheme::LNS);
+    c.hidden_size = 64, c.num_heads = 4, c.num_kv_heads = 2, c.fp8 = m;
+    SCOPED_TRACE(fp8_mode_name(m));
+    test::expect_step_casts_are_per_call_casts(c, Device::CUDA);
+  }
 }
 
 // What cuBLASLt's FP8 matmul needs is said before a step runs, in one line.
