@@ -13,7 +13,7 @@
 #include "lns/fp8.h"
 #include "lns/fp8_linear.h"
 #include "lns/fp8_state.h"
-#include "fp8_step_casts.h"
+#include "fp8_sharing.h"
 #include "test_util.h"
 
 namespace lns {
@@ -323,7 +323,49 @@ TEST(Fp8Linear, OpsReadTheWeightsStepCast) {
   }
 }
 
-// A stage's two steps with step casts against per-call casts (tests/fp8_step_casts.h).
+// The shared ops (one cast of x for q, k and v) against the one-linear ops, both modes
+// (tests/fp8_sharing.h).
+TEST(Fp8Linear, SharedInputIsTheSingleOps) {
+  for (const bool blockwise : {false, true}) {
+    SCOPED_TRACE(blockwise ? "blockwise" : "delayed");
+    expect_shared_input_is_the_single_ops(Device::CPU, blockwise);
+  }
+}
+
+// Linears given one x row must name the same row of the same table in the same mode.
+TEST(Fp8LinearDeathTest, SharedLinearsMustCastXAlike) {
+  std::vector<float> t(4 * kFp8Fields, 0.0f);
+  const Tensor table = view(t, {4, kFp8Fields});
+  EXPECT_DEATH(check_fp8_shared(2, 2, {{table, 0, 1, 2}, {table, 3, 1, 2}}), "must cast x alike: x rows 0 and 3");
+  EXPECT_DEATH(check_fp8_shared(2, 2, {{table, 0, 1, 2}, {table, 0, 1, 2, true}}), "must cast x alike");
+  EXPECT_DEATH(check_fp8_shared(1, 2, {{table, 0, 1, 2}, {table, 0, 1, 2}}), "1 outputs, 2 weights");
+}
+
+// A group that reads one input (x_from): every linear of it gets the first's x row, the
+// others' x rows report that row's health and follow its scale; split_input (LN-free's
+// own v input) gives a linear its own row back.
+TEST(Fp8State, AGroupReadingOneInputSharesItsXRow) {
+  ParamSet ps = two_linears();
+  Fp8State st(ps, {0, 1}, Fp8Mode::Delayed, Fp8ScalingConfig{}, Device::CPU, {0, 0});
+  const Fp8Linear q = st.linear(0), k = st.linear(1);
+  EXPECT_EQ(k.x, q.x);
+  EXPECT_NE(k.w, q.w);
+  float* t = q.table.f32();
+  t[q.x * kFp8Fields + kFp8Amax] = 4.0f, t[q.x * kFp8Fields + kFp8Elements] = 10, t[q.x * kFp8Fields + kFp8Flushed] = 2;
+  const std::vector<Fp8Health> h = st.end_step({});
+  EXPECT_EQ(h[3].name, "model.layers.0.self_attn.k_proj.x");
+  EXPECT_EQ(h[3].amax, 4.0f);
+  EXPECT_EQ(h[3].elements, 10);
+  EXPECT_EQ(h[3].flushed, 2);
+  EXPECT_EQ(t[3 * kFp8Fields + kFp8Scale], 112.0f) << "k.x follows q.x: 448 / 4";
+  st.split_input(1);
+  EXPECT_EQ(st.linear(1).x, 3);
+  EXPECT_EQ(t[st.linear(1).x * kFp8Fields + kFp8Scale], 112.0f) << "with the group's scale";
+  EXPECT_DEATH(Fp8State(ps, {0, 1}, Fp8Mode::Delayed, Fp8ScalingConfig{}, Device::CPU, {1, 1}),
+               "x_from 1 for weight 0 is not an earlier FP8 weight");
+}
+
+// A stage's two steps with step casts against per-call casts (tests/fp8_sharing.h).
 TEST(Fp8State, StepCastsAreThePerCallCasts) {
   for (const Fp8Mode m : {Fp8Mode::Delayed, Fp8Mode::Blockwise}) {
     LlamaConfig c = small_model(NormScheme::LNS);

@@ -33,6 +33,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "lns/fp8.h"
 #include "lns/tensor.h"
@@ -86,6 +87,21 @@ struct Fp8Linear {
 void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f);
 void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
                          const Fp8Linear& f);
+
+// Linears that read one input x (a block's q, k and v; its gate and up): x is cast once
+// for all of them, forward and backward, and every product reads that cast. So they
+// must cast x alike: every fs[i] names the same x row (Fp8State gives a group its first
+// linear's x row) of the same table, in the same mode (checked). The ops above are the
+// group of one.
+//   forward   ys[i] = x @ ws[i]^T
+//   backward  dx (+)= sum_i dys[i] @ ws[i] (only the first product overwrites, and only
+//             without accumulate_dx; dx may be empty), dws[i] += dys[i]^T @ x
+void linear_forward_fp8_shared(const std::vector<Tensor>& ys, Tensor x, const std::vector<Tensor>& ws,
+                               const std::vector<Fp8Linear>& fs);
+void linear_backward_fp8_shared(Tensor dx, const std::vector<Tensor>& dws, const std::vector<Tensor>& dys, Tensor x,
+                                const std::vector<Tensor>& ws, bool accumulate_dx, const std::vector<Fp8Linear>& fs);
+// The shared ops' precondition above (n_out and n_w: the lengths of the other lists).
+void check_fp8_shared(size_t n_out, size_t n_w, const std::vector<Fp8Linear>& fs);
 
 // A weight cast once for a whole optimizer step (Fp8State::begin_step). The weight and
 // its scale do not change within a step, so every micro-batch's forward, its recompute

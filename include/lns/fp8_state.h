@@ -46,9 +46,13 @@ class Fp8State {
  public:
   // `weights`: the parameter indices of the linear weights that run in FP8. The table is
   // allocated on `device`; every scale starts at 1 (Transformer Engine's start). `params`
-  // must outlive the state: begin_step casts its compute weights.
+  // must outlive the state: begin_step casts its compute weights. `x_from` (empty, or
+  // one entry per weight): the weight, earlier in `weights`, whose linear reads the same
+  // input (q for k and v, gate for up), or the weight itself. Such a group casts its
+  // input once (linear_*_fp8_shared), so linear() gives all of it the first's x row, and
+  // the others' x rows report that row's health and follow its scale.
   Fp8State(const ParamSet& params, const std::vector<int>& weights, Fp8Mode mode, const Fp8ScalingConfig& config,
-           Device device);
+           Device device, const std::vector<int>& x_from = {});
   bool blockwise() const { return blockwise_; }
   bool has(int weight) const;
   // The rows of that weight's linear, with its step cast while a step runs (between
@@ -61,6 +65,10 @@ class Fp8State {
   // only the step's own casts count, and casts every FP8 weight for the step (its health
   // recorded once). Weights and scales must not change until end_step.
   void begin_step();
+  // From now on `weight`'s linear reads an input of its own (LN-free's split value norm,
+  // docs/ln_free.md): its x row leaves its group. Its scaling history is the group's
+  // already (end_step records a group's amax into every x row of it).
+  void split_input(int weight);
   bool step_casts() const { return step_casts_; }  // between begin_step and end_step (or restore)
   // After a step's backward (before the next forward): reduces the step's amax (max) and
   // counts (sum) over `groups` (the tensor- and data-parallel groups; null entries
@@ -82,6 +90,7 @@ class Fp8State {
   bool blockwise_ = false;
   std::vector<int> weights_;        // parameter indices, in row order (linear i: rows 3i..3i+2)
   std::vector<int> row_of_weight_;  // by parameter index: first row (x; w +1, dy +2), -1 none
+  std::vector<int64_t> source_row_;  // by row: the row its casts record into (a group's first x row, else itself)
   std::vector<OwnedTensor> w_casts_;  // by linear: fp8_cast_weight's output, allocated at the first begin_step
   bool step_casts_ = false;           // w_casts_ hold this step's weights
   std::vector<Fp8DelayedScale> scales_;

@@ -242,8 +242,9 @@ class LlamaStage {
   void attention_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
   void mlp_fwd(Layer& layer, Slot& s, Tensor u, Tensor f);
   void mlp_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
-  void lin_fwd(int weight, Tensor y, Tensor x);
-  void lin_bwd(int weight, Tensor dx, Tensor dy, Tensor x, bool accumulate_dx);
+  void lin_fwd(const std::vector<int>& weights, const std::vector<Tensor>& ys, Tensor x);
+  void lin_bwd(const std::vector<int>& weights, Tensor dx, const std::vector<Tensor>& dys, Tensor x,
+               bool accumulate_dx);
 
   LlamaConfig cfg_;
   StageSpec spec_;

@@ -158,69 +158,78 @@ void fp8_cast_weight(Tensor w_cast, Tensor w, const Fp8Linear& f) {
   quantize_weight_into(w_cast.f32(), w, f, /*record=*/true);
 }
 
-void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
-  LNS_DISPATCH(y, linear_forward_fp8(y, x, w, f));
-  cpu::require_cpu({&y, &x, &w, &f.table});
-  const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
-  LNS_CHECK(w.dim(1) == in && y.numel() == N * out && x.dtype == DType::F32)
-      << "linear_fp8: x " << x.shape.str() << " w " << w.shape.str() << " y " << y.shape.str();
-  float *rx = f.row(f.x), *rw = f.row(f.w);
-  if (f.blockwise) {  // y[N,out] = qx[N,in] @ qw[out,in]^T, the tiles already unscaled
-    const std::unique_ptr<float[]> qx = quantize_tiles(x, N, in, 1, kFp8Tile, rx, Fp8Format::E4M3, true);
+void linear_forward_fp8_shared(const std::vector<Tensor>& ys, Tensor x, const std::vector<Tensor>& ws,
+                               const std::vector<Fp8Linear>& fs) {
+  check_fp8_shared(ys.size(), ws.size(), fs);
+  LNS_DISPATCH(x, linear_forward_fp8_shared(ys, x, ws, fs));
+  cpu::require_cpu({&x, &fs[0].table});
+  LNS_CHECK(x.dtype == DType::F32) << "linear_fp8: x " << dtype_name(x.dtype);
+  const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x);
+  const bool blockwise = fs[0].blockwise;
+  float* rx = fs[0].row(fs[0].x);
+  // qx[N,in]: one cast for every linear (1 x 128 tiles along in, already unscaled, or
+  // the per-tensor scale that each GEMM's alpha undoes)
+  const std::unique_ptr<float[]> qx = blockwise ? quantize_tiles(x, N, in, 1, kFp8Tile, rx, Fp8Format::E4M3, true)
+                                                : quantize(x, rx, Fp8Format::E4M3, true);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const Tensor &y = ys[i], &w = ws[i];
+    const Fp8Linear& f = fs[i];
+    cpu::require_cpu({&y, &w});
+    const int64_t out = w.dim(0);
+    LNS_CHECK(w.dim(1) == in && y.numel() == N * out)
+        << "linear_fp8: x " << x.shape.str() << " w " << w.shape.str() << " y " << y.shape.str();
     std::unique_ptr<float[]> own;
-    const float* qw = weight_operand(own, w, f, true);
-    if (N > 0) cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, 1.0f, qx.get(), in, qw, in, 0.0f, y.f32(), out);
-    return;
+    const float* qw = weight_operand(own, w, f, true);  // [out,in]
+    if (N == 0) continue;
+    // y[N,out] = qx[N,in] @ qw[out,in]^T (/ (sx sw))
+    const float alpha = blockwise ? 1.0f : rx[kFp8ScaleInv] * f.row(f.w)[kFp8ScaleInv];
+    cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, alpha, qx.get(), in, qw, in, 0.0f, y.f32(), out);
   }
-  const std::unique_ptr<float[]> qx = quantize(x, rx, Fp8Format::E4M3, true);  // [N,in]
-  std::unique_ptr<float[]> own;
-  const float* qw = weight_operand(own, w, f, true);  // [out,in]
-  if (N == 0) return;
-  // y[N,out] = qx[N,in] @ qw[out,in]^T / (sx sw)
-  cpu::gemm_rows(CblasNoTrans, CblasTrans, N, out, in, rx[kFp8ScaleInv] * rw[kFp8ScaleInv], qx.get(), in, qw, in,
-                 0.0f, y.f32(), out);
 }
 
-void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
-                         const Fp8Linear& f) {
-  LNS_DISPATCH(dy, linear_backward_fp8(dx, dw, dy, x, w, accumulate_dx, f));
-  cpu::require_cpu({&dx, &dw, &dy, &x, &w, &f.table});
-  const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
-  LNS_CHECK(dy.numel() == N * out && dw.numel() == out * in);
-  float *rx = f.row(f.x), *rw = f.row(f.w), *rdy = f.row(f.dy);
-  if (f.blockwise) {
-    // dx: K = out, so dy in 1 x 128 tiles along out; dw: K = N, so dy and x in 128 x 1
-    // tiles along N (a second cast of each, not recorded: the health is the first's)
-    const std::unique_ptr<float[]> qdy = quantize_tiles(dy, N, out, 1, kFp8Tile, rdy, Fp8Format::E5M2, true);
-    if (N == 0) return;
+void linear_backward_fp8_shared(Tensor dx, const std::vector<Tensor>& dws, const std::vector<Tensor>& dys, Tensor x,
+                                const std::vector<Tensor>& ws, bool accumulate_dx, const std::vector<Fp8Linear>& fs) {
+  check_fp8_shared(dws.size(), ws.size(), fs);
+  LNS_CHECK(dys.size() == ws.size());
+  LNS_DISPATCH(x, linear_backward_fp8_shared(dx, dws, dys, x, ws, accumulate_dx, fs));
+  cpu::require_cpu({&dx, &x, &fs[0].table});
+  const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x);
+  LNS_CHECK(dx.empty() || dx.numel() == N * in) << "linear_fp8: dx " << dx.shape.str() << " x " << x.shape.str();
+  const bool blockwise = fs[0].blockwise;
+  float* rx = fs[0].row(fs[0].x);
+  // x for the weight gradients, whose K is N: once for every linear, not recorded (the
+  // forward's cast has its health). Blockwise: 128 x 1 tiles down N.
+  const std::unique_ptr<float[]> qx = blockwise ? quantize_tiles(x, N, in, kFp8Tile, 1, rx, Fp8Format::E4M3, false)
+                                                : quantize(x, rx, Fp8Format::E4M3, false);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const Tensor &dy = dys[i], &dw = dws[i], &w = ws[i];
+    const Fp8Linear& f = fs[i];
+    cpu::require_cpu({&dy, &dw, &w});
+    const int64_t out = w.dim(0);
+    LNS_CHECK(dy.numel() == N * out && dw.numel() == out * in);
+    float* rdy = f.row(f.dy);
+    // dy for dx, K = out (blockwise: 1 x 128 tiles along out); recorded
+    const std::unique_ptr<float[]> qdy = blockwise ? quantize_tiles(dy, N, out, 1, kFp8Tile, rdy, Fp8Format::E5M2, true)
+                                                   : quantize(dy, rdy, Fp8Format::E5M2, true);
+    if (N == 0) continue;
     if (!dx.empty()) {
-      LNS_CHECK(dx.numel() == N * in);
       std::unique_ptr<float[]> own;
       const float* qw = weight_operand(own, w, f, false);
-      // dx[N,in] (+)= qdy[N,out] @ qw[out,in]
-      cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, 1.0f, qdy.get(), out, qw, in,
-                     accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
+      // dx[N,in] (+)= qdy[N,out] @ qw[out,in] (/ (sdy sw))
+      const float alpha = blockwise ? 1.0f : rdy[kFp8ScaleInv] * f.row(f.w)[kFp8ScaleInv];
+      cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, alpha, qdy.get(), out, qw, in,
+                     i > 0 || accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
     }
-    const std::unique_ptr<float[]> cdy = quantize_tiles(dy, N, out, kFp8Tile, 1, rdy, Fp8Format::E5M2, false);
-    const std::unique_ptr<float[]> cx = quantize_tiles(x, N, in, kFp8Tile, 1, rx, Fp8Format::E4M3, false);
-    // dw[out,in] += cdy^T[out,N] @ cx[N,in]
-    cpu::gemm_rows(CblasTrans, CblasNoTrans, out, in, N, 1.0f, cdy.get(), out, cx.get(), in, 1.0f, dw.f32(), in);
-    return;
+    // dw[out,in] += qdy^T[out,N] @ qx[N,in] (/ (sdy sx)); blockwise casts dy again in
+    // 128 x 1 tiles down N (not recorded)
+    if (blockwise) {
+      const std::unique_ptr<float[]> cdy = quantize_tiles(dy, N, out, kFp8Tile, 1, rdy, Fp8Format::E5M2, false);
+      cpu::gemm_rows(CblasTrans, CblasNoTrans, out, in, N, 1.0f, cdy.get(), out, qx.get(), in, 1.0f, dw.f32(), in);
+    } else {
+      cpu::gemm_rows(CblasTrans, CblasNoTrans, out, in, N, rdy[kFp8ScaleInv] * rx[kFp8ScaleInv], qdy.get(), out,
+                     qx.get(), in, 1.0f, dw.f32(), in);
+    }
   }
-  const std::unique_ptr<float[]> qdy = quantize(dy, rdy, Fp8Format::E5M2, true);  // [N,out]
-  if (N == 0) return;
-  if (!dx.empty()) {
-    LNS_CHECK(dx.numel() == N * in);
-    std::unique_ptr<float[]> own;
-    const float* qw = weight_operand(own, w, f, false);  // [out,in]
-    // dx[N,in] (+)= qdy[N,out] @ qw[out,in] / (sdy sw)
-    cpu::gemm_rows(CblasNoTrans, CblasNoTrans, N, in, out, rdy[kFp8ScaleInv] * rw[kFp8ScaleInv], qdy.get(),
-                   out, qw, in, accumulate_dx ? 1.0f : 0.0f, dx.f32(), in);
-  }
-  const std::unique_ptr<float[]> qx = quantize(x, rx, Fp8Format::E4M3, false);  // [N,in]
-  // dw[out,in] += qdy^T[out,N] @ qx[N,in] / (sdy sx)
-  cpu::gemm_rows(CblasTrans, CblasNoTrans, out, in, N, rdy[kFp8ScaleInv] * rx[kFp8ScaleInv], qdy.get(), out,
-                 qx.get(), in, 1.0f, dw.f32(), in);
 }
 
 }  // namespace lns

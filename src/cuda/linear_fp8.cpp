@@ -6,11 +6,13 @@
 //   forward  y[N,out]   = x8[N,in] . w8[out,in]          (K = in)
 //   dx       dx[N,in]  (+)= dy8[N,out] . wT8[in,out]     (K = out)
 //   dw       dw[out,in] += dyT8[out,N] . xT8[in,N]       (K = N)
-// where "A . B" is A @ B^T with both stored K-major. x is cast again in backward (not
-// recorded; the same codes as forward's): a step reads it once more instead of keeping
-// an 8-bit copy between passes. w is cast once per step by fp8_cast_weight, w8 and wT8
+// where "A . B" is A @ B^T with both stored K-major. Linears that read one x (q, k, v;
+// gate, up) cast it once per direction (the _shared ops). x is cast again in backward
+// (not recorded; the same codes as forward's): a step reads it once more instead of
+// keeping an 8-bit copy between passes. w is cast once per step by fp8_cast_weight, w8 and wT8
 // in one pass, when the stage's FP8 state holds the step's casts (f.w_cast); without
 // them (evaluation, tests of the op) each call casts w again, as x.
+#include <algorithm>
 #include <vector>
 
 #include "cuda/fp8_cast.h"
@@ -97,102 +99,133 @@ GemmArgs tiled_gemm(int64_t M, int64_t N, int64_t K, const uint8_t* a, GemmInput
   return g;
 }
 
-void forward_blockwise(Tensor y, Tensor x, Tensor w, const Fp8Linear& f, int64_t rows, int64_t in, int64_t out) {
-  float *rx = f.row(f.x), *rw = f.row(f.w);
-  WeightCast wc = weight_cast(f, out, in);
-  const bool cast_w = wc.w8 == nullptr;
-  const std::vector<uint8_t*> buf = Carve{{rows * in, scale_bytes(GemmScale::Vec128, rows, in),
-                                           cast_w ? out * in : 0, cast_w ? scale_bytes(GemmScale::Block128, out, in) : 0}}
-                                        .take();
-  auto* sx = reinterpret_cast<float*>(buf[1]);
-  fp8_cast_tiles_rows(x.view({rows, in}), rx, Fp8Format::E4M3, true, buf[0], sx);
-  if (cast_w) {
-    wc.w8 = buf[2], wc.s = reinterpret_cast<float*>(buf[3]);
-    fp8_cast_tiles_blocks(w, rw, Fp8Format::E4M3, true, wc.w8, nullptr, wc.s, nullptr);
-  }
-  GemmArgs g = tiled_gemm(rows, out, in, buf[0], GemmInput::E4M3, sx, GemmScale::Vec128, wc.w8, GemmInput::E4M3, wc.s,
-                          GemmScale::Block128);
-  g.C = y.data, g.ldc = out, g.c_dtype = y.dtype;
-  gemm(g);
-}
 
-void backward_blockwise(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx, const Fp8Linear& f,
-                        int64_t rows, int64_t in, int64_t out) {
-  float *rw = f.row(f.w), *rdy = f.row(f.dy);
-  WeightCast wc = weight_cast(f, out, in);
-  const bool cast_w = wc.wT8 == nullptr && !dx.empty();
-  const std::vector<uint8_t*> buf =
-      Carve{{rows * out, out * rows, cast_w ? in * out : 0, in * rows, scale_bytes(GemmScale::Vec128, rows, out),
-             scale_bytes(GemmScale::Vec128, out, rows), cast_w ? scale_bytes(GemmScale::Block128, in, out) : 0,
-             scale_bytes(GemmScale::Vec128, in, rows)}}
-          .take();
-  uint8_t *dy8 = buf[0], *dyT8 = buf[1], *xT8 = buf[3];
-  auto sc = [&](int i) { return reinterpret_cast<float*>(buf[size_t(i)]); };
-  fp8_cast_tiles_rows(dy.view({rows, out}), rdy, Fp8Format::E5M2, true, dy8, sc(4));
-  if (!dx.empty()) {
-    if (cast_w) {
-      wc.wT8 = buf[2], wc.sT = sc(6);
-      fp8_cast_tiles_blocks(w, rw, Fp8Format::E4M3, false, nullptr, wc.wT8, nullptr, wc.sT);
-    }
-    GemmArgs g = tiled_gemm(rows, in, out, dy8, GemmInput::E5M2, sc(4), GemmScale::Vec128, wc.wT8, GemmInput::E4M3,
-                            wc.sT, GemmScale::Block128);
-    g.C = dx.data, g.ldc = in, g.c_dtype = dx.dtype, g.beta = accumulate_dx ? 1.0f : 0.0f;
-    gemm(g);
-  }
-  fp8_cast_tiles_cols(dy.view({rows, out}), Fp8Format::E5M2, dyT8, sc(5));
-  fp8_cast_tiles_cols(x.view({rows, in}), Fp8Format::E4M3, xT8, sc(7));
-  GemmArgs g = tiled_gemm(out, in, rows, dyT8, GemmInput::E5M2, sc(5), GemmScale::Vec128, xT8, GemmInput::E4M3, sc(7),
-                          GemmScale::Vec128);
-  g.C = dw.data, g.ldc = in, g.c_dtype = DType::F32, g.beta = 1.0f;
-  gemm(g);
+// The largest of f(i) over the linears that need it (need(i)), 0 if none: a scratch
+// buffer that the linears use one after another (their casts and GEMMs are queued in
+// order on one stream).
+template <class F, class N>
+int64_t largest(size_t n, N need, F f) {
+  int64_t m = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (need(i)) m = std::max(m, f(i));
+  return m;
 }
 
 }  // namespace
 
-void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f) {
+// x8[N,in] once (recorded in the group's x row), then per linear w8 (the step cast, or
+// cast here into one buffer the linears take in turn) and y = x8 . w8.
+void linear_forward_fp8_shared(const std::vector<Tensor>& ys, Tensor x, const std::vector<Tensor>& ws,
+                               const std::vector<Fp8Linear>& fs) {
+  check_fp8_shared(ys.size(), ws.size(), fs);
   expect(x, DType::BF16, "fp8 linear x");
-  expect(w, DType::BF16, "fp8 linear w");
-  const int64_t in = w.dim(1), out = w.dim(0), rows = x.numel() / in;
-  LNS_CHECK(x.dim(-1) == in && y.numel() == rows * out);
-  expect(f.table, DType::F32, "fp8 table");
-  if (f.blockwise) return forward_blockwise(y, x, w, f, rows, in, out);
-  float *rx = f.row(f.x), *rw = f.row(f.w);
-  const WeightCast wc = weight_cast(f, out, in);
-  const std::vector<uint8_t*> buf = Carve{{rows * in, wc.w8 ? 0 : out * in}}.take();
-  fp8_cast(x.view({rows, in}), rx, Fp8Format::E4M3, true, buf[0], nullptr);  // x8 [N,in]
-  const uint8_t* w8 = wc.w8;                                                   // [out,in]
-  if (!w8) fp8_cast(w, rw, Fp8Format::E4M3, true, buf[1], nullptr), w8 = buf[1];
-  GemmArgs g = fp8_gemm(rows, out, in, buf[0], GemmInput::E4M3, rx, w8, GemmInput::E4M3, rw);
-  g.C = y.data, g.ldc = out, g.c_dtype = y.dtype;
-  gemm(g);
-}
-
-void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
-                         const Fp8Linear& f) {
-  expect(dy, DType::BF16, "fp8 linear dy");
-  expect(x, DType::BF16, "fp8 linear x");
-  expect(w, DType::BF16, "fp8 linear w");
-  expect(dw, DType::F32, "fp8 linear dw");
-  const int64_t in = w.dim(1), out = w.dim(0), rows = dy.numel() / out;
-  LNS_CHECK(x.numel() == rows * in && dw.numel() == out * in && (dx.empty() || dx.numel() == rows * in));
-  expect(f.table, DType::F32, "fp8 table");
-  if (f.blockwise) return backward_blockwise(dx, dw, dy, x, w, accumulate_dx, f, rows, in, out);
-  float *rx = f.row(f.x), *rw = f.row(f.w), *rdy = f.row(f.dy);
-  const WeightCast wc = weight_cast(f, out, in);
-  const std::vector<uint8_t*> buf = Carve{{rows * out, out * rows, wc.wT8 ? 0 : in * out, in * rows}}.take();
-  uint8_t *dy8 = buf[0], *dyT8 = buf[1], *xT8 = buf[3];
-  fp8_cast(dy.view({rows, out}), rdy, Fp8Format::E5M2, true, dx.empty() ? nullptr : dy8, dyT8);
-  if (!dx.empty()) {
-    const uint8_t* wT8 = wc.wT8;  // [in,out]
-    if (!wT8) fp8_cast(w, rw, Fp8Format::E4M3, false, nullptr, buf[2]), wT8 = buf[2];
-    GemmArgs g = fp8_gemm(rows, in, out, dy8, GemmInput::E5M2, rdy, wT8, GemmInput::E4M3, rw);
-    g.C = dx.data, g.ldc = in, g.c_dtype = dx.dtype, g.beta = accumulate_dx ? 1.0f : 0.0f;
+  expect(fs[0].table, DType::F32, "fp8 table");
+  const int64_t in = x.dim(-1), rows = x.numel() / in;
+  const size_t n = ws.size();
+  for (size_t i = 0; i < n; ++i) {
+    expect(ws[i], DType::BF16, "fp8 linear w");
+    LNS_CHECK(ws[i].dim(1) == in && ys[i].numel() == rows * ws[i].dim(0));
+  }
+  const bool bw = fs[0].blockwise;
+  const auto uncached = [&](size_t i) { return fs[i].w_cast.empty(); };
+  const std::vector<uint8_t*> buf =
+      Carve{{rows * in, bw ? scale_bytes(GemmScale::Vec128, rows, in) : 0,
+             largest(n, uncached, [&](size_t i) { return ws[i].dim(0) * in; }),
+             bw ? largest(n, uncached, [&](size_t i) { return scale_bytes(GemmScale::Block128, ws[i].dim(0), in); })
+                : 0}}
+          .take();
+  float* rx = fs[0].row(fs[0].x);
+  auto* sx = reinterpret_cast<float*>(buf[1]);
+  if (bw)
+    fp8_cast_tiles_rows(x.view({rows, in}), rx, Fp8Format::E4M3, true, buf[0], sx);  // 1 x 128 along in
+  else
+    fp8_cast(x.view({rows, in}), rx, Fp8Format::E4M3, true, buf[0], nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    const Fp8Linear& f = fs[i];
+    const int64_t out = ws[i].dim(0);
+    float* rw = f.row(f.w);
+    WeightCast wc = weight_cast(f, out, in);  // w8[out,in]
+    if (!wc.w8) {
+      wc.w8 = buf[2], wc.s = reinterpret_cast<float*>(buf[3]);
+      if (bw)
+        fp8_cast_tiles_blocks(ws[i], rw, Fp8Format::E4M3, true, wc.w8, nullptr, wc.s, nullptr);
+      else
+        fp8_cast(ws[i], rw, Fp8Format::E4M3, true, wc.w8, nullptr);
+    }
+    GemmArgs g = bw ? tiled_gemm(rows, out, in, buf[0], GemmInput::E4M3, sx, GemmScale::Vec128, wc.w8,
+                                 GemmInput::E4M3, wc.s, GemmScale::Block128)
+                    : fp8_gemm(rows, out, in, buf[0], GemmInput::E4M3, rx, wc.w8, GemmInput::E4M3, rw);
+    g.C = ys[i].data, g.ldc = out, g.c_dtype = ys[i].dtype;
     gemm(g);
   }
-  fp8_cast(x.view({rows, in}), rx, Fp8Format::E4M3, false, nullptr, xT8);  // [in,N]
-  GemmArgs g = fp8_gemm(out, in, rows, dyT8, GemmInput::E5M2, rdy, xT8, GemmInput::E4M3, rx);
-  g.C = dw.data, g.ldc = in, g.c_dtype = DType::F32, g.beta = 1.0f;
-  gemm(g);
+}
+
+// xT8[in,N] once (not recorded), then per linear: dy8 and dyT8 (recorded in its dy
+// row), dx (+)= dy8 . wT8 and dw += dyT8 . xT8.
+void linear_backward_fp8_shared(Tensor dx, const std::vector<Tensor>& dws, const std::vector<Tensor>& dys, Tensor x,
+                                const std::vector<Tensor>& ws, bool accumulate_dx, const std::vector<Fp8Linear>& fs) {
+  check_fp8_shared(dws.size(), ws.size(), fs);
+  LNS_CHECK(dys.size() == ws.size());
+  expect(x, DType::BF16, "fp8 linear x");
+  expect(fs[0].table, DType::F32, "fp8 table");
+  const int64_t in = x.dim(-1), rows = x.numel() / in;
+  LNS_CHECK(dx.empty() || dx.numel() == rows * in);
+  const size_t n = ws.size();
+  for (size_t i = 0; i < n; ++i) {
+    expect(dys[i], DType::BF16, "fp8 linear dy");
+    expect(ws[i], DType::BF16, "fp8 linear w");
+    expect(dws[i], DType::F32, "fp8 linear dw");
+    LNS_CHECK(ws[i].dim(1) == in && dys[i].numel() == rows * ws[i].dim(0) && dws[i].numel() == ws[i].numel());
+  }
+  const bool bw = fs[0].blockwise;
+  const auto all = [](size_t) { return true; };
+  const auto cast_wT = [&](size_t i) { return fs[i].w_cast.empty() && !dx.empty(); };
+  const int64_t max_out = largest(n, all, [&](size_t i) { return ws[i].dim(0); });
+  const std::vector<uint8_t*> buf =
+      Carve{{rows * max_out, max_out * rows, largest(n, cast_wT, [&](size_t i) { return in * ws[i].dim(0); }),
+             in * rows, bw ? scale_bytes(GemmScale::Vec128, rows, max_out) : 0,
+             bw ? scale_bytes(GemmScale::Vec128, max_out, rows) : 0,
+             bw ? largest(n, cast_wT, [&](size_t i) { return scale_bytes(GemmScale::Block128, in, ws[i].dim(0)); }) : 0,
+             bw ? scale_bytes(GemmScale::Vec128, in, rows) : 0}}
+          .take();
+  uint8_t *dy8 = buf[0], *dyT8 = buf[1], *xT8 = buf[3];
+  auto sc = [&](int i) { return reinterpret_cast<float*>(buf[size_t(i)]); };
+  float* rx = fs[0].row(fs[0].x);
+  if (bw)
+    fp8_cast_tiles_cols(x.view({rows, in}), Fp8Format::E4M3, xT8, sc(7));  // 128 x 1 down N
+  else
+    fp8_cast(x.view({rows, in}), rx, Fp8Format::E4M3, false, nullptr, xT8);
+  for (size_t i = 0; i < n; ++i) {
+    const Fp8Linear& f = fs[i];
+    const int64_t out = ws[i].dim(0);
+    float *rw = f.row(f.w), *rdy = f.row(f.dy);
+    const Tensor dy = dys[i].view({rows, out});
+    if (bw)
+      fp8_cast_tiles_rows(dy, rdy, Fp8Format::E5M2, true, dy8, sc(4));  // 1 x 128 along out
+    else
+      fp8_cast(dy, rdy, Fp8Format::E5M2, true, dx.empty() ? nullptr : dy8, dyT8);
+    if (!dx.empty()) {
+      WeightCast wc = weight_cast(f, out, in);  // wT8[in,out]
+      if (!wc.wT8) {
+        wc.wT8 = buf[2], wc.sT = sc(6);
+        if (bw)
+          fp8_cast_tiles_blocks(ws[i], rw, Fp8Format::E4M3, false, nullptr, wc.wT8, nullptr, wc.sT);
+        else
+          fp8_cast(ws[i], rw, Fp8Format::E4M3, false, nullptr, wc.wT8);
+      }
+      GemmArgs g = bw ? tiled_gemm(rows, in, out, dy8, GemmInput::E5M2, sc(4), GemmScale::Vec128, wc.wT8,
+                                   GemmInput::E4M3, wc.sT, GemmScale::Block128)
+                      : fp8_gemm(rows, in, out, dy8, GemmInput::E5M2, rdy, wc.wT8, GemmInput::E4M3, rw);
+      g.C = dx.data, g.ldc = in, g.c_dtype = dx.dtype, g.beta = i > 0 || accumulate_dx ? 1.0f : 0.0f;
+      gemm(g);
+    }
+    if (bw) fp8_cast_tiles_cols(dy, Fp8Format::E5M2, dyT8, sc(5));  // 128 x 1 down N
+    GemmArgs g = bw ? tiled_gemm(out, in, rows, dyT8, GemmInput::E5M2, sc(5), GemmScale::Vec128, xT8, GemmInput::E4M3,
+                                 sc(7), GemmScale::Vec128)
+                    : fp8_gemm(out, in, rows, dyT8, GemmInput::E5M2, rdy, xT8, GemmInput::E4M3, rx);
+    g.C = dws[i].data, g.ldc = in, g.c_dtype = DType::F32, g.beta = 1.0f;
+    gemm(g);
+  }
 }
 
 int64_t fp8_weight_cast_numel(Tensor w, const Fp8Linear& f) {

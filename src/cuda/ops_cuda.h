@@ -25,9 +25,10 @@ void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sum
 
 void linear_forward(Tensor y, Tensor x, Tensor w);
 void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx);
-void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f);
-void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
-                         const Fp8Linear& f);
+void linear_forward_fp8_shared(const std::vector<Tensor>& ys, Tensor x, const std::vector<Tensor>& ws,
+                               const std::vector<Fp8Linear>& fs);
+void linear_backward_fp8_shared(Tensor dx, const std::vector<Tensor>& dws, const std::vector<Tensor>& dys, Tensor x,
+                                const std::vector<Tensor>& ws, bool accumulate_dx, const std::vector<Fp8Linear>& fs);
 int64_t fp8_weight_cast_numel(Tensor w, const Fp8Linear& f);
 void fp8_cast_weight(Tensor w_cast, Tensor w, const Fp8Linear& f);
 

@@ -26,7 +26,7 @@ const char* fp8_role_name(int r) {
 }
 
 Fp8State::Fp8State(const ParamSet& params, const std::vector<int>& weights, Fp8Mode mode,
-                   const Fp8ScalingConfig& config, Device device)
+                   const Fp8ScalingConfig& config, Device device, const std::vector<int>& x_from)
     : params_(&params), blockwise_(mode == Fp8Mode::Blockwise), weights_(weights),
       row_of_weight_(static_cast<size_t>(params.size()), -1) {
   LNS_CHECK(mode != Fp8Mode::None);
@@ -46,6 +46,14 @@ Fp8State::Fp8State(const ParamSet& params, const std::vector<int>& weights, Fp8M
       health_.push_back(h);
     }
   }
+  LNS_CHECK(x_from.empty() || x_from.size() == weights.size()) << x_from.size() << " x_from for " << weights.size();
+  for (int64_t r = 0; r < rows(); ++r) source_row_.push_back(r);
+  for (size_t i = 0; i < x_from.size(); ++i) {
+    const int from = x_from[i];
+    LNS_CHECK(has(from) && row_of_weight_[size_t(from)] <= row_of_weight_[size_t(weights[i])])
+        << "fp8: x_from " << from << " for weight " << weights[i] << " is not an earlier FP8 weight";
+    source_row_[size_t(row_of_weight_[size_t(weights[i])])] = row_of_weight_[size_t(from)];
+  }
   table_ = OwnedTensor(DType::F32, {rows(), kFp8Fields}, device);
   upload_scales();
 }
@@ -57,9 +65,15 @@ bool Fp8State::has(int weight) const {
 Fp8Linear Fp8State::linear(int weight) const {
   LNS_CHECK(has(weight)) << "no FP8 rows for parameter " << weight;
   const int64_t r = row_of_weight_[static_cast<size_t>(weight)];
-  Fp8Linear f{table_.t, r, r + 1, r + 2, blockwise_};
+  Fp8Linear f{table_.t, source_row_[size_t(r)], r + 1, r + 2, blockwise_};
   if (step_casts_) f.w_cast = w_casts_[static_cast<size_t>(r / 3)].t;
   return f;
+}
+
+void Fp8State::split_input(int weight) {
+  LNS_CHECK(has(weight)) << "no FP8 rows for parameter " << weight;
+  const int r = row_of_weight_[static_cast<size_t>(weight)];
+  source_row_[static_cast<size_t>(r)] = r;
 }
 
 void Fp8State::begin_step() {
@@ -91,7 +105,7 @@ const std::vector<Fp8Health>& Fp8State::end_step(const std::vector<Communicator*
   const size_t R = scales_.size();
   std::vector<double> amax(R), counts(R * 4);
   for (size_t r = 0; r < R; ++r) {
-    const float* row = t.data() + r * kFp8Fields;
+    const float* row = t.data() + source_row_[r] * kFp8Fields;  // a group's x: its first's casts
     amax[r] = row[kFp8Amax];
     for (int c = 0; c < 4; ++c) counts[r * 4 + size_t(c)] = row[kFp8Saturated + c];
   }

@@ -196,10 +196,15 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
         LNS_REQUIRE(v % 16 == 0, "--fp8=", fp8_mode_name(cfg_.fp8), " on CUDA needs ", what,
                     " to be a multiple of 16 (cuBLASLt's FP8 GEMMs), got ", v);
     }
-    std::vector<int> weights;  // every block's linears in kFp8BlockLinears order; the LM head stays as it is
+    // Every block's linears in kFp8BlockLinears order (the LM head stays as it is); q, k
+    // and v read one input, gate and up another: each group casts it once (x_from).
+    std::vector<int> weights, x_from;
     for (const Layer& l : layers_)
-      for (const int w : {l.wq, l.wk, l.wv, l.wo, l.wg, l.wu, l.wd}) weights.push_back(w);
-    fp8_ = std::make_unique<Fp8State>(params_, weights, cfg_.fp8, cfg_.fp8_scaling, device_);
+      for (const int w : {l.wq, l.wk, l.wv, l.wo, l.wg, l.wu, l.wd}) {
+        weights.push_back(w);
+        x_from.push_back(w == l.wk || w == l.wv ? l.wq : w == l.wu ? l.wg : w);
+      }
+    fp8_ = std::make_unique<Fp8State>(params_, weights, cfg_.fp8, cfg_.fp8_scaling, device_, x_from);
   }
   rope_cos_ = rope_.cos, rope_sin_ = rope_.sin;
   if (device_ != Device::CPU) {
@@ -705,6 +710,7 @@ void LlamaStage::split_value_norm(Layer& l) {
   Sublayer& sl = l.sub[0];
   sl.pre_v = sl.pre;
   sl.pre_v.stat = -1;
+  if (fp8_) fp8_->split_input(l.wv);  // v's input is no longer q's and k's
   const int64_t N = NL_, C = cfg_.hidden_size;  // the split region's rows (this rank's share)
   for (auto& chunk : slots_)
   for (auto& slot : chunk) {
@@ -906,16 +912,42 @@ void LlamaStage::sublayer_backward(Layer& l, int w, Slot& s, Tensor dy, Tensor d
   }
 }
 
-// A block's linear: y[N,out] = x @ w^T, in FP8 under --fp8 (lns/fp8_linear.h).
-void LlamaStage::lin_fwd(int w, Tensor y, Tensor x) {
-  if (fp8_) return linear_forward_fp8(y, x, params_.compute(w), fp8_->linear(w));
-  linear_forward(y, x, params_.compute(w));
+// A block's linears that read one input x: ys[i][N,out_i] = x @ ws[i]^T, in FP8 under
+// --fp8 (lns/fp8_linear.h), where each run of them that Fp8State gives one x row casts x
+// once (the shared ops).
+void LlamaStage::lin_fwd(const std::vector<int>& ws, const std::vector<Tensor>& ys, Tensor x) {
+  LNS_CHECK(ws.size() == ys.size());
+  if (!fp8_) {
+    for (size_t i = 0; i < ws.size(); ++i) linear_forward(ys[i], x, params_.compute(ws[i]));
+    return;
+  }
+  for (size_t b = 0, e; b < ws.size(); b = e) {
+    std::vector<Tensor> gy, gw;
+    std::vector<Fp8Linear> gf;
+    for (e = b; e < ws.size() && (e == b || fp8_->linear(ws[e]).x == gf[0].x); ++e)
+      gy.push_back(ys[e]), gw.push_back(params_.compute(ws[e])), gf.push_back(fp8_->linear(ws[e]));
+    linear_forward_fp8_shared(gy, x, gw, gf);
+  }
 }
 
-// Its backward: dx (+)= dy @ w, grad(w) += dy^T @ x.
-void LlamaStage::lin_bwd(int w, Tensor dx, Tensor dy, Tensor x, bool accumulate_dx) {
-  if (fp8_) return linear_backward_fp8(dx, params_.grad(w), dy, x, params_.compute(w), accumulate_dx, fp8_->linear(w));
-  linear_backward(dx, params_.grad(w), dy, x, params_.compute(w), accumulate_dx);
+// Their backward: dx (+)= sum_i dys[i] @ ws[i], grad(ws[i]) += dys[i]^T @ x.
+void LlamaStage::lin_bwd(const std::vector<int>& ws, Tensor dx, const std::vector<Tensor>& dys, Tensor x,
+                         bool accumulate_dx) {
+  LNS_CHECK(ws.size() == dys.size());
+  if (!fp8_) {
+    for (size_t i = 0; i < ws.size(); ++i)
+      linear_backward(dx, params_.grad(ws[i]), dys[i], x, params_.compute(ws[i]), accumulate_dx || i > 0);
+    return;
+  }
+  for (size_t b = 0, e; b < ws.size(); b = e) {
+    std::vector<Tensor> gdw, gdy, gw;
+    std::vector<Fp8Linear> gf;
+    for (e = b; e < ws.size() && (e == b || fp8_->linear(ws[e]).x == gf[0].x); ++e) {
+      gdw.push_back(params_.grad(ws[e])), gdy.push_back(dys[e]), gw.push_back(params_.compute(ws[e]));
+      gf.push_back(fp8_->linear(ws[e]));
+    }
+    linear_backward_fp8_shared(dx, gdw, gdy, x, gw, accumulate_dx || b > 0, gf);
+  }
 }
 
 void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor uv, Tensor f) {
@@ -924,14 +956,16 @@ void LlamaStage::attention_fwd(Layer& l, Slot& s, Tensor u, Tensor uv, Tensor f)
   const Shape qs{B_, T_, Hq_, D}, ks{B_, T_, Hkv_, D};  // this rank's heads
   const bool own_v = uv.data != u.data;           // LN-free: v reads its own normalised copy
   u = gather_tokens(u);                           // [N, C]
-  lin_fwd(l.wq, a.q, u);  // [N, Hq*D]
-  lin_fwd(l.wk, a.k, u);  // [N, Hkv*D]
-  uv = own_v ? gather_tokens(uv) : u;             // [N, C] (reuses u's gather buffer)
-  lin_fwd(l.wv, a.v, uv);  // [N, Hkv*D]
+  if (own_v) {
+    lin_fwd({l.wq, l.wk}, {a.q, a.k}, u);             // [N, Hq*D], [N, Hkv*D]
+    lin_fwd({l.wv}, {a.v}, gather_tokens(uv));        // [N, Hkv*D] (reuses u's gather buffer)
+  } else {
+    lin_fwd({l.wq, l.wk, l.wv}, {a.q, a.k, a.v}, u);  // [N, Hq*D], [N, Hkv*D], [N, Hkv*D]
+  }
   rope_forward(a.q.view(qs), rope_cos_, rope_sin_);
   rope_forward(a.k.view(ks), rope_cos_, rope_sin_);
   attention_forward(a.ctx.view(qs), a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), attn_);
-  lin_fwd(l.wo, partial_out(f), a.ctx);  // [N, C], partial over tp (row-parallel)
+  lin_fwd({l.wo}, {partial_out(f)}, a.ctx);  // [N, C], partial over tp (row-parallel)
   reduce_tokens(f);
 }
 
@@ -945,20 +979,21 @@ void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   df = gather_tokens(df);  // [N, C]
   if (a.mode == RecomputeMode::Selective)  // the attention core again, from the kept q, k, v
     attention_forward(a.ctx.view(qs), a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), attn_);
-  lin_bwd(l.wo, sc.dctx, df, a.ctx, false);
+  lin_bwd({l.wo}, sc.dctx, {df}, a.ctx, false);
   attention_backward(sc.dq.t.view(qs), sc.dk.t.view(ks), sc.dv.t.view(ks), sc.dctx.t.view(qs),
                      a.attn_saved, a.q.view(qs), a.k.view(ks), a.v.view(ks), a.ctx.view(qs), attn_);
   rope_backward(sc.dq.t.view(qs), rope_cos_, rope_sin_);
   rope_backward(sc.dk.t.view(ks), rope_cos_, rope_sin_);
   const Tensor ug = gather_tokens(u), dug = partial_out(du);  // gathered again: not kept since forward
-  lin_bwd(l.wq, dug, sc.dq, ug, false);
-  lin_bwd(l.wk, dug, sc.dk, ug, true);
   const bool own_v = l.sub[0].pre_v.active();  // LN-free: v read its own normalised copy
-  if (!own_v) lin_bwd(l.wv, dug, sc.dv, ug, true);
+  if (own_v)
+    lin_bwd({l.wq, l.wk}, dug, {sc.dq, sc.dk}, ug, false);
+  else
+    lin_bwd({l.wq, l.wk, l.wv}, dug, {sc.dq, sc.dk, sc.dv}, ug, false);
   reduce_tokens(du);  // column-parallel q/k/v: input gradient summed over tp
   if (own_v) {        // v's input gradient apart, through the same gather/reduce buffers
     const Tensor uvg = gather_tokens(sa.uv), duvg = partial_out(sc.du_v);
-    lin_bwd(l.wv, duvg, sc.dv, uvg, false);
+    lin_bwd({l.wv}, duvg, {sc.dv}, uvg, false);
     reduce_tokens(sc.du_v);
   }
 }
@@ -966,10 +1001,9 @@ void LlamaStage::attention_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
 void LlamaStage::mlp_fwd(Layer& l, Slot& s, Tensor u, Tensor f) {
   Slot::LayerActs& a = acts(l, s);
   u = gather_tokens(u);                              // [N, C]
-  lin_fwd(l.wg, a.gate, u);  // [N, F]
-  lin_fwd(l.wu, a.up, u);    // [N, F]
+  lin_fwd({l.wg, l.wu}, {a.gate, a.up}, u);     // [N, F] each
   swiglu_forward(a.act, a.gate, a.up);             // [N, F]
-  lin_fwd(l.wd, partial_out(f), a.act);  // [N, C], partial over tp (row-parallel)
+  lin_fwd({l.wd}, {partial_out(f)}, a.act);  // [N, C], partial over tp (row-parallel)
   reduce_tokens(f);
 }
 
@@ -980,11 +1014,10 @@ void LlamaStage::mlp_bwd(Layer& l, Slot& s, Tensor df, Tensor du) {
   Scratch& sc = *scratch_;
   df = gather_tokens(df);  // [N, C]
   if (a.mode == RecomputeMode::Selective) swiglu_forward(a.act, a.gate, a.up);  // [N, F] again
-  lin_bwd(l.wd, sc.dact, df, a.act, false);
+  lin_bwd({l.wd}, sc.dact, {df}, a.act, false);
   swiglu_backward(sc.dgate, sc.dup, sc.dact, a.gate, a.up);
   const Tensor ug = gather_tokens(u), dug = partial_out(du);  // gathered again: not kept since forward
-  lin_bwd(l.wg, dug, sc.dgate, ug, false);
-  lin_bwd(l.wu, dug, sc.dup, ug, true);
+  lin_bwd({l.wg, l.wu}, dug, {sc.dgate, sc.dup}, ug, false);
   reduce_tokens(du);  // column-parallel gate/up: input gradient summed over tp
 }
 

@@ -32,7 +32,7 @@
 #include "lns/fp8_state.h"
 #include "lns/ops.h"
 #include "lns/stage.h"
-#include "tests/fp8_step_casts.h"
+#include "tests/fp8_sharing.h"
 #include "tests/test_util.h"
 
 #ifdef LNS_WITH_CUDA
@@ -797,6 +797,16 @@ TEST(Fp8Linear, CudaBlockwiseMatchesTheCpuReference) {
   EXPECT_EQ(table[2 * kFp8Fields + kFp8Elements], N * out);
 }
 
+// The shared ops on CUDA (x8 and xT8 cast once for q, k and v) against the one-linear
+// ops, both modes, bit for bit (tests/fp8_sharing.h).
+TEST(Fp8Linear, CudaSharedInputIsTheSingleOps) {
+  REQUIRE_GPU();
+  for (const bool blockwise : {false, true}) {
+    SCOPED_TRACE(blockwise ? "blockwise" : "delayed");
+    test::expect_shared_input_is_the_single_ops(Device::CUDA, blockwise);
+  }
+}
+
 // The whole --fp8 step on CUDA against the CPU's --fp8 step, both casting with the scales
 // a first CPU step set (as every step after a run's first does). The ops themselves are
 // held tight by Fp8Linear.CudaMatchesTheCpuReference (the same codes and counts); a
@@ -839,12 +849,13 @@ TEST(ModelStep, Fp8BlockwiseGpuStepMatchesCpuStep) {
 // The weights cast once per step on CUDA (fp8_cast_weight: w8 and wT8 in one pass, and
 // under blockwise both directions' tile factors, carved from one buffer) against each
 // op casting w itself: the same losses and gradients bit for bit over two steps with
-// a weight update between them (tests/fp8_step_casts.h).
+// a weight update between them (tests/fp8_sharing.h).
 TEST(ModelStep, Fp8StepCastsAreThePerCallCasts) {
   REQUIRE_GPU();
   for (const Fp8Mode m : {Fp8Mode::Delayed, Fp8Mode::Blockwise}) {
     LlamaConfig c = test::small_model(NormScheme::LNS);
     c.hidden_size = 64, c.num_heads = 4, c.num_kv_heads = 2, c.fp8 = m;
+    c.num_layers = 2;  // two blocks show it; five took 37 s under ASan's emulation
     SCOPED_TRACE(fp8_mode_name(m));
     test::expect_step_casts_are_per_call_casts(c, Device::CUDA);
   }
