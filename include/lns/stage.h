@@ -40,6 +40,7 @@
 namespace lns {
 
 class Fp8State;
+struct Fp8Linear;
 
 struct StageSpec {
   StageSpec() = default;
@@ -242,6 +243,7 @@ class LlamaStage {
   void attention_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
   void mlp_fwd(Layer& layer, Slot& s, Tensor u, Tensor f);
   void mlp_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
+  std::vector<Fp8Linear> fp8_linears(const std::vector<int>& weights) const;  // fp8_->linear of each
   void lin_fwd(const std::vector<int>& weights, const std::vector<Tensor>& ys, Tensor x);
   void lin_bwd(const std::vector<int>& weights, Tensor dx, const std::vector<Tensor>& dys, Tensor x,
                bool accumulate_dx);

@@ -912,6 +912,12 @@ void LlamaStage::sublayer_backward(Layer& l, int w, Slot& s, Tensor dy, Tensor d
   }
 }
 
+std::vector<Fp8Linear> LlamaStage::fp8_linears(const std::vector<int>& ws) const {
+  std::vector<Fp8Linear> fs;
+  for (const int w : ws) fs.push_back(fp8_->linear(w));
+  return fs;
+}
+
 // A block's linears that read one input x: ys[i][N,out_i] = x @ ws[i]^T, in FP8 under
 // --fp8 (lns/fp8_linear.h), where each run of them that Fp8State gives one x row casts x
 // once (the shared ops).
@@ -921,12 +927,11 @@ void LlamaStage::lin_fwd(const std::vector<int>& ws, const std::vector<Tensor>& 
     for (size_t i = 0; i < ws.size(); ++i) linear_forward(ys[i], x, params_.compute(ws[i]));
     return;
   }
+  const std::vector<Fp8Linear> fs = fp8_linears(ws);
   for (size_t b = 0, e; b < ws.size(); b = e) {
     std::vector<Tensor> gy, gw;
-    std::vector<Fp8Linear> gf;
-    for (e = b; e < ws.size() && (e == b || fp8_->linear(ws[e]).x == gf[0].x); ++e)
-      gy.push_back(ys[e]), gw.push_back(params_.compute(ws[e])), gf.push_back(fp8_->linear(ws[e]));
-    linear_forward_fp8_shared(gy, x, gw, gf);
+    for (e = b; e < ws.size() && fs[e].x == fs[b].x; ++e) gy.push_back(ys[e]), gw.push_back(params_.compute(ws[e]));
+    linear_forward_fp8_shared(gy, x, gw, {fs.begin() + long(b), fs.begin() + long(e)});
   }
 }
 
@@ -939,14 +944,13 @@ void LlamaStage::lin_bwd(const std::vector<int>& ws, Tensor dx, const std::vecto
       linear_backward(dx, params_.grad(ws[i]), dys[i], x, params_.compute(ws[i]), accumulate_dx || i > 0);
     return;
   }
+  const std::vector<Fp8Linear> fs = fp8_linears(ws);
   for (size_t b = 0, e; b < ws.size(); b = e) {
     std::vector<Tensor> gdw, gdy, gw;
-    std::vector<Fp8Linear> gf;
-    for (e = b; e < ws.size() && (e == b || fp8_->linear(ws[e]).x == gf[0].x); ++e) {
+    for (e = b; e < ws.size() && fs[e].x == fs[b].x; ++e)
       gdw.push_back(params_.grad(ws[e])), gdy.push_back(dys[e]), gw.push_back(params_.compute(ws[e]));
-      gf.push_back(fp8_->linear(ws[e]));
-    }
-    linear_backward_fp8_shared(dx, gdw, gdy, x, gw, accumulate_dx || b > 0, gf);
+    linear_backward_fp8_shared(dx, gdw, gdy, x, gw, accumulate_dx || b > 0,
+                               {fs.begin() + long(b), fs.begin() + long(e)});
   }
 }
 
