@@ -29,7 +29,8 @@ RESULT {"impl": "lns", "device": "cuda", "median_ms": 1755.0, "mfu": 0.59, "peak
 ### step step_cudnn_1b_lns: lns_bench_step --attention=cudnn
 RESULT {"impl": "lns", "device": "cuda", "median_ms": 1620.0, "mfu": 0.64, "peak_mem_gib": 37.0}
 ### done step_cudnn_1b_lns rc=0 seconds=50
-### step step_fp8_1b_lns: lns_bench_step --fp8=delayed
+### step step_fp8_1b_lns: lns_bench_step --fp8=delayed --profile
+PROFILE {"step_ms": 1400.0, "rows": [{"class": "GEMMs (cuBLASLt)", "ms": 700.0, "ops": 3000}, {"class": "FP8 casts (scale, amax, transpose)", "ms": 350.0, "ops": 900}, {"class": "other device work and host gaps (the rest)", "ms": 350.0, "ops": 0}]}
 RESULT {"impl": "lns", "device": "cuda", "median_ms": 1300.0, "mfu": 0.8, "peak_mem_gib": 36.0}
 ### done step_fp8_1b_lns rc=0 seconds=50
 ### step step_fp8bw_1b_lns: lns_bench_step --fp8=blockwise
@@ -106,6 +107,9 @@ class BenchRecord(unittest.TestCase):
         # Each profile row beside the roofline model's bound for the same work.
         self.assertRegex(text, r"\| GEMMs \(cuBLASLt\) \| 1,500\.0 \| 75\.0% \| 1200 \| [0-9,]+\.[0-9] \| [0-9.]+x \|")
         self.assertIn("| other device work and host gaps (the rest) | 500.0 | 25.0% | 0 | 0.0 | — |", text)
+        # The FP8 step's profile, its casts a row of their own (bound 0: the model is of the bf16 step).
+        self.assertIn("Where the step goes, 1b_lns with --fp8=delayed on NVIDIA H100 80GB HBM3", text)
+        self.assertIn("| FP8 casts (scale, amax, transpose) | 350.0 | 25.0% | 900 | 0.0 | — |", text)
 
     def test_bad_input_is_one_line(self):
         os.remove(os.path.join(self.res, "env.json"))

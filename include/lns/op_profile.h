@@ -4,7 +4,9 @@
 // stop() waits for the stream and sums each class's event-to-event times. What no op
 // covers (copies, casts, collectives, the host's gaps between launches) is the step's
 // wall time minus the rows, which the caller adds as its own row, so that the rows
-// add up to the measured step. Under the SIMT emulator the times are the host's
+// add up to the measured step. An op may time a part of itself as a class of its own
+// (cuda::ProfileSegment: the FP8 casts inside an FP8 linear), cut out of the op's time,
+// so the rows still add up. Under the SIMT emulator the times are the host's
 // (docs/cuda.md): the classes and op counts are real, the milliseconds are not.
 #pragma once
 #include <cstdint>
@@ -16,7 +18,7 @@ namespace lns {
 struct OpClassTime {
   std::string name;   // "GEMMs (cuBLASLt)", "attention", ...
   double ms = 0;      // summed event-to-event time of its ops
-  int64_t ops = 0;    // ops (outermost dispatches) in the class
+  int64_t ops = 0;    // ops (outermost dispatches) in the class, or its op's segments
 };
 
 // The class of an op by the CPU source file whose dispatch sent it to the GPU

@@ -14,6 +14,8 @@ namespace {
 const std::map<std::string, std::string>& file_classes() {
   static const std::map<std::string, std::string> m = {
       {"linear", "GEMMs (cuBLASLt)"},
+      {"linear_fp8", "GEMMs (cuBLASLt)"},  // its casts are segments of their own (fp8_cast)
+      {"fp8_cast", "FP8 casts (scale, amax, transpose)"},
       {"attention", "attention"},
       {"norm", "norms with residual adds and LNS scale"},
       {"rope", "RoPE, SwiGLU, elementwise"},
@@ -40,7 +42,7 @@ std::string op_class_of_file(const std::string& file) {
 
 const std::vector<std::string>& op_classes() {
   static const std::vector<std::string> order = {
-      "GEMMs (cuBLASLt)", "attention", "norms with residual adds and LNS scale", "RoPE, SwiGLU, elementwise",
+      "GEMMs (cuBLASLt)", "FP8 casts (scale, amax, transpose)", "attention", "norms with residual adds and LNS scale", "RoPE, SwiGLU, elementwise",
       "embedding, cross-entropy", "optimizer, gradient norm"};
   return order;
 }

@@ -4,6 +4,7 @@
 // health merged into the table without atomics. CPU reference: lns::cast_to_fp8.
 #include "cuda/common.cuh"
 #include "cuda/fp8_cast.h"
+#include "cuda/op_profile.h"
 #include "lns/fp8_linear.h"
 
 namespace lns::cuda {
@@ -186,6 +187,7 @@ __global__ void fp8_tiles_blocks_kernel(const bf16* x, int64_t R, int64_t C, boo
 }  // namespace
 
 void fp8_cast_tiles_rows(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q, float* s) {
+  const ProfileSegment segment("fp8_cast");  // its own row of the op profile
   expect(x, DType::BF16, "fp8_cast_tiles_rows x");
   const int64_t C = x.dim(-1), R = C == 0 ? 0 : x.numel() / C;
   if (R == 0 || C == 0) return;
@@ -201,6 +203,7 @@ void fp8_cast_tiles_rows(const Tensor& x, float* row, Fp8Format f, bool record, 
 }
 
 void fp8_cast_tiles_cols(const Tensor& x, Fp8Format f, uint8_t* qT, float* s) {
+  const ProfileSegment segment("fp8_cast");  // its own row of the op profile
   expect(x, DType::BF16, "fp8_cast_tiles_cols x");
   const int64_t C = x.dim(-1), R = C == 0 ? 0 : x.numel() / C;
   if (R == 0 || C == 0) return;
@@ -213,6 +216,7 @@ void fp8_cast_tiles_cols(const Tensor& x, Fp8Format f, uint8_t* qT, float* s) {
 
 void fp8_cast_tiles_blocks(const Tensor& w, float* row, Fp8Format f, bool record, uint8_t* q, uint8_t* qT, float* s,
                            float* sT) {
+  const ProfileSegment segment("fp8_cast");  // its own row of the op profile
   expect(w, DType::BF16, "fp8_cast_tiles_blocks w");
   const int64_t C = w.dim(-1), R = C == 0 ? 0 : w.numel() / C;
   if (R == 0 || C == 0) return;
@@ -228,6 +232,7 @@ void fp8_cast_tiles_blocks(const Tensor& w, float* row, Fp8Format f, bool record
 }
 
 void fp8_cast(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q, uint8_t* qT) {
+  const ProfileSegment segment("fp8_cast");  // its own row of the op profile
   expect(x, DType::BF16, "fp8_cast x");
   const int64_t C = x.dim(-1), R = C == 0 ? 0 : x.numel() / C;
   if (R == 0 || C == 0) return;

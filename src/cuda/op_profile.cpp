@@ -16,6 +16,8 @@ std::vector<cudaEvent_t> g_events;
 std::vector<const char*> g_files;  // op k's dispatching file
 size_t g_ops = 0;
 int g_depth = 0;  // nested dispatches belong to the outermost op
+bool g_in_segment = false;        // a ProfileSegment's interval is running
+const char* g_op_file = nullptr;  // the running outermost op's file (the one a segment interrupts)
 
 cudaEvent_t event_at(size_t i) {
   while (g_events.size() <= i) {
@@ -30,7 +32,7 @@ cudaEvent_t event_at(size_t i) {
 
 void profile_start() {
   synchronize();
-  g_ops = 0, g_depth = 0;
+  g_ops = 0, g_depth = 0, g_in_segment = false;
   g_files.clear();
   g_profile_on = true;
 }
@@ -39,12 +41,29 @@ void profile_op_begin(const char* file) {
   if (g_depth++ > 0) return;
   LNS_CUDA_CHECK(cudaEventRecord(event_at(2 * g_ops), stream()));
   g_files.push_back(file);
+  if (!g_in_segment) g_op_file = file;
 }
 
 void profile_op_end() {
   if (--g_depth > 0) return;
   LNS_CUDA_CHECK(cudaEventRecord(event_at(2 * g_ops + 1), stream()));
   ++g_ops;
+}
+
+// A segment ends the op's running interval and starts its own; its end starts the op's
+// again, under the op's file.
+bool profile_segment_begin(const char* file) {
+  if (g_depth != 1 || g_in_segment) return false;
+  profile_op_end();  // the op's interval so far (depth 1 -> 0)
+  g_in_segment = true;
+  profile_op_begin(file);
+  return true;
+}
+
+void profile_segment_end() {
+  g_in_segment = false;
+  profile_op_end();
+  profile_op_begin(g_op_file);  // the rest of the op
 }
 
 std::vector<OpTiming> profile_stop() {

@@ -34,4 +34,24 @@ class OpScope {
   bool on_;
 };
 
+// A part of the current op timed as a class of its own (`file`, a name op_class_of_file
+// maps), e.g. the FP8 casts inside an FP8 linear: the op's time is cut at the segment's
+// ends, so the rows still add up to the step. Only directly inside one op (nested ops
+// belong to the outermost); elsewhere, and with the profile off, it does nothing.
+bool profile_segment_begin(const char* file);  // false: not directly inside one op (nothing done)
+void profile_segment_end();                      // only after a begin that returned true
+
+class ProfileSegment {
+ public:
+  explicit ProfileSegment(const char* file) : on_(g_profile_on && profile_segment_begin(file)) {}
+  ~ProfileSegment() {
+    if (on_) profile_segment_end();
+  }
+  ProfileSegment(const ProfileSegment&) = delete;
+  ProfileSegment& operator=(const ProfileSegment&) = delete;
+
+ private:
+  bool on_;
+};
+
 }  // namespace lns::cuda

@@ -22,7 +22,7 @@ class ProfileModel(unittest.TestCase):
         src = open(os.path.join(ROOT, "src", "core", "op_profile.cpp")).read()
         order = re.search(r"order = \{(.*?)\};", src, re.S).group(1)
         cpp = re.findall(r'"([^"]+)"', order)
-        py = [profile_model.GEMMS, profile_model.ATTENTION, profile_model.NORMS, profile_model.ELEMENTWISE,
+        py = [profile_model.GEMMS, profile_model.FP8_CASTS, profile_model.ATTENTION, profile_model.NORMS, profile_model.ELEMENTWISE,
               profile_model.EMBED, profile_model.OPTIM]
         self.assertEqual(cpp, py)
 

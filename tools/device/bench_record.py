@@ -155,8 +155,8 @@ def tables(records):
                        f"{cell(tp, 'step_ms', '{:,.1f}', st.get('torch_compile_padded'))} | {speed} |")
     if records:
         path, r = records[-1]
-        for cfg in sorted(r.get("configs", {})):
-            prof = (r["configs"][cfg].get("lns") or {}).get("profile")
+        for cfg, peer in ((c, p) for c in sorted(r.get("configs", {})) for p in ("lns", "lns_fp8")):
+            prof = (r["configs"][cfg].get(peer) or {}).get("profile")
             if not prof:
                 continue
             try:  # the roofline model's bound per row (tools/perf/profile_model.py; projected)
@@ -164,10 +164,13 @@ def tables(records):
                     profile_model.model_for(cfg, profile_model.gpu_key(r["gpu"]))).items()}
             except (OSError, ValueError, KeyError):
                 bound = {}
-            out += ["", f"Where the step goes, {cfg} on {r['gpu']} ({r['date']}): one profiled step of "
+            what = cfg + (" with --fp8=delayed" if peer == "lns_fp8" else "")
+            out += ["", f"Where the step goes, {what} on {r['gpu']} ({r['date']}): one profiled step of "
                         f"{prof['step_ms']:,.1f} ms (CUDA events around every op; the unprofiled median is "
-                        f"{cell(r['configs'][cfg]['lns'], 'step_ms', '{:,.1f}')} ms), beside the roofline "
-                        f"model's bound for the same work (tools/perf/profile_model.py: projected, not measured).", "",
+                        f"{cell(r['configs'][cfg][peer], 'step_ms', '{:,.1f}')} ms), beside the roofline "
+                        f"model's bound for the same work (tools/perf/profile_model.py: projected, not measured"
+                        f"{'; the model is of the bf16 step: its GEMM bound is the bf16 one, and it casts nothing' if peer == 'lns_fp8' else ''}).",
+                    "",
                     "| class of work | ms | share | ops | bound ms (projected) | measured / bound |",
                     "|---|---|---|---|---|---|"]
             for row in prof["rows"]:

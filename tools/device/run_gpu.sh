@@ -407,8 +407,9 @@ if has_stage bench; then
     fi
     if [ "${FP8:-1}" != 0 ]; then  # the same step with FP8 linears (docs/fp8.md): issue 30's >= 1.3x
       # shellcheck disable=SC2086
+      # (profiled too: its FP8 casts are a row of their own)
       step "step_fp8_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
-        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=delayed
+        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=delayed "${prof[@]}"
       # and with 1 x 128 / 128 x 128 tile scales (cuBLASLt's block-scaled FP8 GEMMs)
       # shellcheck disable=SC2086
       step "step_fp8bw_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \

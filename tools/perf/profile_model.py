@@ -24,6 +24,9 @@ from step_model import FUSED, PRESENT, StepModel, shape_from_flags  # noqa: E402
 GEMMS, ATTENTION, NORMS = "GEMMs (cuBLASLt)", "attention", "norms with residual adds and LNS scale"
 ELEMENTWISE, EMBED, OPTIM = "RoPE, SwiGLU, elementwise", "embedding, cross-entropy", "optimizer, gradient norm"
 REST = "other device work and host gaps (the rest)"
+# The casts inside --fp8's linears (a profile row of their own). The model is of the bf16
+# step, which casts nothing: its bound is 0 (no ratio is printed).
+FP8_CASTS = "FP8 casts (scale, amax, transpose)"
 # A model kernel's class by its name (step_model.micro_batch_kernels): the CPU op that
 # dispatches it in the code. Attention's batched products run inside the attention op.
 ATTENTION_KERNELS = {"scores", "pv", "dp", "dv", "dq", "dk", "softmax", "softmax_bwd", "permute", "flash_fwd",
@@ -53,7 +56,7 @@ def model_for(config, gpu):
 
 def bounds(m):
     """{class: seconds} of one step on one GPU (dp = 1)."""
-    out = {c: 0.0 for c in (GEMMS, ATTENTION, NORMS, ELEMENTWISE, EMBED, OPTIM, REST)}
+    out = {c: 0.0 for c in (GEMMS, FP8_CASTS, ATTENTION, NORMS, ELEMENTWISE, EMBED, OPTIM, REST)}
     for k in m.kernels:
         out[class_of(k)] += m.t(k) * m.num_micro()
     out[OPTIM] += m.optimizer_time()
