@@ -38,7 +38,8 @@ inline void expect_shared_input_is_the_single_ops(Device device, bool blockwise)
   // single ops' own x rows (7, 8, 9)
   std::vector<float> t(10 * kFp8Fields, 0.0f);
   const float scale[10] = {32, 1024, 16384, 2048, 65536, 512, 8192, 32, 32, 32};
-  for (int r = 0; r < 10; ++r) t[size_t(r * kFp8Fields + kFp8Scale)] = scale[r], t[size_t(r * kFp8Fields + kFp8ScaleInv)] = 1 / scale[r];
+  for (int r = 0; r < 10; ++r)
+    t[size_t(r * kFp8Fields + kFp8Scale)] = scale[r], t[size_t(r * kFp8Fields + kFp8ScaleInv)] = 1 / scale[r];
   const OwnedTensor shared_table = fp8_test_tensor(t, {10, kFp8Fields}, DType::F32, device);
   const OwnedTensor single_table = fp8_test_tensor(t, {10, kFp8Fields}, DType::F32, device);
   std::vector<OwnedTensor> w, dy, ys, yo, dws, dwo;

@@ -126,7 +126,8 @@ std::unique_ptr<float[]> quantize_tiles(const Tensor& t, int64_t R, int64_t C, i
 // w[out,in] as the GEMMs read it (E4M3; 128 x 128 tiles under blockwise, which read the
 // same in both directions), into q[out*in].
 void quantize_weight_into(float* q, const Tensor& w, const Fp8Linear& f, bool record) {
-  if (f.blockwise) return quantize_tiles_into(q, w, w.dim(0), w.dim(1), kFp8Tile, kFp8Tile, f.row(f.w), Fp8Format::E4M3, record);
+  if (f.blockwise)
+    return quantize_tiles_into(q, w, w.dim(0), w.dim(1), kFp8Tile, kFp8Tile, f.row(f.w), Fp8Format::E4M3, record);
   quantize_into(q, w, f.row(f.w), Fp8Format::E4M3, record);
 }
 

@@ -9,9 +9,9 @@
 // where "A . B" is A @ B^T with both stored K-major. Linears that read one x (q, k, v;
 // gate, up) cast it once per direction (the _shared ops). x is cast again in backward
 // (not recorded; the same codes as forward's): a step reads it once more instead of
-// keeping an 8-bit copy between passes. w is cast once per step by fp8_cast_weight, w8 and wT8
-// in one pass, when the stage's FP8 state holds the step's casts (f.w_cast); without
-// them (evaluation, tests of the op) each call casts w again, as x.
+// keeping an 8-bit copy between passes. w is cast once per step by fp8_cast_weight, w8
+// and wT8 in one pass, when the stage's FP8 state holds the step's casts (f.w_cast);
+// without them (evaluation, tests of the op) each call casts w again, as x.
 #include <algorithm>
 #include <vector>
 
