@@ -42,8 +42,9 @@ std::string op_class_of_file(const std::string& file) {
 
 const std::vector<std::string>& op_classes() {
   static const std::vector<std::string> order = {
-      "GEMMs (cuBLASLt)", "FP8 casts (scale, amax, transpose)", "attention", "norms with residual adds and LNS scale", "RoPE, SwiGLU, elementwise",
-      "embedding, cross-entropy", "optimizer, gradient norm"};
+      "GEMMs (cuBLASLt)", "FP8 casts (scale, amax, transpose)", "attention",
+      "norms with residual adds and LNS scale", "RoPE, SwiGLU, elementwise", "embedding, cross-entropy",
+      "optimizer, gradient norm"};
   return order;
 }
 
