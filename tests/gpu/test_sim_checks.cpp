@@ -17,6 +17,7 @@
 #include "cuda/sdpa.h"
 #include "cuda/sim/sim_internal.h"
 #include "lns/trainer.h"
+#include "tests/gpu/graphed_steps.h"
 
 namespace lns::cuda {
 namespace {
@@ -853,32 +854,23 @@ TEST_P(SimGraphsScheme, GraphedStepsEqualUngraphedBitForBit) {
 #else
   constexpr int kMicro = 8;
 #endif
-  LlamaConfig c;
-  c.vocab_size = 61, c.hidden_size = 32, c.intermediate_size = 45, c.num_layers = 2;
-  c.num_heads = 4, c.num_kv_heads = 2, c.norm_scheme = GetParam();
   // The kernels' own checks run in their tests; the cross-stream check stays as the
   // environment sets it (it sees every replay).
   WithChecks kernels_off(false, false, sim::options().stream_check);
   (void)cudaGetLastError();  // run with the others in one process: an earlier test's deliberate error
-  std::vector<double> losses[2];
-  std::vector<float> weights[2];
+  test::GraphedSteps runs[2];
   uint64_t launches[2], kernels[2], graphs[2];
   for (int graphed = 0; graphed < 2; ++graphed) {
-    TrainConfig tc;
-    tc.device = Device::CUDA;
-    tc.seq_len = 16, tc.global_batch = kMicro, tc.micro_batch = 1, tc.steps = 3;
-    tc.cuda_graphs = graphed;
-    Trainer tr(c, tc);
-    for (int step = 0; step < 3; ++step) {
-      synchronize();
-      const sim::Counters before = sim::counters();
-      losses[graphed].push_back(tr.train_step().loss);
-      synchronize();
+    sim::Counters before;
+    runs[graphed] = test::run_graphed_steps(GetParam(), kMicro, graphed, [&](int, bool after) {
+      if (!after) {
+        before = sim::counters();
+        return;
+      }
       launches[graphed] = sim::counters().launches - before.launches;
       kernels[graphed] = sim::counters().kernels_run - before.kernels_run;
       graphs[graphed] = sim::counters().graph_launches - before.graph_launches;
-    }
-    weights[graphed] = to_host_f32(tr.model().params().flat_params());
+    });
   }
   std::printf("[ graphs ] %s, per step: ungraphed %llu launches; graphed %llu launches + %llu graph launches; %llu "
               "kernels run in both\n",
@@ -890,9 +882,9 @@ TEST_P(SimGraphsScheme, GraphedStepsEqualUngraphedBitForBit) {
   // Launched: the graph's kernels once, at record time, and the last micro-batch's,
   // about 2 of the M micro-batches' launches (plus the optimizer's): under 3/M.
   EXPECT_LT(launches[1] * kMicro, launches[0] * 3) << "the graph did not replace the launches";
-  for (int step = 0; step < 3; ++step) EXPECT_EQ(losses[1][step], losses[0][step]) << "step " << step + 1;
-  ASSERT_EQ(weights[0].size(), weights[1].size());
-  EXPECT_EQ(0, std::memcmp(weights[0].data(), weights[1].data(), weights[0].size() * 4));
+  for (int step = 0; step < 3; ++step) EXPECT_EQ(runs[1].losses[step], runs[0].losses[step]) << "step " << step + 1;
+  ASSERT_EQ(runs[0].weights.size(), runs[1].weights.size());
+  EXPECT_EQ(0, std::memcmp(runs[0].weights.data(), runs[1].weights.data(), runs[0].weights.size() * 4));
 }
 INSTANTIATE_TEST_SUITE_P(Schemes, SimGraphsScheme, ::testing::Values(NormScheme::LNS, NormScheme::Routed),
                          [](const auto& info) { return std::string(norm_scheme_name(info.param)); });

@@ -60,6 +60,10 @@
 # cuDNN attention run; CUDNN_ATTENTION: cudnn, the default, or cudnn_nondeterministic;
 # LNS_CUDNN_LIB names libcudnn.so.9, else python3's is found), KERNELS_TORCH (1; 0 skips PyTorch's kernel
 # figures), TORCH (1; 0 skips the PyTorch step peers: lns only, a short call),
+# VARIANTS (which runs of the bench stage a config gets: space-separated
+# "cfg=variant,variant" entries, variants among profile graphs cudnn fp8 fp8bw torch
+# torch_padded; a config not named gets all that the switches above allow; the plain
+# lns step always runs. E.g. "1b_lns_seq4k=cudnn" keeps a lease short),
 # GTEST_FILTER (the test stage with carried binaries runs only these gtests),
 # LNS_COMMIT (the commit to record, default git's HEAD), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
 # .gpu-deps/bin when pack.sh --binaries made it and there is no build),
@@ -108,6 +112,14 @@ fi
 
 log() { echo "[run_gpu] $*" | tee -a "$RUNLOG"; }
 has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
+# want CFG VARIANT: whether the bench stage runs VARIANT for CFG (VARIANTS above).
+want() {
+  local e
+  for e in ${VARIANTS:-}; do
+    [[ $e == "$1="* ]] && { [[ ",${e#*=}," == *",$2,"* ]]; return; }
+  done
+  return 0
+}
 
 # step NAME LOGFILE CMD...: runs CMD, its output to the terminal and LOGFILE
 # between the markers summarize.py reads; records a failure.
@@ -391,26 +403,27 @@ if has_stage bench; then
   # seq 4096 is compared unpadded only, to keep the call short).
   for cfg in $CONFIGS; do
     prof=()
-    [ "${PROFILE:-1}" = 0 ] || prof=(--profile)
+    [ "${PROFILE:-1}" = 0 ] || ! want "$cfg" profile || prof=(--profile)
     # shellcheck disable=SC2086
     step "step_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
       --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 "${prof[@]}"
-    if [ "${GRAPHS:-1}" != 0 ]; then  # the same step with its micro-batches as CUDA graphs
+    if [ "${GRAPHS:-1}" != 0 ] && want "$cfg" graphs; then  # the same step with its micro-batches as CUDA graphs
       # shellcheck disable=SC2086
       step "step_graphs_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
         --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --cuda_graphs
     fi
-    if [ "${CUDNN:-1}" != 0 ]; then  # the same step with cuDNN's fused attention
+    if [ "${CUDNN:-1}" != 0 ] && want "$cfg" cudnn; then  # the same step with cuDNN's fused attention
       # shellcheck disable=SC2086
       step "step_cudnn_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
         --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --attention="${CUDNN_ATTENTION:-cudnn}"
     fi
-    if [ "${FP8:-1}" != 0 ]; then  # the same step with FP8 linears (docs/fp8.md): issue 30's >= 1.3x
-      # shellcheck disable=SC2086
+    if [ "${FP8:-1}" != 0 ] && want "$cfg" fp8; then  # FP8 linears (docs/fp8.md): issue 30's >= 1.3x
       # (profiled too: its FP8 casts are a row of their own)
+      # shellcheck disable=SC2086
       step "step_fp8_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
         --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=delayed "${prof[@]}"
-      # and with 1 x 128 / 128 x 128 tile scales (cuBLASLt's block-scaled FP8 GEMMs)
+    fi
+    if [ "${FP8:-1}" != 0 ] && want "$cfg" fp8bw; then  # 1 x 128 / 128 x 128 tile scales
       # shellcheck disable=SC2086
       step "step_fp8bw_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
         --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=blockwise
@@ -418,9 +431,11 @@ if has_stage bench; then
     [ "${TORCH:-1}" = 0 ] && continue
     torch_args=(--flagfile="configs/$cfg.flags" --device cuda --autocast --compile --fused_adam
                 --steps "${TORCH_STEPS:-5}" --warmup 2)
-    step "step_torch_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py "${torch_args[@]}"
+    if want "$cfg" torch; then
+      step "step_torch_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py "${torch_args[@]}"
+    fi
     ffn=$(sed -n 's/^--intermediate_size=\([0-9]*\).*/\1/p' "configs/$cfg.flags" | tail -1)
-    if [ -n "$ffn" ] && [ $((ffn % 64)) -ne 0 ] && [[ $cfg != *seq4k* ]]; then
+    if [ -n "$ffn" ] && [ $((ffn % 64)) -ne 0 ] && [[ $cfg != *seq4k* ]] && want "$cfg" torch_padded; then
       step "step_torch_padded_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py \
         "${torch_args[@]}" --pad_ffn 64
     fi
