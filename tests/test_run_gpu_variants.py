@@ -17,7 +17,7 @@ SCRIPT = os.path.join(ROOT, "tools", "device", "run_gpu.sh")
 STANDIN = "#!/bin/sh\necho \"stand-in $0 $*\"\n"
 
 
-def run_bench(tmp, configs, variants):
+def run_bench(tmp, configs, variants, **extra):
     bin_dir = os.path.join(tmp, "bin")
     os.makedirs(bin_dir, exist_ok=True)
     for name in ("lns_bench_step", "lns_bench_kernels", "lns_train"):
@@ -28,7 +28,7 @@ def run_bench(tmp, configs, variants):
     out = os.path.join(tmp, "out")
     env = dict(os.environ, STAGES="bench", CONFIGS=configs, VARIANTS=variants, TORCH="0",
                KERNELS_TORCH="0", BIN_DIR=bin_dir, OUT=out, LNS_DEBS=os.path.join(tmp, "no-debs"),
-               LNS_DEPS_PREFIX=os.path.join(tmp, "deps"), PYTHONDONTWRITEBYTECODE="1")
+               LNS_DEPS_PREFIX=os.path.join(tmp, "deps"), PYTHONDONTWRITEBYTECODE="1", **extra)
     subprocess.run(["bash", SCRIPT], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, timeout=120)
     with open(os.path.join(out, "run.log")) as f:
@@ -41,19 +41,22 @@ class Variants(unittest.TestCase):
     def test_named_configs_get_their_variants_and_the_rest_get_all(self):
         with tempfile.TemporaryDirectory() as tmp:
             steps = run_bench(tmp, "130m_lns 1b_lns_seq4k 1b_lns",
-                              "130m_lns=profile,fp8 1b_lns_seq4k=cudnn")
+                              "130m_lns=lns,profile,fp8 1b_lns_seq4k=cudnn")
         self.assertEqual(sorted(s for s in steps if s.endswith("_130m_lns")),
                          ["step_130m_lns", "step_fp8_130m_lns"])
         self.assertIn("--profile", steps["step_130m_lns"])
         self.assertIn("--profile", steps["step_fp8_130m_lns"])
-        self.assertEqual(sorted(s for s in steps if s.endswith("_1b_lns_seq4k")),
-                         ["step_1b_lns_seq4k", "step_cudnn_1b_lns_seq4k"])
-        self.assertNotIn("--profile", steps["step_1b_lns_seq4k"])
+        self.assertEqual([s for s in steps if s.endswith("_1b_lns_seq4k")], ["step_cudnn_1b_lns_seq4k"])
         self.assertEqual(sorted(s for s in steps if s.endswith("_1b_lns")),
                          ["step_1b_lns", "step_cudnn_1b_lns", "step_fp8_1b_lns",
                           "step_fp8bw_1b_lns", "step_graphs_1b_lns"])
         self.assertIn("--profile", steps["step_1b_lns"])
         self.assertIn("kernels", steps)
+
+    def test_kernels_can_be_left_out(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            steps = run_bench(tmp, "130m_lns", "130m_lns=fp8", KERNELS="0")
+        self.assertEqual(sorted(steps), ["step_fp8_130m_lns"])
 
 
 if __name__ == "__main__":

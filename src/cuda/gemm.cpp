@@ -21,15 +21,22 @@ namespace {
 
 void lt_check(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
-  LOG(FATAL) << "cuBLASLt " << what << " failed with status " << int(s);
+  LOG(FATAL) << "cuBLASLt " << what << " failed with status " << int(s) << " (" << cublasLtGetStatusString(s) << ")";
 }
 
 constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hopper
 
+// The heuristic's candidates, best first. The first that cuBLASLt runs is kept: on an
+// H200 (2026-11-28) every FP8 matmul failed with NOT_SUPPORTED on the heuristic's
+// first choice, so a plan is proven by its first call, not by the heuristic.
+constexpr int kCandidates = 8;
+
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  cublasLtMatmulAlgo_t algos[kCandidates]{};
+  int found = 0;
+  int chosen = -1;  // index into algos once a call ran; -1 before the first call
 };
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int,
@@ -105,7 +112,15 @@ cublasLtMatrixLayout_t layout(cudaDataType_t t, int64_t rows, int64_t cols, int6
   return l;
 }
 
-const Plan& plan_for(const GemmArgs& g) {
+// FP8 scale pointers; cuBLASLt's A is our B.
+void set_scales(cublasLtMatmulDesc_t desc, const GemmArgs& g) {
+  const void* sa = g.b_scale;
+  const void* sb = g.a_scale;
+  lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)), "A scale");
+  lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)), "B scale");
+}
+
+Plan& plan_for(const GemmArgs& g) {
   const int64_t csize = g.c_dtype == DType::F32 ? 4 : 2;
   const uint32_t al_a = alignment(g.A, g.stride_a * input_size(g.a_type), g.batch),
                  al_b = alignment(g.B, g.stride_b * input_size(g.b_type), g.batch),
@@ -130,6 +145,7 @@ const Plan& plan_for(const GemmArgs& g) {
   p.a = layout(input_type(g.b_type), g.trans_b ? g.K : g.N, g.trans_b ? g.N : g.K, g.ldb, g.batch, g.stride_b);
   p.b = layout(input_type(g.a_type), g.trans_a ? g.M : g.K, g.trans_a ? g.K : g.M, g.lda, g.batch, g.stride_a);
   p.c = layout(g.c_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF, g.N, g.M, g.ldc, g.batch, g.stride_c);
+  if (g.a_type != GemmInput::BF16) set_scales(p.desc, g);  // as NVIDIA's FP8 sample: before the heuristic
   cublasLtMatmulPreference_t pref;
   lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
   const uint64_t ws = kWorkspaceBytes;
@@ -141,13 +157,12 @@ const Plan& plan_for(const GemmArgs& g) {
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c}};
   for (const auto& [attr, value] : aligns)
     lt_check(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)), "alignment");
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  lt_check(cublasLtMatmulAlgoGetHeuristic(l.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
+  cublasLtMatmulHeuristicResult_t results[kCandidates]{};
+  lt_check(cublasLtMatmulAlgoGetHeuristic(l.handle, p.desc, p.a, p.b, p.c, p.c, pref, kCandidates, results, &p.found),
            "heuristic");
   cublasLtMatmulPreferenceDestroy(pref);
-  LNS_CHECK(found > 0) << "cuBLASLt has no algorithm for M=" << g.M << " N=" << g.N << " K=" << g.K;
-  p.algo = result.algo;
+  LNS_CHECK(p.found > 0) << "cuBLASLt has no algorithm for M=" << g.M << " N=" << g.N << " K=" << g.K;
+  for (int i = 0; i < p.found; ++i) p.algos[i] = results[i].algo;
   return l.plans.emplace(key, p).first->second;
 }
 
@@ -166,17 +181,28 @@ int64_t gemm_scale_floats(GemmScale s, int64_t rows, int64_t K) {
 void gemm(const GemmArgs& g) {
   if (g.M == 0 || g.N == 0) return;
   check_fp8(g);
-  const Plan& p = plan_for(g);
+  Plan& p = plan_for(g);
   Lt& l = lt();
-  if (g.a_type != GemmInput::BF16) {  // per call: the plan is shared by every linear of this shape
-    const void* sa = g.b_scale;  // cuBLASLt's A is our B
-    const void* sb = g.a_scale;
-    lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)), "A scale");
-    lt_check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)), "B scale");
-  }
-  lt_check(cublasLtMatmul(l.handle, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c,
-                          &p.algo, l.workspace, kWorkspaceBytes, stream()),
-           "matmul");
+  if (g.a_type != GemmInput::BF16) set_scales(p.desc, g);  // per call: the plan is shared by linears of a shape
+  const auto run = [&](int i) {
+    return cublasLtMatmul(l.handle, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c, &p.algos[i],
+                          l.workspace, kWorkspaceBytes, stream());
+  };
+  if (p.chosen >= 0) return lt_check(run(p.chosen), "matmul");
+  // First call of this plan: the first candidate cuBLASLt runs (a refusal launches nothing).
+  cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
+  for (int i = 0; i < p.found && s == CUBLAS_STATUS_NOT_SUPPORTED; ++i)
+    if ((s = run(i)) == CUBLAS_STATUS_SUCCESS) {
+      p.chosen = i;
+      LOG_IF(INFO, i > 0) << "cuBLASLt refused its first " << i << " algorithm(s) for M=" << g.M << " N=" << g.N
+                          << " K=" << g.K << "; the next one runs";
+    }
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED)
+    LOG(FATAL) << "cuBLASLt runs none of the " << p.found << " algorithms its heuristic gave for M=" << g.M
+               << " N=" << g.N << " K=" << g.K << " (operand types " << int(g.a_type) << ", " << int(g.b_type)
+               << ", output " << (g.c_dtype == DType::F32 ? "f32" : "bf16") << ", beta " << g.beta
+               << "): CUBLAS_STATUS_NOT_SUPPORTED";
+  lt_check(s, "matmul");
 }
 
 // y[N,out] = x[N,in] @ w[out,in]^T

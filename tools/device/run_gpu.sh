@@ -61,9 +61,10 @@
 # LNS_CUDNN_LIB names libcudnn.so.9, else python3's is found), KERNELS_TORCH (1; 0 skips PyTorch's kernel
 # figures), TORCH (1; 0 skips the PyTorch step peers: lns only, a short call),
 # VARIANTS (which runs of the bench stage a config gets: space-separated
-# "cfg=variant,variant" entries, variants among profile graphs cudnn fp8 fp8bw torch
-# torch_padded; a config not named gets all that the switches above allow; the plain
-# lns step always runs. E.g. "1b_lns_seq4k=cudnn" keeps a lease short),
+# "cfg=variant,variant" entries, variants among lns (the plain step) profile graphs cudnn
+# fp8 fp8bw torch torch_padded; a config not named gets all that the switches above
+# allow. E.g. "1b_lns_seq4k=lns,cudnn" keeps a lease short), KERNELS (1; 0 skips
+# lns_bench_kernels),
 # GTEST_FILTER (the test stage with carried binaries runs only these gtests),
 # LNS_COMMIT (the commit to record, default git's HEAD), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
 # .gpu-deps/bin when pack.sh --binaries made it and there is no build),
@@ -392,7 +393,11 @@ fi
 
 if has_stage bench; then
   # shellcheck disable=SC2086  # BENCH_LAUNCHER is a command line
-  step kernels "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_kernels" --flagfile=configs/1b_lns.flags --json="$OUT/kernels.json"
+  if [ "${KERNELS:-1}" != 0 ]; then
+    # shellcheck disable=SC2086
+    step kernels "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_kernels" --flagfile=configs/1b_lns.flags \
+      --json="$OUT/kernels.json"
+  fi
   if [ "${KERNELS_TORCH:-1}" != 0 ]; then
     step kernels_torch "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_kernels_torch.py \
       --json "$OUT/kernels_torch.json"
@@ -404,9 +409,11 @@ if has_stage bench; then
   for cfg in $CONFIGS; do
     prof=()
     [ "${PROFILE:-1}" = 0 ] || ! want "$cfg" profile || prof=(--profile)
-    # shellcheck disable=SC2086
-    step "step_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
-      --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 "${prof[@]}"
+    if want "$cfg" lns; then
+      # shellcheck disable=SC2086
+      step "step_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
+        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 "${prof[@]}"
+    fi
     if [ "${GRAPHS:-1}" != 0 ] && want "$cfg" graphs; then  # the same step with its micro-batches as CUDA graphs
       # shellcheck disable=SC2086
       step "step_graphs_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
