@@ -54,15 +54,21 @@ constexpr int64_t kFp8Tile = 128;
 
 // One row per FP8 tensor (a linear's input x, weight w or output gradient dy), f32:
 enum Fp8Field : int64_t {
-  kFp8Scale = 0,   // read by every cast of the tensor (set by the stage between steps)
-  kFp8ScaleInv,    // 1 / scale in f32: what the GEMM multiplies its product by (cuBLASLt's scale pointer)
+  kFp8ScaleInv = 0,  // 1 / scale in f32: what the GEMM multiplies its product by (cuBLASLt's scale pointer)
+  kFp8Scale,       // read by every cast of the tensor (set by the stage between steps)
   kFp8Amax,        // max |value| of the unscaled tensor over this step's casts (non-finite skipped)
   kFp8Saturated,   // values beyond the format's largest finite after scaling, summed
   kFp8Flushed,     // non-zero values that became 0, summed
   kFp8Nonfinite,   // inf/NaN inputs, summed
   kFp8Elements,    // values cast, summed
+  kFp8Unused,      // pads a row to 32 bytes (below)
   kFp8Fields
 };
+// cuBLASLt takes a scale pointer only at a 16-byte boundary: on an H200 (2026-11-28) an
+// FP8 matmul with a scale 4, 8 or 12 bytes past one returned CUBLAS_STATUS_NOT_SUPPORTED
+// from every algorithm its heuristic offered. So each row's GEMM scale starts it, and
+// rows are a multiple of 16 bytes (the table itself is device-allocated, 256-aligned).
+static_assert(kFp8ScaleInv == 0 && kFp8Fields * sizeof(float) % 16 == 0, "FP8 GEMM scales 16-byte aligned");
 // The counts are f32 sums: exact below 2^24 and within 1e-7 relative above, which is
 // what the fractions reported from them need.
 

@@ -64,9 +64,10 @@ void check_fp8(const GemmArgs& g) {
   LNS_CHECK(block_a == block_b) << "gemm: block scales on one FP8 operand need them on the other";
   LNS_CHECK(!(g.a_scale_mode == GemmScale::Block128 && g.b_scale_mode == GemmScale::Block128))
       << "gemm: 128x128 tile scales on both operands have no FP8 kernel (one must be 1x128)";
-  if (block_a)
-    LNS_CHECK(reinterpret_cast<uintptr_t>(g.a_scale) % 16 == 0 && reinterpret_cast<uintptr_t>(g.b_scale) % 16 == 0)
-        << "gemm: block scale tensors must be 16-byte aligned";
+  // Per-tensor scales too: on an H200 a scale 4 bytes past a 16-byte boundary made every
+  // algorithm return NOT_SUPPORTED (lns/fp8_linear.h lays the scales out for this).
+  LNS_CHECK(reinterpret_cast<uintptr_t>(g.a_scale) % 16 == 0 && reinterpret_cast<uintptr_t>(g.b_scale) % 16 == 0)
+      << "gemm: FP8 scale pointers must be 16-byte aligned (A at " << g.a_scale << ", B at " << g.b_scale << ")";
 }
 
 cublasLtMatmulMatrixScale_t scale_mode(GemmScale s) {

@@ -416,6 +416,7 @@ struct Fp8Call {
   int32_t mode[2] = {0, 0};
   std::vector<float> blocks = std::vector<float>(64, 1.0f);
   int b_at = 32;
+  int scalar_b_at = 4;  // per tensor: B's scale this many floats after A's (16 bytes: cuBLASLt's alignment)
   std::vector<uint8_t> a, b;
   void *da = nullptr, *db = nullptr, *dd = nullptr, *ds = nullptr, *ws = nullptr;
   cublasLtHandle_t h = nullptr;
@@ -439,19 +440,20 @@ struct Fp8Call {
     for (auto& x : b) x = finite(tb);
     const bool blocked = mode[0] || mode[1];
     da = device_alloc(a.size()), db = device_alloc(b.size()), dd = device_alloc(m * n * 2);
-    ds = device_alloc(blocked ? blocks.size() * 4 : 8);
+    ds = device_alloc(blocked ? blocks.size() * 4 : (scalar_b_at + 1) * 4);
     lns::simtest::upload(da, a.data(), a.size()), lns::simtest::upload(db, b.data(), b.size());
     if (blocked) {
       lns::simtest::upload(ds, blocks.data(), blocks.size() * 4);
     } else {
-      lns::simtest::upload(ds, scale, 8);
+      lns::simtest::upload(ds, &scale[0], 4);
+      lns::simtest::upload(static_cast<float*>(ds) + scalar_b_at, &scale[1], 4);
     }
     cublasLtCreate(&h);
     cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
     cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
     const float* sa = static_cast<float*>(ds);
-    const float* sb = sa + (blocked ? b_at : 1);
+    const float* sb = sa + (blocked ? b_at : scalar_b_at);
     for (int i = 0; i < 2; ++i)
       if (mode[i])
         cublasLtMatmulDescSetAttribute(desc, i == 0 ? CUBLASLT_MATMUL_DESC_A_SCALE_MODE : CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
@@ -514,6 +516,13 @@ TEST_F(SimCublasLtDeathTest, Fp8RefusesWhatTheLibraryRefuses) {
     f.k = 40;  // not a multiple of 16
     f.build();
     EXPECT_DEATH(f.plan(), "FP8 needs every dimension a multiple of 16");
+  }
+  {
+    Fp8Call f;
+    f.scalar_b_at = 1;  // a per-tensor scale 4 bytes past a 16-byte boundary
+    f.build();
+    f.plan();  // the real heuristic takes it too; its matmul refuses it
+    EXPECT_DEATH(f.run(), "the B scale at .* is not 16-byte aligned");
   }
   {
     Fp8Call f;
