@@ -83,19 +83,26 @@ MPI_ENV = {"OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RU
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 
+def run_env(device, ranks):
+    """Ranks share the cores, so one OpenMP thread each; a one-rank CPU run takes every
+    core (on the GPU machine the CPU resume ran past 140 s on one thread, 2026-11-28)."""
+    threads = (os.cpu_count() or 1) if device == "cpu" and ranks == 1 else 1
+    return {**os.environ, **MPI_ENV, "OMP_NUM_THREADS": str(threads)}
+
+
 def train(name, ranks, flags, data, out, device="cuda", extra=()):
     cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", str(ranks), TRAIN,
            f"--flagfile={ROOT}/configs/tiny_lns.flags", *MODEL, SEQ_LEN, f"--device={device}", "--comm=mpi",
            f"--data={data}.train.tok", f"--val_data={data}.val.tok", f"--out_dir={out}", f"--steps={STEPS}",
            "--warmup_steps=2", "--eval_every=0", "--eval_tokens=2048", "--log_every=1",
            f"--save_every={RESUME_AT}", *flags, *extra]
-    return run_and_read_losses(cmd, device, out, f"{name}: lns_train", env={**os.environ, **MPI_ENV})
+    return run_and_read_losses(cmd, device, out, f"{name}: lns_train", env=run_env(device, ranks))
 
 
 def eval_loss(ckpt, data, device, out):
-    cmd = [MPIRUN, "-np", "1", EVAL, f"--checkpoint={ckpt}", f"--device={device}", f"--data={data}.val.tok",
-           "--eval_tokens=2048", SEQ_LEN, f"--out={out}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **MPI_ENV})
+    cmd = [MPIRUN, "--bind-to", "none", "-np", "1", EVAL, f"--checkpoint={ckpt}", f"--device={device}",
+           f"--data={data}.val.tok", "--eval_tokens=2048", SEQ_LEN, f"--out={out}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=run_env(device, 1))
     if r.returncode != 0:
         sys.exit(f"lns_eval failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-2000:]}")
     with open(out + ".json") as f:

@@ -371,11 +371,13 @@ if has_stage test; then
   else
     # No build here (pack.sh --binaries carried the programs): the single-GPU tests
     # from the carried test programs; the multi-rank ones need a build (ctest).
-    if [ -n "${GTEST_FILTER:-}" ]; then  # a chosen subset, e.g. the kernels a change touched
-      step test_gpu "$RUNLOG" "$BIN_DIR/lns_gpu_tests" --gtest_filter="$GTEST_FILTER"
+    # Each test in a process of its own (tools/device/gtest_each.sh): one that aborts
+    # hides none of the others. GTEST_FILTER: a chosen subset, e.g. the kernels a change touched.
+    if [ -n "${GTEST_FILTER:-}" ]; then
+      step test_gpu "$RUNLOG" bash tools/device/gtest_each.sh "$BIN_DIR/lns_gpu_tests" "$GTEST_FILTER"
     else
-      step test_gpu "$RUNLOG" "$BIN_DIR/lns_gpu_tests" --gtest_also_run_disabled_tests \
-        --gtest_output="json:$OUT/gtest_gpu.json"
+      step test_gpu "$RUNLOG" bash tools/device/gtest_each.sh "$BIN_DIR/lns_gpu_tests" '*' \
+        --gtest_also_run_disabled_tests
       step test_tiny_run "$RUNLOG" env LNS_TRAIN_BIN="$BIN_DIR/lns_train" PYTHONDONTWRITEBYTECODE=1 \
         python3 tests/gpu/test_tiny_run.py
     fi
