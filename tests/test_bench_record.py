@@ -110,6 +110,16 @@ class BenchRecord(unittest.TestCase):
         # The FP8 step's profile, its casts a row of their own (bound 0: the model is of the bf16 step).
         self.assertIn("Where the step goes, 1b_lns with --fp8=delayed on NVIDIA H100 80GB HBM3", text)
         self.assertIn("| FP8 casts (scale, amax, transpose) | 350.0 | 25.0% | 900 | 0.0 | — |", text)
+        # A later, shorter run without profiles (one variant measured) keeps this run's map.
+        with open(os.path.join(out, "h100-2026-11-28.json"), "w") as f:
+            json.dump({"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-28", "time": "09:00", "commit": "def5678",
+                       "configs": {"1b_lns": {"lns_fp8_blockwise": {"step_ms": 1400.0}}}}, f)
+        r = run("--tables", "--records", out, "--doc", doc)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        text = open(doc).read()
+        self.assertIn("| NVIDIA H100 80GB HBM3, 2026-11-28 09:00, def5678 | 1b_lns | — |", text)
+        self.assertIn("Where the step goes, 1b_lns on NVIDIA H100 80GB HBM3 (2026-11-27)", text)
+        self.assertIn("| FP8 casts (scale, amax, transpose) | 350.0 | 25.0% | 900 | 0.0 | — |", text)
 
     def test_bad_input_is_one_line(self):
         os.remove(os.path.join(self.res, "env.json"))

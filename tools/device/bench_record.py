@@ -153,33 +153,37 @@ def tables(records):
                        f"{cell(lns, 'startup_s', '{:.1f}')} | "
                        f"{cell(tc, 'step_ms', '{:,.1f}', st.get('torch_compile'))} | "
                        f"{cell(tp, 'step_ms', '{:,.1f}', st.get('torch_compile_padded'))} | {speed} |")
-    if records:
-        path, r = records[-1]
-        for cfg, peer in ((c, p) for c in sorted(r.get("configs", {})) for p in ("lns", "lns_fp8")):
-            prof = (r["configs"][cfg].get(peer) or {}).get("profile")
-            if not prof:
-                continue
-            try:  # the roofline model's bound per row (tools/perf/profile_model.py; projected)
-                bound = {c: t * 1e3 for c, t in profile_model.bounds(
-                    profile_model.model_for(cfg, profile_model.gpu_key(r["gpu"]))).items()}
-            except (OSError, ValueError, KeyError):
-                bound = {}
-            what = cfg + (" with --fp8=delayed" if peer == "lns_fp8" else "")
-            out += ["", f"Where the step goes, {what} on {r['gpu']} ({r['date']}): one profiled step of "
-                        f"{prof['step_ms']:,.1f} ms (CUDA events around every op; the unprofiled median is "
-                        f"{cell(r['configs'][cfg][peer], 'step_ms', '{:,.1f}')} ms), beside the roofline "
-                        f"model's bound for the same work (tools/perf/profile_model.py: projected, not measured"
-                        f"{'; the model is of the bf16 step: its GEMM bound is the bf16 one, and it casts nothing' if peer == 'lns_fp8' else ''}).",
-                    "",
-                    "| class of work | ms | share | ops | bound ms (projected) | measured / bound |",
-                    "|---|---|---|---|---|---|"]
-            for row in prof["rows"]:
-                share = row["ms"] / prof["step_ms"] if prof["step_ms"] else 0
-                b = bound.get(row["class"])
-                b_text = f"{b:,.1f}" if b is not None else "—"
-                ratio = f"{row['ms'] / b:.2f}x" if b else "—"
-                out.append(f"| {row['class']} | {row['ms']:,.1f} | {share:.1%} | {row.get('ops', '—')} | "
-                           f"{b_text} | {ratio} |")
+    # Each config's profiles from the newest record that has them (a short run that
+    # measured one variant does not hide the last full run's map).
+    newest = {}
+    for path, r in records:
+        for cfg, c in r.get("configs", {}).items():
+            for peer in ("lns", "lns_fp8"):
+                if (c.get(peer) or {}).get("profile"):
+                    newest[(cfg, peer)] = r
+    for (cfg, peer), r in sorted(newest.items()):
+        prof = r["configs"][cfg][peer]["profile"]
+        try:  # the roofline model's bound per row (tools/perf/profile_model.py; projected)
+            bound = {c: t * 1e3 for c, t in profile_model.bounds(
+                profile_model.model_for(cfg, profile_model.gpu_key(r["gpu"]))).items()}
+        except (OSError, ValueError, KeyError):
+            bound = {}
+        what = cfg + (" with --fp8=delayed" if peer == "lns_fp8" else "")
+        out += ["", f"Where the step goes, {what} on {r['gpu']} ({r['date']}): one profiled step of "
+                    f"{prof['step_ms']:,.1f} ms (CUDA events around every op; the unprofiled median is "
+                    f"{cell(r['configs'][cfg][peer], 'step_ms', '{:,.1f}')} ms), beside the roofline "
+                    f"model's bound for the same work (tools/perf/profile_model.py: projected, not measured"
+                    f"{'; the model is of the bf16 step: its GEMM bound is the bf16 one, and it casts nothing' if peer == 'lns_fp8' else ''}).",
+                "",
+                "| class of work | ms | share | ops | bound ms (projected) | measured / bound |",
+                "|---|---|---|---|---|---|"]
+        for row in prof["rows"]:
+            share = row["ms"] / prof["step_ms"] if prof["step_ms"] else 0
+            b = bound.get(row["class"])
+            b_text = f"{b:,.1f}" if b is not None else "—"
+            ratio = f"{row['ms'] / b:.2f}x" if b else "—"
+            out.append(f"| {row['class']} | {row['ms']:,.1f} | {share:.1%} | {row.get('ops', '—')} | "
+                       f"{b_text} | {ratio} |")
     return "\n".join(out)
 
 
