@@ -33,7 +33,8 @@ RESULT {"impl": "lns", "device": "cuda", "median_ms": 1620.0, "mfu": 0.64, "peak
 PROFILE {"step_ms": 1400.0, "rows": [{"class": "GEMMs (cuBLASLt)", "ms": 700.0, "ops": 3000}, {"class": "FP8 casts (scale, amax, transpose)", "ms": 350.0, "ops": 900}, {"class": "other device work and host gaps (the rest)", "ms": 350.0, "ops": 0}]}
 RESULT {"impl": "lns", "device": "cuda", "median_ms": 1300.0, "mfu": 0.8, "peak_mem_gib": 36.0}
 ### done step_fp8_1b_lns rc=0 seconds=50
-### step step_fp8bw_1b_lns: lns_bench_step --fp8=blockwise
+### step step_fp8bw_1b_lns: lns_bench_step --fp8=blockwise --profile
+PROFILE {"step_ms": 1500.0, "rows": [{"class": "GEMMs (cuBLASLt)", "ms": 900.0, "ops": 3000}, {"class": "FP8 casts (scale, amax, transpose)", "ms": 300.0, "ops": 1100}, {"class": "other device work and host gaps (the rest)", "ms": 300.0, "ops": 0}]}
 RESULT {"impl": "lns", "device": "cuda", "median_ms": 1350.0, "mfu": 0.77, "peak_mem_gib": 36.2}
 ### done step_fp8bw_1b_lns rc=0 seconds=50
 ### step step_torch_1b_lns: bench_step_torch.py --compile
@@ -110,6 +111,8 @@ class BenchRecord(unittest.TestCase):
         # The FP8 step's profile, its casts a row of their own (bound 0: the model is of the bf16 step).
         self.assertIn("Where the step goes, 1b_lns with --fp8=delayed on NVIDIA H100 80GB HBM3", text)
         self.assertIn("| FP8 casts (scale, amax, transpose) | 350.0 | 25.0% | 900 | 0.0 | — |", text)
+        self.assertIn("Where the step goes, 1b_lns with --fp8=blockwise on NVIDIA H100 80GB HBM3", text)
+        self.assertIn("| FP8 casts (scale, amax, transpose) | 300.0 | 20.0% | 1100 | 0.0 | — |", text)
         # A later, shorter run without profiles (one variant measured) keeps this run's map.
         with open(os.path.join(out, "h100-2026-11-28.json"), "w") as f:
             json.dump({"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-28", "time": "09:00", "commit": "def5678",

@@ -158,7 +158,7 @@ def tables(records):
     newest = {}
     for path, r in records:
         for cfg, c in r.get("configs", {}).items():
-            for peer in ("lns", "lns_fp8"):
+            for peer in ("lns", "lns_fp8", "lns_fp8_blockwise"):
                 if (c.get(peer) or {}).get("profile"):
                     newest[(cfg, peer)] = r
     for (cfg, peer), r in sorted(newest.items()):
@@ -168,12 +168,12 @@ def tables(records):
                 profile_model.model_for(cfg, profile_model.gpu_key(r["gpu"]))).items()}
         except (OSError, ValueError, KeyError):
             bound = {}
-        what = cfg + (" with --fp8=delayed" if peer == "lns_fp8" else "")
+        what = cfg + {"lns_fp8": " with --fp8=delayed", "lns_fp8_blockwise": " with --fp8=blockwise"}.get(peer, "")
         out += ["", f"Where the step goes, {what} on {r['gpu']} ({r['date']}): one profiled step of "
                     f"{prof['step_ms']:,.1f} ms (CUDA events around every op; the unprofiled median is "
                     f"{cell(r['configs'][cfg][peer], 'step_ms', '{:,.1f}')} ms), beside the roofline "
                     f"model's bound for the same work (tools/perf/profile_model.py: projected, not measured"
-                    f"{'; the model is of the bf16 step: its GEMM bound is the bf16 one, and it casts nothing' if peer == 'lns_fp8' else ''}).",
+                    f"{'; the model is of the bf16 step: its GEMM bound is the bf16 one, and it casts nothing' if peer != 'lns' else ''}).",
                 "",
                 "| class of work | ms | share | ops | bound ms (projected) | measured / bound |",
                 "|---|---|---|---|---|---|"]
