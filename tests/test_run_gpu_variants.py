@@ -26,9 +26,13 @@ def run_bench(tmp, configs, variants, **extra):
             f.write(STANDIN)
         os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
     out = os.path.join(tmp, "out")
-    env = dict(os.environ, STAGES="bench", CONFIGS=configs, VARIANTS=variants, TORCH="0",
-               KERNELS_TORCH="0", BIN_DIR=bin_dir, OUT=out, LNS_DEBS=os.path.join(tmp, "no-debs"),
-               LNS_DEPS_PREFIX=os.path.join(tmp, "deps"), PYTHONDONTWRITEBYTECODE="1", **extra)
+    env = dict(os.environ, STAGES="bench", TORCH="0", KERNELS_TORCH="0", BIN_DIR=bin_dir, OUT=out,
+               LNS_DEBS=os.path.join(tmp, "no-debs"), LNS_DEPS_PREFIX=os.path.join(tmp, "deps"),
+               PYTHONDONTWRITEBYTECODE="1", **extra)
+    for name, value in (("CONFIGS", configs), ("VARIANTS", variants)):  # None: unset (a preset's)
+        env.pop(name, None)
+        if value is not None:
+            env[name] = value
     subprocess.run(["bash", SCRIPT], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, timeout=120)
     with open(os.path.join(out, "run.log")) as f:
@@ -52,6 +56,30 @@ class Variants(unittest.TestCase):
                           "step_fp8bw_1b_lns", "step_graphs_1b_lns"])
         self.assertIn("--profile", steps["step_1b_lns"])
         self.assertIn("kernels", steps)
+
+    def test_the_lease_preset_is_defaults_the_call_overrides(self):
+        preset = os.path.join(ROOT, "tools", "device", "lease.env")
+        with tempfile.TemporaryDirectory() as tmp:
+            # the preset's own configs and variants (its stages but the bench overridden)
+            steps = run_bench(tmp, None, None, PRESET=preset, KERNELS="0")
+        want = set()
+        for entry in subprocess.run(["bash", "-c", f'. "{preset}"; echo "$VARIANTS"'], capture_output=True,
+                                    text=True, check=True).stdout.split():
+            cfg, variants = entry.split("=")
+            names = {"lns": "step_", "cudnn": "step_cudnn_", "graphs": "step_graphs_", "fp8": "step_fp8_",
+                     "fp8bw": "step_fp8bw_"}
+            want |= {names[v] + cfg for v in variants.split(",") if v in names}
+        self.assertTrue(want)
+        self.assertEqual(set(steps), want)
+        with tempfile.TemporaryDirectory() as tmp:  # the call's environment wins
+            steps = run_bench(tmp, "130m_lns", "130m_lns=fp8", PRESET=preset, KERNELS="0")
+        self.assertEqual(sorted(steps), ["step_fp8_130m_lns"])
+
+    def test_a_missing_preset_is_one_line(self):
+        r = subprocess.run(["bash", SCRIPT], env=dict(os.environ, PRESET="/nonexistent/lease.env"),
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2)
+        self.assertEqual(r.stderr.strip(), "run_gpu.sh: PRESET=/nonexistent/lease.env: no such file")
 
     def test_kernels_can_be_left_out(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -6,6 +6,7 @@
 #   bash tools/device/run_gpu.sh                   # all stages
 #   STAGES="build test" bash tools/device/run_gpu.sh
 #   STAGES=bench CONFIGS=130m_lns bash tools/device/run_gpu.sh
+#   PRESET=tools/device/lease.env bash tools/device/run_gpu.sh   # what is still unmeasured
 #
 # Why: the node has CUDA, CMake, ninja, a compiler and PyTorch, but none of our
 # Debian dependencies and no registry. tools/device/pack.sh (on a Debian 12
@@ -66,7 +67,8 @@
 # allow. E.g. "1b_lns_seq4k=lns,cudnn" keeps a lease short), KERNELS (1; 0 skips
 # lns_bench_kernels),
 # GTEST_FILTER (the test stage with carried binaries runs only these gtests),
-# LNS_COMMIT (the commit to record, default git's HEAD), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
+# PRESET (a file of defaults for these settings; tools/device/lease.env is the next
+# lease's one call), LNS_COMMIT (the commit to record, default git's HEAD), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
 # .gpu-deps/bin when pack.sh --binaries made it and there is no build),
 # BENCH_LAUNCHER (e.g. "mpirun -np 1"; empty: run directly), STEP_TIMEOUT (seconds
 # a stage step may run, 0 = no limit), LNS_DEPS_PREFIX
@@ -84,6 +86,15 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT" || exit 1
+# PRESET: a file of defaults for the settings below (tools/device/lease.env: the next
+# lease's one call); the call's own environment wins over it.
+if [ -n "${PRESET:-}" ]; then
+  [ -f "$PRESET" ] || { echo "run_gpu.sh: PRESET=$PRESET: no such file" >&2; exit 2; }
+  set -a
+  # shellcheck disable=SC1090
+  . "$PRESET" || { echo "run_gpu.sh: PRESET=$PRESET: cannot be read as shell" >&2; exit 2; }
+  set +a
+fi
 STAGES=${STAGES:-build test multi bench}
 PREFIX=${LNS_DEPS_PREFIX:-/tmp/lns-deps}
 DEBS=${LNS_DEBS:-$ROOT/.gpu-deps/debs}
