@@ -108,11 +108,12 @@ class BenchRecord(unittest.TestCase):
         # Each profile row beside the roofline model's bound for the same work.
         self.assertRegex(text, r"\| GEMMs \(cuBLASLt\) \| 1,500\.0 \| 75\.0% \| 1200 \| [0-9,]+\.[0-9] \| [0-9.]+x \|")
         self.assertIn("| other device work and host gaps (the rest) | 500.0 | 25.0% | 0 | 0.0 | — |", text)
-        # The FP8 step's profile, its casts a row of their own (bound 0: the model is of the bf16 step).
+        # The FP8 steps' profiles, their casts a row of their own, beside the model of that
+        # mode (tools/perf/profile_model.py: 146.9 / 186.8 ms of casts at 1B on an H100).
         self.assertIn("Where the step goes, 1b_lns with --fp8=delayed on NVIDIA H100 80GB HBM3", text)
-        self.assertIn("| FP8 casts (scale, amax, transpose) | 350.0 | 25.0% | 900 | 0.0 | — |", text)
+        self.assertIn("| FP8 casts (scale, amax, transpose) | 350.0 | 25.0% | 900 | 146.9 | 2.38x |", text)
         self.assertIn("Where the step goes, 1b_lns with --fp8=blockwise on NVIDIA H100 80GB HBM3", text)
-        self.assertIn("| FP8 casts (scale, amax, transpose) | 300.0 | 20.0% | 1100 | 0.0 | — |", text)
+        self.assertIn("| FP8 casts (scale, amax, transpose) | 300.0 | 20.0% | 1100 | 186.8 | 1.61x |", text)
         # A later, shorter run without profiles (one variant measured) keeps this run's map.
         with open(os.path.join(out, "h100-2026-11-28.json"), "w") as f:
             json.dump({"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-28", "time": "09:00", "commit": "def5678",
@@ -122,7 +123,7 @@ class BenchRecord(unittest.TestCase):
         text = open(doc).read()
         self.assertIn("| NVIDIA H100 80GB HBM3, 2026-11-28 09:00, def5678 | 1b_lns | — |", text)
         self.assertIn("Where the step goes, 1b_lns on NVIDIA H100 80GB HBM3 (2026-11-27)", text)
-        self.assertIn("| FP8 casts (scale, amax, transpose) | 350.0 | 25.0% | 900 | 0.0 | — |", text)
+        self.assertIn("| FP8 casts (scale, amax, transpose) | 350.0 | 25.0% | 900 | 146.9 | 2.38x |", text)
 
     def test_bad_input_is_one_line(self):
         os.remove(os.path.join(self.res, "env.json"))

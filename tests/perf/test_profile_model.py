@@ -35,6 +35,32 @@ class ProfileModel(unittest.TestCase):
             self.assertGreater(b[profile_model.GEMMS], 0, cfg)
             self.assertGreater(b[profile_model.ATTENTION], 0, cfg)
 
+    def test_fp8_casts_are_the_hand_count(self):
+        # 130M (C = 768 = QD = KD, F = 2048, 12 layers, N = 32 x 256, 16 micro-batches).
+        # Per layer and micro-batch, in bytes (bf16 read + 1-byte codes written):
+        # forward x8: q/k/v's x, o's, gate/up's x, down's: 3NC + 3NC + 3NC + 3NF;
+        # backward xT8 of the same four: 9NC + 3NF; each linear's dy (fo wide) 4N fo under
+        # delayed (dy8 and dyT8 in one pass), 6N fo under blockwise (a row and a column
+        # pass): o and down have fo = C, gate and up F, q, k, v C.
+        # Per step each block weight once: 2 bytes read, 2 written.
+        C, F, L, N, M = 768, 2048, 12, 32 * 256, 16
+        weights = L * (4 * C * C + 3 * C * F) * 4
+        for mode, dy in (("delayed", 4), ("blockwise", 6)):
+            per_layer = (9 * N * C + 3 * N * F) * 2 + dy * (N * C + N * C + 2 * N * F + 3 * N * C)
+            want = (M * L * per_layer + weights) / (3350.0 * 1e9)
+            m = profile_model.model_for("130m_lns", "h100", mode)
+            got = profile_model.bounds(m)[profile_model.FP8_CASTS]
+            self.assertAlmostEqual(got, want, delta=1e-9 * want, msg=mode)
+            # the block GEMMs at twice the bf16 rate, the LM head (bf16) as before
+            bf16 = profile_model.bounds(profile_model.model_for("130m_lns", "h100"))
+            head = sum(m.t(k) for k in m.kernels if k.name.startswith("lm_head")) * M
+            self.assertLess(profile_model.bounds(m)[profile_model.GEMMS], bf16[profile_model.GEMMS])
+            self.assertGreater(profile_model.bounds(m)[profile_model.GEMMS] - head,
+                               0.45 * (bf16[profile_model.GEMMS] - head))
+        self.assertEqual(profile_model.bounds(profile_model.model_for("130m_lns", "h100"))[profile_model.FP8_CASTS], 0)
+        with self.assertRaises(ValueError):  # no FP8 tensor cores
+            profile_model.bounds(profile_model.model_for("130m_lns", "a100", "delayed"))
+
     def test_prints_each_row_beside_its_bound(self):
         m = profile_model.model_for("130m_lns", "h100")
         b = profile_model.bounds(m)

@@ -45,6 +45,7 @@ class Impl:
     sharded_adamw: bool = False       # item 4: reduce to shard owners, update the shard, all-gather bf16
     norm_bwd_blocks: int = 256        # item 6: norm backward's grid (its [G, C] f32 partials)
     fused_attention: bool = False     # issue 17: flash_attention.cu (head dims 64, 128)
+    fp8: str = "none"                 # issue 30: --fp8 (none, delayed, blockwise) for the blocks' linears
 
 
 BEFORE = Impl()
@@ -155,9 +156,13 @@ class Kernel:
     part: str = "other"       # attention (core), qkvo, mlp, norm, residual, head, embedding
     launches: int = 1
     cublas: bool = False      # a cuBLASLt call, not a kernel of ours (the emulator counts only ours)
+    fp8: bool = False         # an FP8 GEMM (--fp8): the device's FP8 peak
 
     def time(self, dev, misaligned_efficiency):
-        peak = dev.bf16_tflops * 1e12 * (misaligned_efficiency if self.misaligned else 1.0)
+        if self.fp8 and not dev.fp8_tflops:
+            raise ValueError(f"--fp8: the {dev.name} has no FP8 tensor cores")
+        peak = (dev.fp8_tflops if self.fp8 else dev.bf16_tflops) * 1e12
+        peak *= misaligned_efficiency if self.misaligned else 1.0
         return max(self.flops / peak, self.bytes / (dev.hbm_gbs * 1e9))
 
 
@@ -180,22 +185,52 @@ class _Builder:
     def mem(self, name, nbytes, launches=1, flops=0.0):
         self.out.append(Kernel(name, flops, nbytes, phase=self.phase, part=self.part, launches=launches))
 
-    def gemm(self, name, M, N, K, a=BF16, b=BF16, c=BF16, accumulate=False, pitches=(), batch=1):
+    def gemm(self, name, M, N, K, a=BF16, b=BF16, c=BF16, accumulate=False, pitches=(), batch=1, fp8=False):
         flops = 2.0 * M * N * K * batch
         nbytes = batch * (M * K * a + K * N * b + M * N * c * (2 if accumulate else 1))
         self.out.append(Kernel(name, flops, nbytes, True, _misaligned(*pitches), self.phase, self.part,
-                               cublas=True))
+                               cublas=True, fp8=fp8))
 
-    # out[N, fo] = x[N, fi] @ W[fo, fi]^T
-    def linear_fwd(self, name, fi, fo):
-        self.gemm(name, self.s.N, fo, fi, pitches=((fi, BF16), (fi, BF16), (fo, BF16)))
+    def fp8_cast(self, name, read, written):
+        """A cast pass of src/cuda/linear_fp8.cpp: reads bf16, writes 1-byte codes (the
+        scales, amax and health: a few floats per row or tile, not counted)."""
+        part, self.part = self.part, "fp8_cast"
+        self.mem(name, BF16 * read + written)
+        self.part = part
 
-    # dx[N, fi] (+)= dy[N, fo] @ W[fo, fi];  dW[fo, fi] += dy^T @ x (f32)
-    def linear_bwd(self, name, fi, fo, accumulate_dx=False):
-        self.gemm(name + ".dx", self.s.N, fi, fo, accumulate=accumulate_dx,
-                  pitches=((fo, BF16), (fi, BF16), (fi, BF16)))
-        self.gemm(name + ".dw", fo, fi, self.s.N, c=F32, accumulate=True,
-                  pitches=((fo, BF16), (fi, BF16), (fi, F32)))
+    # out[N, fo] = x[N, fi] @ W[fo, fi]^T. FP8 (src/cuda/linear_fp8.cpp): x8 cast once per
+    # group of linears that read one x (cast_x on the first), w8 cast once per step
+    # (StepModel.fp8_weight_cast_bytes), then an FP8 GEMM; its dims are multiples of 16.
+    def linear_fwd(self, name, fi, fo, cast_x=True, block=True):
+        N = self.s.N
+        if self.impl.fp8 == "none" or not block:  # the LM head stays bf16
+            self.gemm(name, N, fo, fi, pitches=((fi, BF16), (fi, BF16), (fo, BF16)))
+            return
+        if cast_x:
+            self.fp8_cast(name + ".x8", N * fi, N * fi)
+        self.gemm(name, N, fo, fi, a=1, b=1, fp8=True)
+
+    # dx[N, fi] (+)= dy[N, fo] @ W[fo, fi];  dW[fo, fi] += dy^T @ x (f32). FP8: xT8 cast
+    # once per group; per linear dy8 and dyT8 (one pass under delayed, a row and a
+    # column pass under blockwise), then the two FP8 GEMMs with wT8 and xT8.
+    def linear_bwd(self, name, fi, fo, accumulate_dx=False, cast_x=True, block=True):
+        N = self.s.N
+        if self.impl.fp8 == "none" or not block:
+            self.gemm(name + ".dx", N, fi, fo, accumulate=accumulate_dx,
+                      pitches=((fo, BF16), (fi, BF16), (fi, BF16)))
+            self.gemm(name + ".dw", fo, fi, N, c=F32, accumulate=True,
+                      pitches=((fo, BF16), (fi, BF16), (fi, F32)))
+            return
+        if cast_x:
+            self.fp8_cast(name + ".xT8", N * fi, N * fi)
+        if self.impl.fp8 == "blockwise":
+            self.fp8_cast(name + ".dy8", N * fo, N * fo)
+        else:
+            self.fp8_cast(name + ".dy8", N * fo, 2 * N * fo)
+        self.gemm(name + ".dx", N, fi, fo, a=1, b=1, accumulate=accumulate_dx, fp8=True)
+        if self.impl.fp8 == "blockwise":
+            self.fp8_cast(name + ".dyT8", N * fo, N * fo)
+        self.gemm(name + ".dw", fo, fi, N, a=1, b=1, c=F32, accumulate=True, fp8=True)
 
 
 def _sublayer_norms(s: ModelShape, layer):
@@ -237,7 +272,7 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
     def attention_fwd():
         b.part = "qkvo"
         for n, fo in (("q_proj", QD), ("k_proj", KD), ("v_proj", KD)):
-            b.linear_fwd(n, C, fo)
+            b.linear_fwd(n, C, fo, cast_x=n == "q_proj")  # one x for the three
         b.part = "attention"
         b.mem("rope", 2 * BF16 * N * (QD + KD), launches=2)
         if fused:  # S = Q K^T, O = P V on chip; reads q, k, v; writes o and lse
@@ -271,8 +306,8 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
         b.mem("rope", 2 * BF16 * N * (QD + KD), launches=2)
         b.part = "qkvo"
         b.linear_bwd("q_proj", C, QD)
-        b.linear_bwd("k_proj", C, KD, accumulate_dx=True)
-        b.linear_bwd("v_proj", C, KD, accumulate_dx=True)
+        b.linear_bwd("k_proj", C, KD, accumulate_dx=True, cast_x=False)
+        b.linear_bwd("v_proj", C, KD, accumulate_dx=True, cast_x=False)
 
     def attention_bwd_materialized():
         b.mem("permute", 2 * BF16 * N * (2 * QD + 2 * KD), launches=4)
@@ -288,7 +323,7 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
     def mlp_fwd():
         b.part = "mlp"
         b.linear_fwd("gate_proj", C, F)
-        b.linear_fwd("up_proj", C, F)
+        b.linear_fwd("up_proj", C, F, cast_x=False)
         b.mem("swiglu", 3 * BF16 * N * F)
         b.linear_fwd("down_proj", F, C)
 
@@ -297,7 +332,7 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
         b.linear_bwd("down_proj", F, C)
         b.mem("swiglu_bwd", 5 * BF16 * N * F)
         b.linear_bwd("gate_proj", C, F)
-        b.linear_bwd("up_proj", C, F, accumulate_dx=True)
+        b.linear_bwd("up_proj", C, F, accumulate_dx=True, cast_x=False)
 
     # ---- forward ----
     b.phase, b.part = "fwd", "embedding"
@@ -328,13 +363,13 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
     b.part = "norm"
     b.mem("residual_norm" if pending else "norm", fused_fwd if pending else norm_fwd)
     b.part = "head"
-    b.linear_fwd("lm_head", C, V)
+    b.linear_fwd("lm_head", C, V, block=False)
     b.mem("cross_entropy", 2 * BF16 * N * V + 4 * F32 * N, launches=3)
 
     # ---- backward ----
     b.phase = "bwd"
     b.mem("cross_entropy_bwd", 2 * BF16 * N * V + 3 * F32 * N)
-    b.linear_bwd("lm_head", C, V)
+    b.linear_bwd("lm_head", C, V, block=False)
     b.part = "norm"
     b.mem("norm_bwd", norm_bwd(False), launches=2)
     for layer in reversed(range(L)):
@@ -435,6 +470,19 @@ class StepModel:
     def optimizer_time(self):
         return self.optimizer_bytes() / (self.dev.hbm_gbs * 1e9)
 
+    def fp8_weight_cast_bytes(self):
+        """--fp8: each block linear's weight cast once per optimizer step (Fp8State::begin_step):
+        bf16 read, w8 and wT8 written (the blockwise tile factors: 1/16384 of that, not counted)."""
+        if self.impl.fp8 == "none":
+            return 0.0
+        s = self.shape
+        F = pad64(s.F) if self.impl.pad_ld else s.F
+        per_layer = s.C * (2 * s.QD + 2 * s.KD) + 3 * s.C * F  # q, k, v, o; gate, up, down
+        return s.L * per_layer * (BF16 + 2)
+
+    def fp8_weight_cast_time(self):
+        return self.fp8_weight_cast_bytes() / (self.dev.hbm_gbs * 1e9)
+
     def comm_time(self):
         """(overlappable with the last backward, exposed after the update) seconds."""
         P, dp, link = self.stored_params(), self.dp, self.dev.link_gbs * 1e9
@@ -448,7 +496,8 @@ class StepModel:
     def step_time(self):
         overlapped, after = self.comm_time()
         exposed = max(0.0, overlapped - self.backward_time()) + after
-        return self.num_micro() * self.micro_batch_time() + self.optimizer_time() + exposed
+        return (self.num_micro() * self.micro_batch_time() + self.optimizer_time() + self.fp8_weight_cast_time() +
+                exposed)
 
     def mfu_step(self):
         flops = self.model_flops_micro_batch() * self.num_micro()
