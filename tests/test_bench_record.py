@@ -26,7 +26,8 @@ RESULT {"impl": "lns", "device": "cuda", "median_ms": 1800.0, "mfu": 0.58, "peak
 ### step step_graphs_1b_lns: lns_bench_step --cuda_graphs
 RESULT {"impl": "lns", "device": "cuda", "median_ms": 1755.0, "mfu": 0.59, "peak_mem_gib": 37.4}
 ### done step_graphs_1b_lns rc=0 seconds=50
-### step step_cudnn_1b_lns: lns_bench_step --attention=cudnn
+### step step_cudnn_1b_lns: lns_bench_step --attention=cudnn --profile
+PROFILE {"step_ms": 1650.0, "rows": [{"class": "GEMMs (cuBLASLt)", "ms": 1155.0, "ops": 1200}, {"class": "attention", "ms": 165.0, "ops": 48}, {"class": "other device work and host gaps (the rest)", "ms": 330.0, "ops": 0}]}
 RESULT {"impl": "lns", "device": "cuda", "median_ms": 1620.0, "mfu": 0.64, "peak_mem_gib": 37.0}
 ### done step_cudnn_1b_lns rc=0 seconds=50
 ### step step_fp8_1b_lns: lns_bench_step --fp8=delayed --profile
@@ -113,6 +114,8 @@ class BenchRecord(unittest.TestCase):
         self.assertIn("Where the step goes, 1b_lns with --fp8=delayed on NVIDIA H100 80GB HBM3", text)
         self.assertIn("| FP8 casts (scale, amax, transpose) | 350.0 | 25.0% | 900 | 146.9 | 2.38x |", text)
         self.assertIn("Where the step goes, 1b_lns with --fp8=blockwise on NVIDIA H100 80GB HBM3", text)
+        self.assertIn("Where the step goes, 1b_lns with --attention=cudnn on NVIDIA H100 80GB HBM3", text)
+        self.assertRegex(text, r"\| attention \| 165\.0 \| 10\.0% \| 48 \| [0-9,]+\.[0-9] \| [0-9.]+x \|")
         self.assertIn("| FP8 casts (scale, amax, transpose) | 300.0 | 20.0% | 1100 | 186.8 | 1.61x |", text)
         # A later, shorter run without profiles (one variant measured) keeps this run's map.
         with open(os.path.join(out, "h100-2026-11-28.json"), "w") as f:

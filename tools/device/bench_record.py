@@ -158,22 +158,23 @@ def tables(records):
     newest = {}
     for path, r in records:
         for cfg, c in r.get("configs", {}).items():
-            for peer in profile_model.PEER_FP8:
+            for peer in profile_model.PROFILED:
                 if (c.get(peer) or {}).get("profile"):
                     newest[(cfg, peer)] = r
     for (cfg, peer), r in sorted(newest.items()):
         prof = r["configs"][cfg][peer]["profile"]
         try:  # the roofline model's bound per row (tools/perf/profile_model.py; projected)
             bound = {c: t * 1e3 for c, t in profile_model.bounds(
-                profile_model.model_for(cfg, profile_model.gpu_key(r["gpu"]), profile_model.PEER_FP8[peer])).items()}
+                profile_model.model_for(cfg, profile_model.gpu_key(r["gpu"]), profile_model.PROFILED[peer])).items()}
         except (OSError, ValueError, KeyError):
             bound = {}
-        what = cfg + {"lns_fp8": " with --fp8=delayed", "lns_fp8_blockwise": " with --fp8=blockwise"}.get(peer, "")
+        what = cfg + {"lns_cudnn": " with --attention=cudnn", "lns_fp8": " with --fp8=delayed",
+                      "lns_fp8_blockwise": " with --fp8=blockwise"}.get(peer, "")
         out += ["", f"Where the step goes, {what} on {r['gpu']} ({r['date']}): one profiled step of "
                     f"{prof['step_ms']:,.1f} ms (CUDA events around every op; the unprofiled median is "
                     f"{cell(r['configs'][cfg][peer], 'step_ms', '{:,.1f}')} ms), beside the roofline "
                     f"model's bound for the same work (tools/perf/profile_model.py: projected, not measured"
-                    f"{'; the model of that mode: FP8 GEMMs at the FP8 peak, each cast pass at the memory bandwidth' if peer != 'lns' else ''}).",
+                    f"{'; the model of that mode: FP8 GEMMs at the FP8 peak, each cast pass at the memory bandwidth' if profile_model.PROFILED[peer] != 'none' else ''}).",
                 "",
                 "| class of work | ms | share | ops | bound ms (projected) | measured / bound |",
                 "|---|---|---|---|---|---|"]

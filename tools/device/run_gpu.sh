@@ -432,10 +432,11 @@ if has_stage bench; then
       step "step_graphs_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
         --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --cuda_graphs
     fi
-    if [ "${CUDNN:-1}" != 0 ] && want "$cfg" cudnn; then  # the same step with cuDNN's fused attention
+    if [ "${CUDNN:-1}" != 0 ] && want "$cfg" cudnn; then  # with cuDNN's fused attention (profiled: the fastest bf16 step)
       # shellcheck disable=SC2086
       step "step_cudnn_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
-        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --attention="${CUDNN_ATTENTION:-cudnn}"
+        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --attention="${CUDNN_ATTENTION:-cudnn}" \
+        "${prof[@]}"
     fi
     if [ "${FP8:-1}" != 0 ] && want "$cfg" fp8; then  # FP8 linears (docs/fp8.md): issue 30's >= 1.3x
       # (profiled too: its FP8 casts are a row of their own)

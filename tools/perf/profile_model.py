@@ -68,8 +68,9 @@ def bounds(m):
     return out
 
 
-# A record's profiled lns runs (tools/device/bench_record.py's peers) and their --fp8 mode.
-PEER_FP8 = {"lns": "none", "lns_fp8": "delayed", "lns_fp8_blockwise": "blockwise"}
+# A record's profiled lns runs (tools/device/bench_record.py's peers), each with its --fp8
+# mode; cuDNN's attention is modelled as the fused kernel's (the same FLOPs and bytes).
+PROFILED = {"lns": "none", "lns_cudnn": "none", "lns_fp8": "delayed", "lns_fp8_blockwise": "blockwise"}
 
 
 def gpu_key(name):
@@ -89,7 +90,7 @@ def main(argv):
         with open(paths[0]) as f:
             record = json.load(f)
         for config, peers in sorted(record.get("configs", {}).items()):
-            for peer, fp8 in PEER_FP8.items():
+            for peer, fp8 in PROFILED.items():
                 prof = (peers.get(peer) or {}).get("profile")
                 if prof:
                     print_profile(record, config, prof, model_for(config, gpu or gpu_key(record.get("gpu", "")), fp8))
