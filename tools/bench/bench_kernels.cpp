@@ -6,6 +6,16 @@
 //                            the dgain partials ignored)
 //   gemm_<name>_<M>x<N>x<K>  linear_forward x[M,K] @ W[N,K]^T through cuBLASLt, bf16 in,
 //                            f32 accumulation, bf16 out: 2*M*N*K FLOP
+//                            (gate_up_stored, down_stored: the FFN padded as the device
+//                            stores it, the step's own shape)
+//   gemm_fp8_<name>_<M>x<N>x<K>, gemm_fp8bw_<name>_...  the same products in FP8 as
+//                            --fp8 runs them (src/cuda/linear_fp8.cpp): E4M3 x E4M3 with
+//                            per-tensor scales, and with 1x128 / 128x128 tile scales
+//   fp8_cast_<N>x<C>         --fp8=delayed's cast of an activation: reads x bf16, writes
+//                            its E4M3 codes and the health (recorded): 3*N*C bytes;
+//                            fp8_cast_t_ also writes the transpose (4*N*C);
+//                            fp8_tiles_rows_ / fp8_tiles_cols_ blockwise's 1x128 and
+//                            128x1 tile casts (3*N*C each; their factors ignored)
 //   attention_<impl>_{fwd,bwd}_<B>x<T>x<Hq>x<Hkv>x<D>  causal attention at the model's
 //                            shape (--micro_batch_size, --seq_len; and T = 4096 at batch
 //                            1), impl fused or materialized (docs/cuda.md), counted as
@@ -13,12 +23,13 @@
 // Names and byte counts are those of tools/bench/bench_kernels_torch.py, so
 // tools/device/summarize.py pairs the two. Timing: CUDA events around each call,
 // median over --iters calls after --warmup untimed ones.
-//   lns_bench_kernels [--json=PATH] [--flagfile=configs/1b_lns.flags] [--tokens=2048,8192]
+//   lns_bench_kernels [--json=PATH] [--flagfile=configs/1b_lns.flags] [--tokens=2048,8192] [--long_seq=4096]
 #include <cuda_runtime.h>
 #include <gflags/gflags.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -27,8 +38,11 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_split.h>
 
+#include "cuda/fp8_cast.h"
+#include "cuda/gemm.h"
 #include "cuda/runtime.h"
 #include "lns/device.h"
+#include "lns/fp8_linear.h"
 #include "lns/errors.h"
 #include "lns/model_flags.h"
 #include "lns/ops.h"
@@ -40,6 +54,7 @@ DEFINE_int32(copy_mib, 1024, "Size of the large copy in MiB.");
 DEFINE_int32(iters, 50, "Timed calls per figure.");
 DEFINE_int32(warmup, 10, "Untimed calls first.");
 DEFINE_double(scale, 0.2, "LNS output scale 1/sqrt(l) of the norm benchmark (0.2 = layer 25).");
+DEFINE_int32(long_seq, 4096, "Sequence length of the batch-1 attention figures (0: none).");
 DECLARE_int32(micro_batch_size);
 DECLARE_int32(seq_len);
 
@@ -157,6 +172,9 @@ int run() {
   std::vector<std::tuple<std::string, int64_t, int64_t>> gemms = {
       {"qkvo", C, C}, {"gate_up", F, C}, {"down", C, F}, {"lm_head", V, C}};
   if (KV != C) gemms.insert(gemms.begin() + 1, {"kv", KV, C});
+  // The FFN as the device stores it (padded to gemm_dim_align: 5461 -> 5504), the step's shape
+  const int64_t align = gemm_dim_align(Device::CUDA), Fs = (F + align - 1) / align * align;
+  if (Fs != F) gemms.insert(gemms.end() - 1, {{"gate_up_stored", Fs, C}, {"down_stored", C, Fs}});
   std::printf("GEMM shapes: hidden %lld, intermediate %lld, vocab %lld\n", (long long)C, (long long)F, (long long)V);
   for (int64_t M : tokens)
     for (const auto& [name, N, K] : gemms) {
@@ -168,6 +186,77 @@ int run() {
             flop / ms / 1e9, ms, {M, N, K}, "flops", flop);
     }
 
+  // ---- --fp8: the FP8 GEMMs at the same shapes (K-major operands, as the linears give
+  // them) and the casts that feed them (issue 30: what the FP8 step's time is made of) ----
+  const auto table = [](int64_t rows) {  // FP8 table rows, scale 1 (include/lns/fp8_linear.h)
+    std::vector<float> t(size_t(rows * kFp8Fields), 0.0f);
+    for (int64_t i = 0; i < rows; ++i) t[size_t(i * kFp8Fields + kFp8Scale)] = t[size_t(i * kFp8Fields + kFp8ScaleInv)] = 1;
+    OwnedTensor d(DType::F32, Shape{rows, kFp8Fields}, Device::CUDA);
+    copy_tensor(d, Tensor{t.data(), DType::F32, Device::CPU, d.t.shape});
+    return d;
+  };
+  // n bytes in an f32 tensor (the backend has no byte dtype)
+  const auto bytes = [](const std::vector<uint8_t>& h) {
+    std::vector<float> words((h.size() + 3) / 4);
+    std::memcpy(words.data(), h.data(), h.size());
+    OwnedTensor d(DType::F32, Shape{int64_t(words.size())}, Device::CUDA);
+    copy_tensor(d, Tensor{words.data(), DType::F32, Device::CPU, d.t.shape});
+    return d;
+  };
+  const auto codes = [&](int64_t n) {  // E4M3 codes of moderate values (0x30-0x4f: 0.5 to 3.75, both signs)
+    std::vector<uint8_t> h(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) h[size_t(i)] = uint8_t(0x30 + (i * 2654435761u) % 32) | (i & 1 ? 0x80 : 0);
+    return bytes(h);
+  };
+  const auto ones = [](int64_t n) {
+    std::vector<float> h(static_cast<size_t>(n), 1.0f);
+    OwnedTensor d(DType::F32, Shape{n}, Device::CUDA);
+    copy_tensor(d, Tensor{h.data(), DType::F32, Device::CPU, d.t.shape});
+    return d;
+  };
+  const OwnedTensor rows = table(2);
+  const float* one = static_cast<const float*>(rows.t.data) + kFp8ScaleInv;
+  for (int64_t M : tokens)
+    for (const auto& [name, N, K] : gemms) {
+      if (name == "lm_head" || N % 16 || K % 16) continue;  // bf16 under --fp8; FP8 needs multiples of 16
+      const OwnedTensor a = codes(M * K), w = codes(N * K);
+      OwnedTensor y(DType::BF16, Shape{M, N}, Device::CUDA);
+      const std::string shape = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
+      const double flop = 2.0 * M * N * K;
+      cuda::GemmArgs g;
+      g.M = M, g.N = N, g.K = K, g.A = a.t.data, g.lda = K, g.B = w.t.data, g.ldb = K, g.trans_b = true;
+      g.C = y.t.data, g.ldc = N, g.a_type = g.b_type = cuda::GemmInput::E4M3, g.a_scale = g.b_scale = one;
+      double ms = time_ms([&] { cuda::gemm(g); });
+      r.add("gemm_fp8_" + name + "_" + shape, "TFLOP/s", flop / ms / 1e9, ms, {M, N, K}, "flops", flop);
+      // blockwise: x 1 x 128 (Vec128), w 128 x 128 (Block128), every factor 1
+      const OwnedTensor sa = ones(cuda::gemm_scale_floats(cuda::GemmScale::Vec128, M, K)),
+                        sb = ones(cuda::gemm_scale_floats(cuda::GemmScale::Block128, N, K));
+      g.a_scale = static_cast<const float*>(sa.t.data), g.b_scale = static_cast<const float*>(sb.t.data);
+      g.a_scale_mode = cuda::GemmScale::Vec128, g.b_scale_mode = cuda::GemmScale::Block128;
+      ms = time_ms([&] { cuda::gemm(g); });
+      r.add("gemm_fp8bw_" + name + "_" + shape, "TFLOP/s", flop / ms / 1e9, ms, {M, N, K}, "flops", flop);
+    }
+  for (auto [N, C] : norms) {
+    const OwnedTensor x = filled(DType::BF16, {N, C}, 2.0f), t = table(1);
+    OwnedTensor q(DType::F32, Shape{(N * C + 3) / 4}, Device::CUDA), qT(DType::F32, Shape{(N * C + 3) / 4}, Device::CUDA),
+        s(DType::F32, Shape{cuda::gemm_scale_floats(cuda::GemmScale::Vec128, std::max(N, C), std::max(N, C))},
+          Device::CUDA);
+    auto* row = static_cast<float*>(t.t.data);
+    auto* q8 = static_cast<uint8_t*>(q.t.data);
+    auto* qT8 = static_cast<uint8_t*>(qT.t.data);
+    auto* sf = static_cast<float*>(s.t.data);
+    const std::string shape = std::to_string(N) + "x" + std::to_string(C);
+    const double b3 = 3.0 * N * C, b4 = 4.0 * N * C;
+    double ms = time_ms([&] { cuda::fp8_cast(x, row, Fp8Format::E4M3, true, q8, nullptr); });
+    r.add("fp8_cast_" + shape, "GB/s", b3 / ms / 1e6, ms, {N, C}, "bytes", b3);
+    ms = time_ms([&] { cuda::fp8_cast(x, row, Fp8Format::E4M3, true, q8, qT8); });
+    r.add("fp8_cast_t_" + shape, "GB/s", b4 / ms / 1e6, ms, {N, C}, "bytes", b4);
+    ms = time_ms([&] { cuda::fp8_cast_tiles_rows(x, row, Fp8Format::E4M3, true, q8, sf); });
+    r.add("fp8_tiles_rows_" + shape, "GB/s", b3 / ms / 1e6, ms, {N, C}, "bytes", b3);
+    ms = time_ms([&] { cuda::fp8_cast_tiles_cols(x, Fp8Format::E4M3, qT8, sf); });
+    r.add("fp8_tiles_cols_" + shape, "GB/s", b3 / ms / 1e6, ms, {N, C}, "bytes", b3);
+  }
+
   // ---- causal attention: fused, cuDNN's (where its library loads; its deterministic and
   // its atomic backward) and materialised -------------------------------------------------
   const int64_t D = cfg.head_dim(), Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
@@ -178,7 +267,9 @@ int run() {
       std::printf("attention_cudnn: not measured: %s\n", e.what());
       cudnn = false;
     }
-  for (auto [B, T] : {std::pair<int64_t, int64_t>{FLAGS_micro_batch_size, FLAGS_seq_len}, {1, 4096}})
+  std::vector<std::pair<int64_t, int64_t>> attention_shapes = {{FLAGS_micro_batch_size, FLAGS_seq_len}};
+  if (FLAGS_long_seq > 0) attention_shapes.push_back({1, FLAGS_long_seq});
+  for (auto [B, T] : attention_shapes)
     for (AttentionImpl impl : {AttentionImpl::Fused, AttentionImpl::Cudnn, AttentionImpl::CudnnNondeterministic,
                                AttentionImpl::Materialized}) {
       if (impl == AttentionImpl::Fused && !fused_attention_takes(D)) continue;
