@@ -26,9 +26,10 @@ void lt_check(cublasStatus_t s, const char* what) {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;  // what NVIDIA recommends for Hopper
 
-// The heuristic's candidates, best first. The first that cuBLASLt runs is kept: on an
-// H200 (2026-11-28) every FP8 matmul failed with NOT_SUPPORTED on the heuristic's
-// first choice, so a plan is proven by its first call, not by the heuristic.
+// The heuristic's candidates, best first. The first that cuBLASLt runs is kept: the
+// heuristic does not check all that the matmul does (on an H200, 2026-11-28, it offered
+// algorithms for FP8 products whose misaligned scale pointers every one of them then
+// refused), so a plan is proven by its first call, and a refusal by all says what was asked.
 constexpr int kCandidates = 8;
 
 struct Plan {
