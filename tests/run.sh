@@ -65,7 +65,7 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   cmake -S . -B "$SIM_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
         -DLNS_CUDA_SIM=ON -DLNS_SANITIZE=ON >/dev/null
   cmake --build "$SIM_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \
-        lns_bench_step
+        lns_bench_step lns_bench_kernels
   phase_done "emulator build (ASan)"
   SIM_EXCLUDE='gpu_tiny_run|gpu_nccl_dp2|emulator_counts_match_model|gpu_layouts_one_gpu|gpu_layouts_one_gpu_fires'
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0 \
@@ -86,7 +86,7 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   SIM_REL_BUILD_DIR=${SIM_REL_BUILD_DIR:-build-sim-rel}
   cmake -S . -B "$SIM_REL_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA_SIM=ON >/dev/null
   cmake --build "$SIM_REL_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \
-        lns_bench_step lns_eval
+        lns_bench_step lns_eval lns_bench_kernels
   phase_done "emulator build (Release)"
   LNS_SIM_CHECKS=race,streams ctest --test-dir "$SIM_REL_BUILD_DIR" -L gpu -LE 'slow|mpi' -E "$SIM_EXCLUDE" \
     --output-on-failure -j"$(nproc)"
