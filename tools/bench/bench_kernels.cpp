@@ -188,32 +188,27 @@ int run() {
 
   // ---- --fp8: the FP8 GEMMs at the same shapes (K-major operands, as the linears give
   // them) and the casts that feed them (issue 30: what the FP8 step's time is made of) ----
-  const auto table = [](int64_t rows) {  // FP8 table rows, scale 1 (include/lns/fp8_linear.h)
+  const auto device_f32 = [](std::vector<float> h, Shape s) {
+    OwnedTensor d(DType::F32, s, Device::CUDA);
+    copy_tensor(d, Tensor{h.data(), DType::F32, Device::CPU, s});
+    return d;
+  };
+  const auto table = [&](int64_t rows) {  // FP8 table rows, scale 1 (include/lns/fp8_linear.h)
     std::vector<float> t(size_t(rows * kFp8Fields), 0.0f);
     for (int64_t i = 0; i < rows; ++i) t[size_t(i * kFp8Fields + kFp8Scale)] = t[size_t(i * kFp8Fields + kFp8ScaleInv)] = 1;
-    OwnedTensor d(DType::F32, Shape{rows, kFp8Fields}, Device::CUDA);
-    copy_tensor(d, Tensor{t.data(), DType::F32, Device::CPU, d.t.shape});
-    return d;
+    return device_f32(std::move(t), {rows, kFp8Fields});
   };
-  // n bytes in an f32 tensor (the backend has no byte dtype)
-  const auto bytes = [](const std::vector<uint8_t>& h) {
-    std::vector<float> words((h.size() + 3) / 4);
-    std::memcpy(words.data(), h.data(), h.size());
-    OwnedTensor d(DType::F32, Shape{int64_t(words.size())}, Device::CUDA);
-    copy_tensor(d, Tensor{words.data(), DType::F32, Device::CPU, d.t.shape});
-    return d;
-  };
-  const auto codes = [&](int64_t n) {  // E4M3 codes of moderate values (0x30-0x4f: 0.5 to 3.75, both signs)
+  // n E4M3 codes of moderate values (0x30-0x4f: 0.5 to 3.75, both signs), in an f32
+  // tensor (the backend has no byte dtype)
+  const auto codes = [&](int64_t n) {
     std::vector<uint8_t> h(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) h[size_t(i)] = uint8_t(0x30 + (i * 2654435761u) % 32) | (i & 1 ? 0x80 : 0);
-    return bytes(h);
+    const int64_t nwords = (n + 3) / 4;
+    std::vector<float> words(static_cast<size_t>(nwords));
+    std::memcpy(words.data(), h.data(), h.size());
+    return device_f32(std::move(words), {nwords});
   };
-  const auto ones = [](int64_t n) {
-    std::vector<float> h(static_cast<size_t>(n), 1.0f);
-    OwnedTensor d(DType::F32, Shape{n}, Device::CUDA);
-    copy_tensor(d, Tensor{h.data(), DType::F32, Device::CPU, d.t.shape});
-    return d;
-  };
+  const auto ones = [&](int64_t n) { return device_f32(std::vector<float>(static_cast<size_t>(n), 1.0f), {n}); };
   const OwnedTensor rows = table(2);
   const float* one = static_cast<const float*>(rows.t.data) + kFp8ScaleInv;
   for (int64_t M : tokens)
