@@ -454,12 +454,13 @@ class StepModel:
     def num_micro(self):
         return self.shape.global_batch // (self.shape.B * self.dp)
 
-    def stored_params(self):
-        """Parameters as the device stores them (padded GEMM dims with pad_ld)."""
+    def stored_shape(self):
+        """The shape as the device stores it (padded GEMM dims with pad_ld)."""
         s = self.shape
-        if not self.impl.pad_ld:
-            return s.params()
-        return replace(s, V=pad64(s.V), F=pad64(s.F)).params()
+        return replace(s, V=pad64(s.V), F=pad64(s.F)) if self.impl.pad_ld else s
+
+    def stored_params(self):
+        return self.stored_shape().params()
 
     def optimizer_bytes(self):
         P, dp = self.stored_params(), self.dp
@@ -475,9 +476,8 @@ class StepModel:
         bf16 read, w8 and wT8 written (the blockwise tile factors: 1/16384 of that, not counted)."""
         if self.impl.fp8 == "none":
             return 0.0
-        s = self.shape
-        F = pad64(s.F) if self.impl.pad_ld else s.F
-        per_layer = s.C * (2 * s.QD + 2 * s.KD) + 3 * s.C * F  # q, k, v, o; gate, up, down
+        s = self.stored_shape()
+        per_layer = s.C * (2 * s.QD + 2 * s.KD) + 3 * s.C * s.F  # q, k, v, o; gate, up, down
         return s.L * per_layer * (BF16 + 2)
 
     def fp8_weight_cast_time(self):
