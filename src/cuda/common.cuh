@@ -23,7 +23,7 @@ inline void expect(const Tensor& t, DType dt, const char* what) {
 template <typename T>
 T* ptr(const Tensor& t) { return static_cast<T*>(t.data); }
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // 8 bf16 in 16 bytes: the unit of the vectorized paths. A row can use it when its
 // length is a multiple of 8 and its start is 16-byte aligned.

@@ -2,6 +2,8 @@
 // table, optionally transposed in the same pass (cuBLASLt's FP8 GEMMs take both
 // operands K-major, so the backward needs w, x and dy transposed), and the cast's
 // health merged into the table without atomics. CPU reference: lns::cast_to_fp8.
+#include <algorithm>
+
 #include "cuda/common.cuh"
 #include "cuda/fp8_cast.h"
 #include "cuda/op_profile.h"
@@ -15,6 +17,45 @@ constexpr int kRowsPerPass = 8;             // 256 threads: 32 columns x 8 rows 
 constexpr int kThreads = kTile * kRowsPerPass;
 constexpr int kStats = 4;                   // amax, saturated, flushed, non-finite
 
+// The vector paths (every cast of a model's linears: rows of a multiple of 8 values):
+// 16-byte loads of 8 bf16, 8- or 16-byte stores of codes, and a grid fixed by the shape
+// and capped at kCastBlocks blocks that stride over the tiles, so that each block reduces
+// its health once (the scalar kernels reduce per 32 x 32 tile: 4 block reductions per
+// 1,024 values) and the record kernel reads at most kCastBlocks partials (one block reading
+// 16k of them took longer than the cast). The grid depends on the shape alone: the same
+// partials, the same bits, on every run.
+constexpr int kCastBlocks = 1024;
+struct alignas(8) Fp8x8 {
+  uint8_t v[8];
+};
+struct alignas(16) Fp8x16 {
+  uint8_t v[16];
+};
+inline bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// A thread's share of a per-tensor cast's health (the counts of lns::cast_to_fp8): the
+// amax of the finite inputs, and how many saturate, flush to zero or are not finite.
+struct Fp8Health {
+  float amax = 0.0f, sat = 0.0f, flushed = 0.0f, nonfinite = 0.0f;
+  __device__ __forceinline__ uint8_t cast(float v, float scale, float limit, Fp8Format f) {
+    if (isfinite(v)) amax = fmaxf(amax, fabsf(v)); else nonfinite += 1.0f;
+    const float s = v * scale;
+    const uint8_t code = fp8_encode_satfinite(s, f);
+    if (isfinite(s) && fabsf(s) > limit) sat += 1.0f;
+    if (s != 0.0f && isfinite(s) && (code & 0x7F) == 0) flushed += 1.0f;
+    return code;
+  }
+  // The block's health to partial[blockIdx.x][4] (every thread must call it).
+  __device__ __forceinline__ void write_block(float* partial, float* red) {
+    const float a = block_max(amax, red), s = block_sum(sat, red), fl = block_sum(flushed, red),
+                nf = block_sum(nonfinite, red);
+    if (threadIdx.x == 0) {
+      float* p = partial + int64_t(blockIdx.x) * kStats;
+      p[0] = a, p[1] = s, p[2] = fl, p[3] = nf;
+    }
+  }
+};
+
 // One tile of x[R,C]: codes to q[r,c] and (through shared memory, so both the read of x
 // and the write of qT are coalesced) qT[c,r]; the tile's health to partial[tile][4].
 __global__ void fp8_cast_kernel(const bf16* x, int64_t R, int64_t C, const float* row, bool e4m3, uint8_t* q,
@@ -26,16 +67,11 @@ __global__ void fp8_cast_kernel(const bf16* x, int64_t R, int64_t C, const float
   const Fp8Format f = e4m3 ? Fp8Format::E4M3 : Fp8Format::E5M2;
   const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  float amax = 0.0f, sat = 0.0f, flushed = 0.0f, nonfinite = 0.0f;
+  Fp8Health h;
   for (int k = ty; k < kTile; k += kRowsPerPass) {
     const int64_t r = r0 + k, c = c0 + tx;
     if (r >= R || c >= C) continue;
-    const float v = to_f(x[r * C + c]);
-    if (isfinite(v)) amax = fmaxf(amax, fabsf(v)); else nonfinite += 1.0f;
-    const float s = v * scale;
-    const uint8_t code = fp8_encode_satfinite(s, f);
-    if (isfinite(s) && fabsf(s) > limit) sat += 1.0f;
-    if (s != 0.0f && isfinite(s) && (code & 0x7F) == 0) flushed += 1.0f;
+    const uint8_t code = h.cast(to_f(x[r * C + c]), scale, limit, f);
     if (q) q[r * C + c] = code;
     tile[k][tx] = code;
   }
@@ -46,19 +82,62 @@ __global__ void fp8_cast_kernel(const bf16* x, int64_t R, int64_t C, const float
       if (r < R && c < C) qT[c * R + r] = tile[tx][k];
     }
   }
-  amax = block_max(amax, red);
-  sat = block_sum(sat, red);
-  flushed = block_sum(flushed, red);
-  nonfinite = block_sum(nonfinite, red);
+  const float amax = block_max(h.amax, red), sat = block_sum(h.sat, red), flushed = block_sum(h.flushed, red),
+              nonfinite = block_sum(h.nonfinite, red);
   if (threadIdx.x == 0) {
     float* p = partial + (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kStats;
     p[0] = amax, p[1] = sat, p[2] = flushed, p[3] = nonfinite;
   }
 }
 
-// row += the tiles' health. One block: thread t takes tiles t, t + 256, ... in order, then
-// the block reduces in its fixed order, so the sums do not depend on timing (a 1B
-// model's activations are ~16k tiles: a single thread would take milliseconds).
+// fp8_cast's vector path: x[R,C] with C % 8 == 0 (x 16-byte aligned, q 8-byte aligned;
+// with qT also R % 16 == 0 and qT 16-byte aligned). 64 x 64 tiles, 256 threads: for the
+// load, thread t takes 8 columns (t % 8) of rows t / 8 and t / 8 + 32; for the transpose,
+// column t % 64 and its 16 rows from 16 * (t / 64), one 16-byte store into qT. A block
+// takes tiles blockIdx.x, + gridDim.x, ...; its health goes to partial[blockIdx.x][4].
+constexpr int kVecTile = 64;
+__global__ void fp8_cast_vec_kernel(const bf16* __restrict__ x, int64_t R, int64_t C, const float* row, bool e4m3,
+                                    uint8_t* q, uint8_t* qT, float* partial) {
+  __shared__ Fp8x8 tile[kVecTile][kVecTile / 8];  // one tile's codes: [row][column / 8]
+  __shared__ float red[32];
+  const float scale = row[kFp8Scale];
+  const float limit = e4m3 ? 448.0f : 57344.0f;
+  const Fp8Format f = e4m3 ? Fp8Format::E4M3 : Fp8Format::E5M2;
+  const int lr = threadIdx.x / 8, lc = threadIdx.x % 8 * 8;         // load: rows lr, lr + 32
+  const int tj = threadIdx.x % kVecTile, tr = threadIdx.x / kVecTile * 16;  // transpose: column tj
+  const int64_t tiles_c = ceil_div(C, kVecTile), tiles = tiles_c * ceil_div(R, kVecTile);
+  Fp8Health h;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t r0 = t / tiles_c * kVecTile, c0 = t % tiles_c * kVecTile;
+    if (qT) __syncthreads();  // the previous tile's transpose has read `tile`
+    for (int half = 0; half < 2; ++half) {
+      const int rr = lr + 32 * half;
+      const int64_t r = r0 + rr, c = c0 + lc;
+      if (r >= R || c >= C) continue;  // C % 8 == 0: the 8 columns are all in or all out
+      float v[kVec];
+      load<kVec>(x + r * C + c, v);
+      Fp8x8 codes;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) codes.v[k] = h.cast(v[k], scale, limit, f);
+      if (q) *reinterpret_cast<Fp8x8*>(q + r * C + c) = codes;
+      if (qT) tile[rr][lc / 8] = codes;
+    }
+    if (!qT) continue;
+    __syncthreads();
+    const int64_t c = c0 + tj, r = r0 + tr;  // R % 16 == 0: the 16 rows are all in or all out
+    if (c < C && r < R) {
+      Fp8x16 out;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) out.v[i] = tile[tr + i][tj / 8].v[tj % 8];
+      *reinterpret_cast<Fp8x16*>(qT + c * R + r) = out;
+    }
+  }
+  h.write_block(partial, red);
+}
+
+// row += the partials' health (a vector path's blocks, at most kCastBlocks; the scalar
+// kernels' tiles). One block: thread t takes partials t, t + 256, ... in order, then the
+// block reduces in its fixed order, so the sums do not depend on timing.
 constexpr int kRecordThreads = 256;
 __global__ void fp8_record_kernel(float* row, const float* partial, int64_t tiles, float elements) {
   __shared__ float red[32];
@@ -118,6 +197,46 @@ __global__ void fp8_tiles_rows_kernel(const bf16* x, int64_t R, int64_t C, bool 
   }
 }
 
+// fp8_tiles_rows' vector path (C % 8 == 0, x 16-byte aligned, q 8-byte aligned): a
+// half-warp per 1 x 128 tile, 8 values a lane in one 16-byte load; a warp takes tiles
+// 2w and 2w + 1 of the R x ceil(C/128) in row-major order, for w = its global warp index,
+// + the grid's warps, ...; the block's health to partial[blockIdx.x][4].
+__global__ void fp8_tiles_rows_vec_kernel(const bf16* __restrict__ x, int64_t R, int64_t C, bool e4m3, uint8_t* q,
+                                          float* s, float* partial) {
+  __shared__ float red[32];
+  const Fp8Format f = e4m3 ? Fp8Format::E4M3 : Fp8Format::E5M2;
+  const int lane = threadIdx.x % 32, half = lane / 16, hl = lane % 16;
+  const int64_t tiles_c = ceil_div(C, kTileK), tiles = R * tiles_c, warps_per_block = blockDim.x / 32;
+  const int64_t warps = int64_t(gridDim.x) * warps_per_block;
+  Fp8Health h;  // amax, flushed, non-finite: a tile's scale fits its amax, so none saturate
+  for (int64_t w = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32; 2 * w < tiles; w += warps) {
+    const int64_t k = 2 * w + half;  // this half-warp's tile (the loop's bound is the warp's: no split shuffle)
+    const bool live = k < tiles;
+    const int64_t r = live ? k / tiles_c : 0, t = live ? k % tiles_c : 0, c = t * kTileK + hl * kVec;
+    const bool mine = live && c < C;  // C % 8 == 0: the lane's 8 values are all in or all out
+    float v[kVec] = {};
+    if (mine) load<kVec>(x + r * C + c, v);
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j)
+      if (isfinite(v[j])) amax = fmaxf(amax, fabsf(v[j])); else h.nonfinite += 1.0f;
+    for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));  // the half-warp's
+    const float scale = fp8_pow2_scale(amax, f);
+    h.amax = fmaxf(h.amax, amax);
+    if (!mine) continue;
+    Fp8x8 codes;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float sv = v[j] * scale;
+      codes.v[j] = fp8_encode_satfinite(sv, f);
+      if (sv != 0.0f && isfinite(sv) && (codes.v[j] & 0x7F) == 0) h.flushed += 1.0f;
+    }
+    *reinterpret_cast<Fp8x8*>(q + r * C + c) = codes;
+    if (hl == 0) s[t * round4(R) + r] = 1.0f / scale;
+  }
+  h.write_block(partial, red);
+}
+
 // 128 x 1 tiles down the columns of x[R,C], written transposed: qT[C,R] (K = R major) and
 // s[ceil(R/128)][round4(C)]. A block takes 128 rows x 32 columns: each thread 16 rows of
 // one column, the column's amax through shared memory, the codes out through a shared
@@ -145,6 +264,62 @@ __global__ void fp8_tiles_cols_kernel(const bf16* x, int64_t R, int64_t C, bool 
   for (int k = threadIdx.x; k < kTileK * 32; k += blockDim.x) {  // consecutive threads, consecutive rows
     const int64_t rr = r0 + k % kTileK, cc = c0 + k / kTileK;
     if (rr < R && cc < C) qT[cc * R + rr] = tile[k % kTileK][k / kTileK];
+  }
+}
+
+// fp8_tiles_cols' vector path (C % 8 == 0 and R % 16 == 0, x 16-byte aligned, qT 16-byte
+// aligned): a block takes 128 rows x 64 columns. Thread t loads 8 columns (t % 8) of rows
+// t / 8 + 32 j (j < 4) in 16-byte loads; the 64 columns' amax go through shared memory;
+// the codes out through a shared tile, thread t writing column t % 64's rows 32 (t / 64)
+// to + 31 as two 16-byte stores.
+__global__ void fp8_tiles_cols_vec_kernel(const bf16* __restrict__ x, int64_t R, int64_t C, bool e4m3, uint8_t* qT,
+                                          float* s) {
+  constexpr int kCols = 64;
+  __shared__ float colmax[32][kCols];           // [row group][column]
+  __shared__ float colscale[kCols];
+  __shared__ Fp8x8 tile[kTileK][kCols / 8];     // [row][column / 8]
+  const Fp8Format f = e4m3 ? Fp8Format::E4M3 : Fp8Format::E5M2;
+  const int lc = threadIdx.x % 8 * kVec, lr = threadIdx.x / 8;
+  const int64_t c0 = int64_t(blockIdx.x) * kCols, r0 = int64_t(blockIdx.y) * kTileK, c = c0 + lc;
+  float v[4][kVec], amax[kVec] = {};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t r = r0 + lr + 32 * j;
+    if (r < R && c < C) load<kVec>(x + r * C + c, v[j]);
+    else for (int k = 0; k < kVec; ++k) v[j][k] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k)
+      if (isfinite(v[j][k])) amax[k] = fmaxf(amax[k], fabsf(v[j][k]));
+  }
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) colmax[lr][lc + k] = amax[k];
+  __syncthreads();
+  if (threadIdx.x < kCols) {
+    float m = 0.0f;
+    for (int g = 0; g < 32; ++g) m = fmaxf(m, colmax[g][threadIdx.x]);
+    const float scale = fp8_pow2_scale(m, f);
+    colscale[threadIdx.x] = scale;
+    if (c0 + threadIdx.x < C) s[int64_t(blockIdx.y) * round4(C) + c0 + threadIdx.x] = 1.0f / scale;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    Fp8x8 codes;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) codes.v[k] = fp8_encode_satfinite(v[j][k] * colscale[lc + k], f);
+    tile[lr + 32 * j][lc / 8] = codes;
+  }
+  __syncthreads();
+  const int tj = threadIdx.x % kCols, tr = threadIdx.x / kCols * 32;
+  if (c0 + tj >= C) return;
+#pragma unroll
+  for (int part = 0; part < 2; ++part) {
+    const int64_t r = r0 + tr + 16 * part;  // R % 16 == 0: the 16 rows are all in or all out
+    if (r >= R) continue;
+    Fp8x16 out;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) out.v[i] = tile[tr + 16 * part + i][tj / 8].v[tj % 8];
+    *reinterpret_cast<Fp8x16*>(qT + (c0 + tj) * R + r) = out;
   }
 }
 
@@ -191,14 +366,25 @@ void fp8_cast_tiles_rows(const Tensor& x, float* row, Fp8Format f, bool record, 
   expect(x, DType::BF16, "fp8_cast_tiles_rows x");
   const int64_t C = x.dim(-1), R = C == 0 ? 0 : x.numel() / C;
   if (R == 0 || C == 0) return;
-  const int64_t tiles = ceil_div(C, kTileK), gy = ceil_div(R, 8);
-  LNS_CHECK(gy <= 65535) << "fp8_cast_tiles_rows: " << R << " rows is more than the grid's 65535 x 8";
-  auto* partial = static_cast<float*>(scratch(Scratch::Fp8Partials, sizeof(float) * kStats * R * tiles));
-  LNS_LAUNCH(fp8_tiles_rows_kernel, dim3(unsigned(tiles), unsigned(gy)), 256, 0, stream())(
-      ptr<bf16>(x), R, C, f == Fp8Format::E4M3, q, s, partial);
+  const int64_t tiles = ceil_div(C, kTileK);
+  int64_t partials = 0;
+  float* partial = nullptr;
+  if (vec_ok(x.data, C) && aligned_to(q, 8)) {  // 16 tiles a block a pass (8 warps, 2 each)
+    partials = std::min<int64_t>(ceil_div(R * tiles, 16), kCastBlocks);
+    partial = static_cast<float*>(scratch(Scratch::Fp8Partials, sizeof(float) * kStats * partials));
+    LNS_LAUNCH(fp8_tiles_rows_vec_kernel, unsigned(partials), 256, 0, stream())(
+        ptr<bf16>(x), R, C, f == Fp8Format::E4M3, q, s, partial);
+  } else {
+    const int64_t gy = ceil_div(R, 8);
+    LNS_CHECK(gy <= 65535) << "fp8_cast_tiles_rows: " << R << " rows is more than the grid's 65535 x 8";
+    partials = R * tiles;
+    partial = static_cast<float*>(scratch(Scratch::Fp8Partials, sizeof(float) * kStats * partials));
+    LNS_LAUNCH(fp8_tiles_rows_kernel, dim3(unsigned(tiles), unsigned(gy)), 256, 0, stream())(
+        ptr<bf16>(x), R, C, f == Fp8Format::E4M3, q, s, partial);
+  }
   LNS_CUDA_LAUNCHED();
   if (!record) return;
-  LNS_LAUNCH(fp8_record_kernel, 1, kRecordThreads, 0, stream())(row, partial, R * tiles, static_cast<float>(R * C));
+  LNS_LAUNCH(fp8_record_kernel, 1, kRecordThreads, 0, stream())(row, partial, partials, static_cast<float>(R * C));
   LNS_CUDA_LAUNCHED();
 }
 
@@ -209,8 +395,12 @@ void fp8_cast_tiles_cols(const Tensor& x, Fp8Format f, uint8_t* qT, float* s) {
   if (R == 0 || C == 0) return;
   const int64_t gy = ceil_div(R, kTileK);
   LNS_CHECK(gy <= 65535) << "fp8_cast_tiles_cols: " << R << " rows is more than the grid's 65535 x 128";
-  LNS_LAUNCH(fp8_tiles_cols_kernel, dim3(unsigned(ceil_div(C, 32)), unsigned(gy)), 256, 0, stream())(
-      ptr<bf16>(x), R, C, f == Fp8Format::E4M3, qT, s);
+  if (vec_ok(x.data, C) && R % 16 == 0 && aligned_to(qT, 16))
+    LNS_LAUNCH(fp8_tiles_cols_vec_kernel, dim3(unsigned(ceil_div(C, 64)), unsigned(gy)), 256, 0, stream())(
+        ptr<bf16>(x), R, C, f == Fp8Format::E4M3, qT, s);
+  else
+    LNS_LAUNCH(fp8_tiles_cols_kernel, dim3(unsigned(ceil_div(C, 32)), unsigned(gy)), 256, 0, stream())(
+        ptr<bf16>(x), R, C, f == Fp8Format::E4M3, qT, s);
   LNS_CUDA_LAUNCHED();
 }
 
@@ -236,15 +426,25 @@ void fp8_cast(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q,
   expect(x, DType::BF16, "fp8_cast x");
   const int64_t C = x.dim(-1), R = C == 0 ? 0 : x.numel() / C;
   if (R == 0 || C == 0) return;
-  const int64_t gx = ceil_div(C, kTile), gy = ceil_div(R, kTile);
-  LNS_CHECK(gy <= 65535) << "fp8_cast: " << R << " rows is more than the grid's 65535 x 32";
-  auto* partial = static_cast<float*>(scratch(Scratch::Fp8Partials, sizeof(float) * kStats * gx * gy));
-  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
-  LNS_LAUNCH(fp8_cast_kernel, grid, kThreads, 0, stream())(ptr<bf16>(x), R, C, row, f == Fp8Format::E4M3, q, qT,
-                                                          partial);
+  int64_t partials = 0;
+  float* partial = nullptr;
+  if (vec_ok(x.data, C) && (!q || aligned_to(q, 8)) && (!qT || (R % 16 == 0 && aligned_to(qT, 16)))) {
+    partials = std::min<int64_t>(ceil_div(C, kVecTile) * ceil_div(R, kVecTile), kCastBlocks);
+    partial = static_cast<float*>(scratch(Scratch::Fp8Partials, sizeof(float) * kStats * partials));
+    LNS_LAUNCH(fp8_cast_vec_kernel, unsigned(partials), 256, 0, stream())(ptr<bf16>(x), R, C, row,
+                                                                         f == Fp8Format::E4M3, q, qT, partial);
+  } else {
+    const int64_t gx = ceil_div(C, kTile), gy = ceil_div(R, kTile);
+    LNS_CHECK(gy <= 65535) << "fp8_cast: " << R << " rows is more than the grid's 65535 x 32";
+    partials = gx * gy;
+    partial = static_cast<float*>(scratch(Scratch::Fp8Partials, sizeof(float) * kStats * partials));
+    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
+    LNS_LAUNCH(fp8_cast_kernel, grid, kThreads, 0, stream())(ptr<bf16>(x), R, C, row, f == Fp8Format::E4M3, q, qT,
+                                                            partial);
+  }
   LNS_CUDA_LAUNCHED();
   if (!record) return;
-  LNS_LAUNCH(fp8_record_kernel, 1, kRecordThreads, 0, stream())(row, partial, gx * gy, static_cast<float>(R * C));
+  LNS_LAUNCH(fp8_record_kernel, 1, kRecordThreads, 0, stream())(row, partial, partials, static_cast<float>(R * C));
   LNS_CUDA_LAUNCHED();
 }
 
