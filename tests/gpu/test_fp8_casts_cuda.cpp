@@ -243,6 +243,43 @@ TEST_P(Fp8TileCastCuda, ColumnTilesAreTheCpuTilesTransposed) {
   }
 }
 
+// 128 x 128 (the weights): q[R,C] with s [ceil(R/128)][round4(ceil(C/128))], and qT[C,R]
+// with sT [ceil(C/128)][round4(ceil(R/128))]; the health recorded.
+TEST_P(Fp8TileCastCuda, BlockTilesAreTheCpuTilesBothWays) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "skipped: " << cuda_unavailable_reason();
+  const auto [R, C, shift, path] = GetParam();
+  for (const Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    SCOPED_TRACE(f == Fp8Format::E4M3 ? "E4M3" : "E5M2");
+    const std::vector<float> x = test_values(R * C, uint32_t(5 * R + 3 * C));
+    const Tiles want = cpu_tiles(x, R, C, kFp8Tile, kFp8Tile, f);
+    const int64_t gr = (R + kFp8Tile - 1) / kFp8Tile, gc = (C + kFp8Tile - 1) / kFp8Tile;
+    const DevX dx(x, R, C, shift);
+    const DevRow row(1.0f);
+    DevBytes q(R * C, 0), qT(R * C, 0), s(4 * gr * round4(gc), 0), sT(4 * gc * round4(gr), 0);
+    cuda::fp8_cast_tiles_blocks(dx.t, row.data(), f, /*record=*/true, q.data(), qT.data(),
+                                reinterpret_cast<float*>(s.data()), reinterpret_cast<float*>(sT.data()));
+    EXPECT_EQ(q.get(R * C), want.codes);
+    const std::vector<uint8_t> got = qT.get(R * C), sb = s.get(4 * gr * round4(gc)), sTb = sT.get(4 * gc * round4(gr));
+    int64_t wrong = 0, wrong_s = 0;
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) wrong += got[size_t(c * R + r)] != want.codes[size_t(r * C + c)];
+    for (int64_t i = 0; i < gr; ++i)
+      for (int64_t j = 0; j < gc; ++j) {
+        float a, b;
+        std::memcpy(&a, sb.data() + 4 * (i * round4(gc) + j), 4);
+        std::memcpy(&b, sTb.data() + 4 * (j * round4(gr) + i), 4);
+        wrong_s += (a != 1.0f / want.scale[size_t(i * gc + j)]) + (b != a);
+      }
+    EXPECT_EQ(wrong, 0) << "qT codes";
+    EXPECT_EQ(wrong_s, 0) << "tile factors";
+    const std::vector<float> h = row.get();
+    EXPECT_EQ(h[kFp8Amax], want.amax);
+    EXPECT_EQ(h[kFp8Flushed], float(want.flushed));
+    EXPECT_EQ(h[kFp8Nonfinite], float(want.nonfinite));
+    EXPECT_EQ(h[kFp8Elements], float(R * C));
+  }
+}
+
 // 1040 x 4104: 1040 x 33 row tiles, 2,145 blocks' worth of 16, more than the 1,024 the
 // vector kernel launches; its column tiles end in a partial 128 x 64 block both ways.
 INSTANTIATE_TEST_SUITE_P(Shapes, Fp8TileCastCuda,
