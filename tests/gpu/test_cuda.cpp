@@ -559,10 +559,14 @@ TEST(Optimizer, SumSquaresBothPathsMatchCpu) {
   }
 }
 
-TEST(Optimizer, AdamWSumSquaresScaleMatchCpu) {
+// n = 10008 takes the kernel's 16-byte path; 10007 and a misaligned p the scalar one.
+class AdamWKernel : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
+
+TEST_P(AdamWKernel, StepSumSquaresScaleMatchCpu) {
   REQUIRE_GPU();
-  const int64_t n = 10007;
-  Dev p(randn(n, 80), {n}, DType::F32), g(randn(n, 81), {n}, DType::F32), m(randn(n, 82, 0.1f), {n}, DType::F32);
+  const auto [n, misalign] = GetParam();
+  Dev p(randn(n, 80), {n}, DType::F32, misalign), g(randn(n, 81), {n}, DType::F32),
+      m(randn(n, 82, 0.1f), {n}, DType::F32);
   std::vector<float> v0 = randn(n, 83, 0.1f);
   for (float& x : v0) x = x * x;
   Dev v(v0, {n}, DType::F32), pc = zeros({n});
@@ -581,6 +585,9 @@ TEST(Optimizer, AdamWSumSquaresScaleMatchCpu) {
   for (float& x : gh) x *= 0.5f;
   EXPECT_EQ(g.get(), gh);
 }
+INSTANTIATE_TEST_SUITE_P(Lengths, AdamWKernel,
+                         ::testing::Values(std::make_tuple(int64_t{10008}, false), std::make_tuple(int64_t{10007}, false),
+                                           std::make_tuple(int64_t{10008}, true)));
 
 // ---- the whole model ------------------------------------------------------------------
 
