@@ -128,6 +128,24 @@ class BenchRecord(unittest.TestCase):
         self.assertIn("Where the step goes, 1b_lns on NVIDIA H100 80GB HBM3 (2026-11-27)", text)
         self.assertIn("| FP8 casts (scale, amax, transpose) | 350.0 | 25.0% | 900 | 146.9 | 2.38x |", text)
 
+    def test_kernels_keep_a_faster_gemm_candidate(self):
+        # lns_bench_kernels --json: a GEMM that another of cuBLASLt's candidates ran faster
+        # keeps that candidate in the record; one where none did (-1) keeps only its figure.
+        with open(os.path.join(self.res, "kernels.json"), "w") as f:
+            json.dump([{"name": "gemm_fwd_q_8192x2048x2048", "metric": "TFLOP/s", "value": 650.0, "ms": 0.106,
+                        "best_candidate": 2, "best_candidate_ms": 0.098},
+                       {"name": "gemm_wgrad_q_2048x2048x8192", "metric": "TFLOP/s", "value": 700.0, "ms": 0.098,
+                        "best_candidate": -1, "best_candidate_ms": 0.098},
+                       {"name": "copy_1024MiB", "metric": "GB/s", "value": 4215.0, "ms": 0.5}], f)
+        out = os.path.join(self.dir, "records")
+        r = run(self.res, "--out", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        k = json.load(open(r.stdout.strip()))["kernels"]
+        self.assertEqual(k["gemm_fwd_q_8192x2048x2048"],
+                         {"value": 650.0, "metric": "TFLOP/s", "best_candidate": 2, "best_candidate_ms": 0.098})
+        self.assertEqual(k["gemm_wgrad_q_2048x2048x8192"], {"value": 700.0, "metric": "TFLOP/s"})
+        self.assertEqual(k["copy_1024MiB"], {"value": 4215.0, "metric": "GB/s"})
+
     def test_bad_input_is_one_line(self):
         os.remove(os.path.join(self.res, "env.json"))
         r = run(self.res, "--out", self.dir)

@@ -168,7 +168,30 @@ Plan& plan_for(const GemmArgs& g) {
   return l.plans.emplace(key, p).first->second;
 }
 
+// g with the plan's candidate i.
+cublasStatus_t run_candidate(Plan& p, const GemmArgs& g, int i) {
+  Lt& l = lt();
+  if (g.a_type != GemmInput::BF16) set_scales(p.desc, g);  // per call: the plan is shared by linears of a shape
+  return cublasLtMatmul(l.handle, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c, &p.algos[i],
+                        l.workspace, kWorkspaceBytes, stream());
+}
+
 }  // namespace
+
+int gemm_candidates(const GemmArgs& g) {
+  check_fp8(g);
+  return plan_for(g).found;
+}
+
+bool gemm_with_candidate(const GemmArgs& g, int i) {
+  check_fp8(g);
+  Plan& p = plan_for(g);
+  LNS_CHECK(i >= 0 && i < p.found) << "gemm_with_candidate: candidate " << i << " of " << p.found;
+  const cublasStatus_t s = run_candidate(p, g, i);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  lt_check(s, "matmul");
+  return true;
+}
 
 int64_t gemm_scale_floats(GemmScale s, int64_t rows, int64_t K) {
   const int64_t tiles = (K + 127) / 128;
@@ -184,12 +207,7 @@ void gemm(const GemmArgs& g) {
   if (g.M == 0 || g.N == 0) return;
   check_fp8(g);
   Plan& p = plan_for(g);
-  Lt& l = lt();
-  if (g.a_type != GemmInput::BF16) set_scales(p.desc, g);  // per call: the plan is shared by linears of a shape
-  const auto run = [&](int i) {
-    return cublasLtMatmul(l.handle, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c, &p.algos[i],
-                          l.workspace, kWorkspaceBytes, stream());
-  };
+  const auto run = [&](int i) { return run_candidate(p, g, i); };
   if (p.chosen >= 0) return lt_check(run(p.chosen), "matmul");
   // First call of this plan: the first candidate cuBLASLt runs (a refusal launches nothing).
   cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
@@ -207,42 +225,53 @@ void gemm(const GemmArgs& g) {
   lt_check(s, "matmul");
 }
 
+GemmArgs linear_forward_args(void* y, DType y_dtype, const void* x, const void* w, int64_t rows, int64_t in,
+                             int64_t out) {
+  GemmArgs g;
+  g.M = rows, g.N = out, g.K = in;
+  g.A = x, g.lda = in;
+  g.B = w, g.ldb = in, g.trans_b = true;
+  g.C = y, g.ldc = out, g.c_dtype = y_dtype;
+  return g;
+}
+
+GemmArgs linear_dgrad_args(void* dx, DType dx_dtype, const void* dy, const void* w, int64_t rows, int64_t in,
+                           int64_t out, bool accumulate) {
+  GemmArgs g;
+  g.M = rows, g.N = in, g.K = out;
+  g.A = dy, g.lda = out;
+  g.B = w, g.ldb = in;
+  g.C = dx, g.ldc = in, g.c_dtype = dx_dtype;
+  g.beta = accumulate ? 1.0f : 0.0f;  // no separate add pass
+  return g;
+}
+
+GemmArgs linear_wgrad_args(float* dw, const void* dy, const void* x, int64_t rows, int64_t in, int64_t out) {
+  GemmArgs g;
+  g.M = out, g.N = in, g.K = rows;
+  g.A = dy, g.lda = out, g.trans_a = true;
+  g.B = x, g.ldb = in;
+  g.C = dw, g.ldc = in, g.c_dtype = DType::F32;
+  g.beta = 1.0f;  // straight into the f32 gradient
+  return g;
+}
+
 // y[N,out] = x[N,in] @ w[out,in]^T
 void linear_forward(Tensor y, Tensor x, Tensor w) {
   LNS_CHECK(x.dtype == DType::BF16 && w.dtype == DType::BF16) << "CUDA linear takes bf16 x and w";
   const int64_t in = w.dim(1), out = w.dim(0), rows = x.numel() / in;
   LNS_CHECK(x.dim(-1) == in && y.numel() == rows * out);
-  GemmArgs g;
-  g.M = rows, g.N = out, g.K = in;
-  g.A = x.data, g.lda = in;
-  g.B = w.data, g.ldb = in, g.trans_b = true;
-  g.C = y.data, g.ldc = out, g.c_dtype = y.dtype;
-  gemm(g);
+  gemm(linear_forward_args(y.data, y.dtype, x.data, w.data, rows, in, out));
 }
 
-// dx[N,in] = dy @ w (+= with accumulate_dx: beta = 1, no separate add pass);
-// dw[out,in] += dy^T @ x straight into the f32 gradient (beta = 1).
+// dx[N,in] = dy @ w (+= with accumulate_dx); dw[out,in] += dy^T @ x.
 void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx) {
   const int64_t in = w.dim(1), out = w.dim(0), rows = dy.numel() / out;
   LNS_CHECK(dy.dtype == DType::BF16 && x.dtype == DType::BF16 && w.dtype == DType::BF16 && dw.dtype == DType::F32)
       << "CUDA linear: bf16 dy, x and w, f32 dw";
   LNS_CHECK(x.numel() == rows * in && dw.numel() == out * in && (dx.empty() || dx.numel() == rows * in));
-  if (!dx.empty()) {
-    GemmArgs g;
-    g.M = rows, g.N = in, g.K = out;
-    g.A = dy.data, g.lda = out;
-    g.B = w.data, g.ldb = in;
-    g.C = dx.data, g.ldc = in, g.c_dtype = dx.dtype;
-    g.beta = accumulate_dx ? 1.0f : 0.0f;
-    gemm(g);
-  }
-  GemmArgs g;
-  g.M = out, g.N = in, g.K = rows;
-  g.A = dy.data, g.lda = out, g.trans_a = true;
-  g.B = x.data, g.ldb = in;
-  g.C = dw.data, g.ldc = in, g.c_dtype = DType::F32;
-  g.beta = 1.0f;
-  gemm(g);
+  if (!dx.empty()) gemm(linear_dgrad_args(dx.data, dx.dtype, dy.data, w.data, rows, in, out, accumulate_dx));
+  gemm(linear_wgrad_args(static_cast<float*>(dw.data), dy.data, x.data, rows, in, out));
 }
 
 }  // namespace lns::cuda

@@ -56,4 +56,20 @@ struct GemmArgs {
 // once by cuBLASLt's heuristic and cached with its descriptors; one 32 MiB workspace.
 void gemm(const GemmArgs& g);
 
+// The products of a linear layer w[out,in] over `rows` rows, as linear_forward and
+// linear_backward run them (one place, so that lns_bench_kernels times the step's own calls):
+//   forward  y[rows,out] = x[rows,in] @ w^T           (y bf16 or f32, beta 0)
+//   dgrad    dx[rows,in] (+)= dy[rows,out] @ w        (beta 1 with accumulate)
+//   wgrad    dw[out,in] += dy^T @ x                   (f32, beta 1)
+GemmArgs linear_forward_args(void* y, DType y_dtype, const void* x, const void* w, int64_t rows, int64_t in,
+                             int64_t out);
+GemmArgs linear_dgrad_args(void* dx, DType dx_dtype, const void* dy, const void* w, int64_t rows, int64_t in,
+                           int64_t out, bool accumulate);
+GemmArgs linear_wgrad_args(float* dw, const void* dy, const void* x, int64_t rows, int64_t in, int64_t out);
+
+// For benchmarks: the candidates cuBLASLt's heuristic gives g's plan (gemm() keeps the
+// first that runs), and one call of g with candidate i; false where cuBLASLt refuses it.
+int gemm_candidates(const GemmArgs& g);
+bool gemm_with_candidate(const GemmArgs& g, int i);
+
 }  // namespace lns::cuda

@@ -8,6 +8,12 @@
 //                            f32 accumulation, bf16 out: 2*M*N*K FLOP
 //                            (gate_up_stored, down_stored: the FFN padded as the device
 //                            stores it, the step's own shape)
+//   gemm_{fwd,dgrad,wgrad}_<linear>_<M>x<N>x<K>  each product of the step's linears as
+//                            linear_forward/backward run it (dgrad bf16 out; wgrad f32 out
+//                            with beta 1), at the stored FFN width, plus qkv_fused and
+//                            gate_up_fused (one product for q, k, v and for gate, up); each
+//                            record's best_candidate is the fastest of the heuristic's
+//                            candidates (-1: the one the step runs), --step_gemms
 //   gemm_fp8_<name>_<M>x<N>x<K>, gemm_fp8bw_<name>_...  the same products in FP8 as
 //                            --fp8 runs them (src/cuda/linear_fp8.cpp): E4M3 x E4M3 with
 //                            per-tensor scales, and with 1x128 / 128x128 tile scales
@@ -55,6 +61,8 @@ DEFINE_int32(iters, 50, "Timed calls per figure.");
 DEFINE_int32(warmup, 10, "Untimed calls first.");
 DEFINE_double(scale, 0.2, "LNS output scale 1/sqrt(l) of the norm benchmark (0.2 = layer 25).");
 DEFINE_int32(long_seq, 4096, "Sequence length of the batch-1 attention figures (0: none).");
+DEFINE_bool(step_gemms, true, "Also time the step's GEMMs pass by pass (forward, dgrad, wgrad), fused q/k/v and "
+            "gate/up shapes, and every candidate cuBLASLt's heuristic gives each.");
 DECLARE_int32(micro_batch_size);
 DECLARE_int32(seq_len);
 
@@ -185,6 +193,45 @@ int run() {
       r.add("gemm_" + name + "_" + std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K), "TFLOP/s",
             flop / ms / 1e9, ms, {M, N, K}, "flops", flop);
     }
+
+  // ---- the step's GEMMs, each pass as the linears run it, and the heuristic's other
+  // candidates: whether keeping the fastest candidate (instead of the first that runs)
+  // or one product for q, k, v (gate, up) would pay, before either is built -------------
+  if (FLAGS_step_gemms) {
+    const int64_t M = int64_t(FLAGS_micro_batch_size) * FLAGS_seq_len;  // the step's rows
+    std::vector<std::tuple<std::string, int64_t, int64_t>> linears = {
+        {"q", C, C}, {"kv", KV, C}, {"o", C, C}, {"gate", Fs, C}, {"down", C, Fs}, {"lm_head", V, C},
+        {"qkv_fused", C + 2 * KV, C}, {"gate_up_fused", 2 * Fs, C}};
+    if (KV == C) linears.erase(linears.begin() + 1);  // kv is q's shape
+    for (const auto& [name, out, in] : linears) {
+      OwnedTensor x = filled(DType::BF16, {M, in}, 1.0f), w = filled(DType::BF16, {out, in}, 0.05f),
+                  y = filled(DType::BF16, {M, out}, 0.1f), dx(DType::BF16, Shape{M, in}, Device::CUDA),
+                  dw(DType::F32, Shape{out, in}, Device::CUDA);
+      const std::pair<const char*, cuda::GemmArgs> passes[] = {
+          {"fwd", cuda::linear_forward_args(y.t.data, DType::BF16, x.t.data, w.t.data, M, in, out)},
+          {"dgrad", cuda::linear_dgrad_args(dx.t.data, DType::BF16, y.t.data, w.t.data, M, in, out, false)},
+          {"wgrad", cuda::linear_wgrad_args(static_cast<float*>(dw.t.data), y.t.data, x.t.data, M, in, out)}};
+      const double flop = 2.0 * M * out * in;
+      for (const auto& [pass, g] : passes) {
+        const std::string shape = std::to_string(g.M) + "x" + std::to_string(g.N) + "x" + std::to_string(g.K);
+        const double ms = time_ms([&] { cuda::gemm(g); });
+        r.add(std::string("gemm_") + pass + "_" + name + "_" + shape, "TFLOP/s", flop / ms / 1e9, ms,
+              {g.M, g.N, g.K}, "flops", flop);
+        double best = ms;
+        int best_i = -1;
+        for (int i = 0, n = cuda::gemm_candidates(g); i < n; ++i) {
+          if (!cuda::gemm_with_candidate(g, i)) continue;  // refused: launches nothing
+          const double t = time_ms([&] { cuda::gemm_with_candidate(g, i); });
+          if (t < best) best = t, best_i = i;
+        }
+        if (best_i >= 0)  // within a few percent is timing noise: candidate 0 is usually the step's own
+          std::printf("  fastest: candidate %d of %d, %.1f TFLOP/s (%.2fx the step's call)\n", best_i,
+                      cuda::gemm_candidates(g), flop / best / 1e9, ms / best);
+        r.records.back()["best_candidate"] = best_i;
+        r.records.back()["best_candidate_ms"] = best;
+      }
+    }
+  }
 
   // ---- --fp8: the FP8 GEMMs at the same shapes (K-major operands, as the linears give
   // them) and the casts that feed them (issue 30: what the FP8 step's time is made of) ----

@@ -101,6 +101,9 @@ def make_record(results_dir, commit=None):
     for n, variants in summarize.kernel_records(summarize.load_json(os.path.join(results_dir, "kernels.json"))).items():
         r = next(iter(variants.values()))
         kernels[n] = {"value": r["value"], "metric": r.get("metric", "")}
+        if r.get("best_candidate", -1) >= 0:  # a GEMM another of cuBLASLt's candidates ran faster
+            kernels[n]["best_candidate"] = r["best_candidate"]
+            kernels[n]["best_candidate_ms"] = r["best_candidate_ms"]
     return {"gpu": gpu.strip(), "driver": driver.strip(), "date": m.group(1), "time": m.group(2) or "",
             "commit": commit or env.get("git", ""),
             "configs": configs, "status": status, "kernels": kernels}
