@@ -57,6 +57,18 @@ class Variants(unittest.TestCase):
         self.assertIn("--profile", steps["step_1b_lns"])
         self.assertIn("kernels", steps)
 
+    def test_fp8_steps_take_cudnn_attention_where_the_library_is(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            lib = os.path.join(tmp, "libcudnn.so.9")
+            open(lib, "w").close()
+            steps = run_bench(tmp, "1b_lns", "1b_lns=fp8,fp8bw,cudnn", KERNELS="0", LNS_CUDNN_LIB=lib)
+            self.assertIn("--attention=cudnn", steps["step_fp8_1b_lns"])
+            self.assertIn("--attention=cudnn", steps["step_fp8bw_1b_lns"])
+            steps = run_bench(tmp, "1b_lns", "1b_lns=fp8,fp8bw", KERNELS="0", LNS_CUDNN_LIB=lib, CUDNN="0")
+            self.assertNotIn("--attention", steps["step_fp8_1b_lns"])
+            steps = run_bench(tmp, "1b_lns", "1b_lns=fp8", KERNELS="0", LNS_CUDNN_LIB=os.path.join(tmp, "none.so"))
+            self.assertNotIn("--attention", steps["step_fp8_1b_lns"])
+
     def test_the_lease_preset_is_defaults_the_call_overrides(self):
         preset = os.path.join(ROOT, "tools", "device", "lease.env")
         with tempfile.TemporaryDirectory() as tmp:

@@ -438,17 +438,22 @@ if has_stage bench; then
         --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --attention="${CUDNN_ATTENTION:-cudnn}" \
         "${prof[@]}"
     fi
+    # The FP8 steps take the fastest bf16 step's attention (cuDNN where its library is
+    # here), so that their ratio to it is the linears' alone.
+    fp8_attn=()
+    [ "${CUDNN:-1}" != 0 ] && [ -n "${LNS_CUDNN_LIB:-}" ] && [ -f "$LNS_CUDNN_LIB" ] &&
+      fp8_attn=(--attention="${CUDNN_ATTENTION:-cudnn}")
     if [ "${FP8:-1}" != 0 ] && want "$cfg" fp8; then  # FP8 linears (docs/fp8.md): issue 30's >= 1.3x
       # (profiled too: its FP8 casts are a row of their own)
       # shellcheck disable=SC2086
       step "step_fp8_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
-        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=delayed "${prof[@]}"
+        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=delayed "${fp8_attn[@]}" "${prof[@]}"
     fi
     if [ "${FP8:-1}" != 0 ] && want "$cfg" fp8bw; then  # 1 x 128 / 128 x 128 tile scales (profiled:
       # on an H200 it was 1.31x slower than bf16, 2026-11-28, and where that goes is not known)
       # shellcheck disable=SC2086
       step "step_fp8bw_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
-        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=blockwise "${prof[@]}"
+        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=blockwise "${fp8_attn[@]}" "${prof[@]}"
     fi
     [ "${TORCH:-1}" = 0 ] && continue
     torch_args=(--flagfile="configs/$cfg.flags" --device cuda --autocast --compile --fused_adam
