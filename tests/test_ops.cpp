@@ -404,6 +404,39 @@ TEST(Ops, CrossEntropyWithIgnoreIndex) {
   for (int64_t j = 0; j < V; ++j) ASSERT_EQ(dl[1 * V + j], 0.0f);  // ignored row
 }
 
+// The vocab-parallel forward as the stage runs it over three ranks' column shards (one
+// with padding columns past `valid`): each shard's max and sum-exp, the max over the
+// shards, each sum rescaled to it and summed; losses against the f64 reference.
+TEST(Ops, CrossEntropyShardsCombineToTheWholeRow) {
+  const int64_t N = 5, V = 37;
+  auto logits = randn(N * V, 25, 3.0f);
+  for (int64_t j = 0; j < 12; ++j) logits[0 * V + j] += 40.0f;  // row 0's max in shard 0
+  std::vector<int32_t> t = {5, kIgnoreIndex, 36, 0, 20};
+  const int64_t bounds[4] = {0, 12, 25, V};
+  std::vector<float> gmax(N, -INFINITY), se(N, 0.0f), tl(N, 0.0f);
+  std::vector<std::vector<float>> lm(3, std::vector<float>(N)), ls(3, std::vector<float>(N));
+  for (int r = 0; r < 3; ++r) {
+    const int64_t w = bounds[r + 1] - bounds[r], stored = w + 3;  // 3 padding columns
+    std::vector<float> shard(N * stored, 1e4f), tr(N);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < w; ++j) shard[n * stored + j] = logits[n * V + bounds[r] + j];
+    vocab_max_sumexp_target(view(lm[r], {N}), view(ls[r], {N}), view(tr, {N}), view(shard, {N, stored}), view(t, {N}),
+                            bounds[r], w);
+    for (int64_t n = 0; n < N; ++n) gmax[n] = std::max(gmax[n], lm[r][n]), tl[n] += tr[n];
+  }
+  for (int r = 0; r < 3; ++r) {
+    vocab_sumexp_rescale(view(ls[r], {N}), view(lm[r], {N}), view(gmax, {N}));
+    for (int64_t n = 0; n < N; ++n) se[n] += ls[r][n];
+  }
+  std::vector<float> losses(N);
+  cross_entropy_combine(view(losses, {N}), view(gmax, {N}), view(se, {N}), view(tl, {N}), view(t, {N}));
+  double mean = 0;
+  for (float l : losses) mean += l;
+  mean /= 4;
+  EXPECT_EQ(losses[1], 0.0f);
+  EXPECT_NEAR(mean, ce_ref(to_f64(logits), t, N, V), 1e-6 * mean);
+}
+
 // ---- learnable residual scale (scale_res_pre_norm) ---------------------------------------
 TEST(Ops, ScaledResidualForwardBackward) {
   const int64_t n = 5 * 36;

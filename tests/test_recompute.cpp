@@ -274,7 +274,7 @@ TEST(ActivationAccount, MatchesTheTermsByHand) {
   const int64_t B = 2, T = 8, N = B * T, C = 36, F = 45, H = 6, QD = 36, KD = 18, V = 29;
   const int64_t none = 4 * N * (6 * C + 2 * QD + 2 * KD + 3 * F + 2) + 4 * B * H * T * T;
   const int64_t dropped = 4 * N * (QD + F) + 4 * B * H * T * T;
-  const int64_t stage = 4 * N + 4 * N * C + 4 * N + 4 * N * C + 4 * N * V + 4 * N * 5;
+  const int64_t stage = 4 * N + 4 * N * C + 4 * N + 4 * N * C + 4 * N * V + 4 * N * 6;
   const int64_t grads = 4 * N * (6 * C + 2 * QD + 2 * KD + 3 * F);
   auto acc = [&](RecomputeMode m) {
     cfg.recompute = m;

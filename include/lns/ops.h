@@ -153,13 +153,16 @@ inline int64_t count_unmasked(const int32_t* targets, int64_t n) {
 }
 // Vocab-parallel pieces. logits[N,Vl] hold vocabulary columns [col_begin, col_begin + Vl);
 // only the first `valid` are real (the rest is tensor-parallel padding and ignored).
-// Between the pieces, the caller all-reduces rowmax (max) and sumexp, target (sum).
-// rowmax[N] = max over valid columns
-void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid);
-// sumexp[N] = sum_j exp(logits[n,j] - rowmax[n]) over valid columns;
-// target[N] = logits[n, t - col_begin] when this rank holds target t, else 0.
-void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor rowmax,
-                         Tensor targets, int64_t col_begin, int64_t valid);
+// The forward reads the logits once: vocab_max_sumexp_target gives each rank's row max
+// and its sum of exponentials relative to that max; the caller keeps a copy of the max,
+// all-reduces rowmax (max), rescales sumexp to the global max (vocab_sumexp_rescale) and
+// all-reduces sumexp and target (sum).
+// rowmax[N] = max over valid columns; sumexp[N] = sum_j exp(logits[n,j] - rowmax[n]) over
+// valid columns; target[N] = logits[n, t - col_begin] when this rank holds target t, else 0.
+void vocab_max_sumexp_target(Tensor rowmax, Tensor sumexp, Tensor target, Tensor logits, Tensor targets,
+                             int64_t col_begin, int64_t valid);
+// sumexp[n] *= exp(local_max[n] - global_max[n]) (0 where this rank's max is -inf); all [N]
+void vocab_sumexp_rescale(Tensor sumexp, Tensor local_max, Tensor global_max);
 // losses[N] = log(sumexp) + rowmax - target, 0 on ignored rows
 void cross_entropy_combine(Tensor losses, Tensor rowmax, Tensor sumexp, Tensor target,
                            Tensor targets);

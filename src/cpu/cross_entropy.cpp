@@ -8,35 +8,37 @@
 
 namespace lns {
 
-void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid) {
-  LNS_DISPATCH(logits, vocab_row_max(rowmax, logits, valid));
-  cpu::require_cpu({&rowmax, &logits});
+void vocab_max_sumexp_target(Tensor rowmax, Tensor sumexp, Tensor target, Tensor logits, Tensor targets,
+                             int64_t col_begin, int64_t valid) {
+  LNS_DISPATCH(logits, vocab_max_sumexp_target(rowmax, sumexp, target, logits, targets, col_begin, valid));
+  cpu::require_cpu({&rowmax, &sumexp, &target, &logits, &targets});
   const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
-  LNS_CHECK(rowmax.numel() == N && valid <= V);
+  LNS_CHECK(rowmax.numel() == N && sumexp.numel() == N && target.numel() == N && targets.numel() == N &&
+            valid <= V);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* x = logits.f32() + n * V;
     float mx = -INFINITY;
     for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, x[j]);
-    rowmax.f32()[n] = mx;
-  }
-}
-
-void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor rowmax,
-                         Tensor targets, int64_t col_begin, int64_t valid) {
-  LNS_DISPATCH(logits, vocab_sumexp_target(sumexp, target, logits, rowmax, targets, col_begin, valid));
-  cpu::require_cpu({&sumexp, &target, &logits, &rowmax, &targets});
-  const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
-  LNS_CHECK(sumexp.numel() == N && target.numel() == N && targets.numel() == N);
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* x = logits.f32() + n * V;
-    const float mx = rowmax.f32()[n];
     double s = 0.0;
     for (int64_t j = 0; j < valid; ++j) s += std::exp(static_cast<double>(x[j] - mx));
+    rowmax.f32()[n] = mx;
     sumexp.f32()[n] = static_cast<float>(s);
     const int64_t t = targets.i32()[n] - col_begin;
     target.f32()[n] = targets.i32()[n] != kIgnoreIndex && t >= 0 && t < valid ? x[t] : 0.0f;
+  }
+}
+
+void vocab_sumexp_rescale(Tensor sumexp, Tensor local_max, Tensor global_max) {
+  LNS_DISPATCH(sumexp, vocab_sumexp_rescale(sumexp, local_max, global_max));
+  cpu::require_cpu({&sumexp, &local_max, &global_max});
+  const int64_t N = sumexp.numel();
+  LNS_CHECK(local_max.numel() == N && global_max.numel() == N);
+  for (int64_t n = 0; n < N; ++n) {
+    const float lm = local_max.f32()[n];
+    sumexp.f32()[n] = lm == -INFINITY ? 0.0f
+                                      : static_cast<float>(double(sumexp.f32()[n]) *
+                                                           std::exp(double(lm) - double(global_max.f32()[n])));
   }
 }
 
@@ -95,8 +97,7 @@ struct FullVocabStats {
     max = {mx.data(), DType::F32, Device::CPU, Shape{N}};
     sumexp = {se.data(), DType::F32, Device::CPU, Shape{N}};
     target = {tl.data(), DType::F32, Device::CPU, Shape{N}};
-    vocab_row_max(max, logits, V);
-    vocab_sumexp_target(sumexp, target, logits, max, targets, 0, V);
+    vocab_max_sumexp_target(max, sumexp, target, logits, targets, 0, V);
   }
 };
 

@@ -14,44 +14,44 @@ constexpr int kBlock = 512;
 // `valid` need not be a multiple of W: columns >= valid are skipped one by one).
 #define LNS_FOR_COLUMNS(j, V, W) for (int64_t j = int64_t(threadIdx.x) * W; j < V; j += int64_t(blockDim.x) * W)
 
-// rowmax[n] = max over the first `valid` columns of logits[n, :]        [N, V]
+// One pass over a row of logits[N, V] (a block per row): each thread keeps the max m of
+// its columns and the sum s of exp(x - m), rescaling s when m grows (once per vector of
+// W); then the block takes the max M of the m's and the sum of s * exp(m - M), both in a
+// fixed order. rowmax[n] = M, sumexp[n] = that sum, target[n] the target's logit here.
+// (Two passes, max then sum, read the 0.5 GB of a 1B micro-batch's logits twice.)
 template <int W>
-__global__ void row_max_kernel(float* rowmax, const bf16* logits, int64_t V, int64_t valid) {
+__global__ void max_sumexp_target_kernel(float* rowmax, float* sumexp, float* target, const bf16* logits,
+                                         const int32_t* targets, int64_t V, int64_t col_begin, int64_t valid) {
   __shared__ float red[32];
   const bf16* row = logits + blockIdx.x * V;
-  float m = -INFINITY;
+  float m = -INFINITY, s = 0.0f;
   LNS_FOR_COLUMNS(j, valid, W) {
     float f[W];
     load<W>(row + j, f);  // j < valid <= V and V % W == 0: the vector is inside the row
+    float mv = -INFINITY;
 #pragma unroll
     for (int k = 0; k < W; ++k)
-      if (j + k < valid) m = fmaxf(m, f[k]);
-  }
-  m = block_max(m, red);
-  if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
-}
-
-template <int W>
-__global__ void sumexp_target_kernel(float* sumexp, float* target, const bf16* logits,
-                                     const float* rowmax, const int32_t* targets, int64_t V,
-                                     int64_t col_begin, int64_t valid) {
-  __shared__ float red[32];
-  const bf16* row = logits + blockIdx.x * V;
-  const float mx = rowmax[blockIdx.x];
-  float s = 0.0f;
-  LNS_FOR_COLUMNS(j, valid, W) {
-    float f[W];
-    load<W>(row + j, f);
+      if (j + k < valid) mv = fmaxf(mv, f[k]);
+    if (mv > m) s *= __expf(m - mv), m = mv;  // m = -inf: s is 0, and exp(-inf) = 0
 #pragma unroll
     for (int k = 0; k < W; ++k)
-      if (j + k < valid) s += __expf(f[k] - mx);
+      if (j + k < valid) s += __expf(f[k] - m);
   }
-  s = block_sum(s, red);
+  const float mx = block_max(m, red);
+  s = block_sum(m == -INFINITY ? 0.0f : s * __expf(m - mx), red);
   if (threadIdx.x == 0) {
+    rowmax[blockIdx.x] = mx;
     sumexp[blockIdx.x] = s;
     const int64_t t = int64_t(targets[blockIdx.x]) - col_begin;
     target[blockIdx.x] = targets[blockIdx.x] != kIgnoreIndex && t >= 0 && t < valid ? to_f(row[t]) : 0.0f;
   }
+}
+
+// sumexp[n] *= exp(local[n] - global[n]): a rank's sum to the max over the ranks.   [N]
+__global__ void sumexp_rescale_kernel(float* sumexp, const float* local, const float* global, int64_t N) {
+  const int64_t n = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (n >= N) return;
+  sumexp[n] = local[n] == -INFINITY ? 0.0f : sumexp[n] * expf(local[n] - global[n]);  // expf(0) is 1 exactly
 }
 
 __global__ void combine_kernel(float* losses, const float* rowmax, const float* sumexp,
@@ -92,29 +92,32 @@ int64_t rows_of(const Tensor& t) { return t.numel() / t.dim(-1); }
 
 }  // namespace
 
-void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid) {
+void vocab_max_sumexp_target(Tensor rowmax, Tensor sumexp, Tensor target, Tensor logits, Tensor targets,
+                             int64_t col_begin, int64_t valid) {
   expect(logits, DType::BF16, "logits");
+  expect(targets, DType::I32, "targets");
   expect(rowmax, DType::F32, "rowmax");
+  expect(sumexp, DType::F32, "sumexp");
+  expect(target, DType::F32, "target logit");
   const int64_t N = rows_of(logits);
-  LNS_CHECK(valid <= logits.dim(-1) && rowmax.numel() == N);
+  LNS_CHECK(valid <= logits.dim(-1) && rowmax.numel() == N && targets.numel() == N && sumexp.numel() == N &&
+            target.numel() == N);
   if (N == 0) return;
-  if (vec_ok(logits.data, logits.dim(-1)))
-    LNS_LAUNCH(row_max_kernel<kVec>, N, kBlock, 0, stream())(ptr<float>(rowmax), ptr<bf16>(logits), logits.dim(-1), valid);
-  else
-    LNS_LAUNCH(row_max_kernel<1>, N, kBlock, 0, stream())(ptr<float>(rowmax), ptr<bf16>(logits), logits.dim(-1), valid);
+  auto* fn = vec_ok(logits.data, logits.dim(-1)) ? max_sumexp_target_kernel<kVec> : max_sumexp_target_kernel<1>;
+  LNS_LAUNCH(fn, N, kBlock, 0, stream())(ptr<float>(rowmax), ptr<float>(sumexp), ptr<float>(target),
+                                         ptr<bf16>(logits), ptr<int32_t>(targets), logits.dim(-1), col_begin, valid);
   LNS_CUDA_LAUNCHED();
 }
 
-void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor rowmax, Tensor targets,
-                         int64_t col_begin, int64_t valid) {
-  expect(logits, DType::BF16, "logits");
-  expect(targets, DType::I32, "targets");
-  const int64_t N = rows_of(logits);
-  LNS_CHECK(valid <= logits.dim(-1) && targets.numel() == N && sumexp.numel() == N && target.numel() == N);
+void vocab_sumexp_rescale(Tensor sumexp, Tensor local_max, Tensor global_max) {
+  expect(sumexp, DType::F32, "sumexp");
+  expect(local_max, DType::F32, "local max");
+  expect(global_max, DType::F32, "global max");
+  const int64_t N = sumexp.numel();
+  LNS_CHECK(local_max.numel() == N && global_max.numel() == N);
   if (N == 0) return;
-  auto* fn = vec_ok(logits.data, logits.dim(-1)) ? sumexp_target_kernel<kVec> : sumexp_target_kernel<1>;
-  LNS_LAUNCH(fn, N, kBlock, 0, stream())(ptr<float>(sumexp), ptr<float>(target), ptr<bf16>(logits), ptr<float>(rowmax),
-                                 ptr<int32_t>(targets), logits.dim(-1), col_begin, valid);
+  LNS_LAUNCH(sumexp_rescale_kernel, ceil_div(N, 256), 256, 0, stream())(ptr<float>(sumexp), ptr<float>(local_max),
+                                                                       ptr<float>(global_max), N);
   LNS_CUDA_LAUNCHED();
 }
 

@@ -46,9 +46,9 @@ void flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tens
 void swiglu_forward(Tensor out, Tensor gate, Tensor up);
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
 
-void vocab_row_max(Tensor rowmax, Tensor logits, int64_t valid);
-void vocab_sumexp_target(Tensor sumexp, Tensor target, Tensor logits, Tensor rowmax,
-                         Tensor targets, int64_t col_begin, int64_t valid);
+void vocab_max_sumexp_target(Tensor rowmax, Tensor sumexp, Tensor target, Tensor logits, Tensor targets,
+                             int64_t col_begin, int64_t valid);
+void vocab_sumexp_rescale(Tensor sumexp, Tensor local_max, Tensor global_max);
 void cross_entropy_combine(Tensor losses, Tensor rowmax, Tensor sumexp, Tensor target,
                            Tensor targets);
 void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, Tensor sumexp,

@@ -135,10 +135,11 @@ ActivationAccount activation_account(const LlamaConfig& cfg, StageSpec spec, int
   }
   // Every slot: ids [B,T] (every stage: LN-free's end-of-text rows) and h0 [NL,C]; the
   // last chunk's slots on the last stage: final norm statistics and output hf [NL,C],
-  // logits [N,V], the loss's five [N] f32 (targets, losses, row max, sum-exp, target logit).
+  // logits [N,V], the loss's six [N] f32 (targets, losses, row max, this rank's max,
+  // sum-exp, target logit).
   for (size_t c = 0; c < ranges.size(); ++c) {
     int64_t b = N * 4 + NC;
-    if (spec.has_head && c + 1 == ranges.size()) b += stat + NC + N * V * a + N * 4 * 5;
+    if (spec.has_head && c + 1 == ranges.size()) b += stat + NC + N * V * a + N * 4 * 6;
     acc.chunk_bytes[c] += b, acc.stage_bytes += b;
   }
   // Backward: six split-region [NL,C] gradients, and under --sequence_parallel two

@@ -90,6 +90,7 @@ struct LlamaStage::Slot {
   OwnedTensor losses_host;  // [N] host copy of losses (CUDA)
   bool gate_noise = false;  // set_gate_noise() armed route_noise for the next forward
   OwnedTensor rowmax, sumexp, target_logit;  // [N] loss statistics, reduced over tp
+  OwnedTensor local_max;  // [N] this rank's row max, before the max over tp
   OwnedTensor targets;    // [N] i32, copied from the caller's
   bool loss_pending = false;  // loss() ran, so backward() may
   Tensor out;             // what forward returned
@@ -271,6 +272,7 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
       slot->losses = f32({N});
       if (device_ != Device::CPU) slot->losses_host = OwnedTensor(DType::F32, Shape{N});
       slot->rowmax = f32({N});
+      slot->local_max = f32({N});
       slot->sumexp = f32({N});
       slot->target_logit = f32({N});
     }
@@ -1088,10 +1090,12 @@ Tensor LlamaStage::loss_tokens(Tensor targets, int slot) {
   s.loss_pending = true;
   // Vocab-parallel cross-entropy: no rank holds the full logits.
   const Tensor logits = s.logits.t.view({B_ * T_, vshard_.stored});
-  vocab_row_max(s.rowmax, logits, vshard_.valid);
+  // One read of the logits: each rank's max and sum relative to it, then the sum taken
+  // to the max over the ranks (a factor of exactly 1 at tp = 1).
+  vocab_max_sumexp_target(s.local_max, s.sumexp, s.target_logit, logits, targets, vshard_.begin, vshard_.valid);
+  copy(s.rowmax, s.local_max);
   tp_.all_reduce_max(s.rowmax);
-  vocab_sumexp_target(s.sumexp, s.target_logit, logits, s.rowmax, targets, vshard_.begin,
-                      vshard_.valid);
+  vocab_sumexp_rescale(s.sumexp, s.local_max, s.rowmax);
   tp_.all_reduce_sum(s.sumexp);
   tp_.all_reduce_sum(s.target_logit);
   cross_entropy_combine(s.losses, s.rowmax, s.sumexp, s.target_logit, targets);

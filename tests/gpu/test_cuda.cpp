@@ -528,21 +528,99 @@ TEST_P(CrossEntropy, VocabShardPiecesMatchCpu) {
   Dev logits(randn(N * V, 70, 3.0f), {N, V});
   Dev mx = zeros({N}, DType::F32), se = zeros({N}, DType::F32), tl = zeros({N}, DType::F32),
       loss = zeros({N}, DType::F32);
-  vocab_row_max(mx, logits, valid);
-  vocab_sumexp_target(se, tl, logits, mx, dtg, begin, valid);
+  vocab_max_sumexp_target(mx, se, tl, logits, dtg, begin, valid);
+  vocab_sumexp_rescale(se, mx, mx);  // one rank: a factor of exactly 1
   cross_entropy_combine(loss, mx, se, tl, dtg);
   std::vector<float> lh = logits.host, wmx(N), wse(N), wtl(N), wl(N), wd(N * V);
-  vocab_row_max(cpu(wmx, {N}), cpu(lh, {N, V}), valid);
-  vocab_sumexp_target(cpu(wse, {N}), cpu(wtl, {N}), cpu(lh, {N, V}), cpu(wmx, {N}), cpu(tg, {N}), begin, valid);
+  vocab_max_sumexp_target(cpu(wmx, {N}), cpu(wse, {N}), cpu(wtl, {N}), cpu(lh, {N, V}), cpu(tg, {N}), begin, valid);
   cross_entropy_combine(cpu(wl, {N}), cpu(wmx, {N}), cpu(wse, {N}), cpu(wtl, {N}), cpu(tg, {N}));
   EXPECT_LE(rel(mx.get(), wmx), kF32);
   EXPECT_LE(rel(se.get(), wse), 1e-3);  // __expf
+  EXPECT_LE(rel(tl.get(), wtl), kF32);
   EXPECT_LE(rel(loss.get(), wl), 1e-3);
   vocab_cross_entropy_backward(logits, logits, mx, se, dtg, begin, valid, 0.25f);  // in place
   vocab_cross_entropy_backward(cpu(wd, {N, V}), cpu(lh, {N, V}), cpu(wmx, {N}), cpu(wse, {N}), cpu(tg, {N}), begin,
                                valid, 0.25f);
   EXPECT_LE(rel(logits.get(), wd), kOut);
 }
+// Each row's max and sum of exp(x - max) of x[N,V], in f64.
+struct RowSums {
+  std::vector<float> max, sumexp;
+};
+RowSums row_sums_f64(const std::vector<float>& x, int64_t N, int64_t V) {
+  RowSums r{std::vector<float>(N), std::vector<float>(N)};
+  for (int64_t n = 0; n < N; ++n) {
+    double m = -INFINITY, sum = 0.0;
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, double(x[n * V + j]));
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(double(x[n * V + j]) - m);
+    r.max[n] = float(m), r.sumexp[n] = float(sum);
+  }
+  return r;
+}
+
+// Two ranks' shards of each row (columns [0, 24) and [24, 61)): each rank's max and
+// sum-exp in one pass, the sums rescaled to the max over both and added, as the stage does
+// around its all-reduces, against the f64 sum of the whole row. Rows where one shard's
+// max is far below the other's test the rescale (a factor near 0, not 1).
+TEST(CrossEntropyShards, SumsRescaledToTheGlobalMaxAreTheRowsSum) {
+  REQUIRE_GPU();
+  const int64_t N = 19, V = 61, split = 24;
+  std::vector<float> full = randn(N * V, 71, 2.0f);
+  for (int64_t n = 0; n < N; n += 3)
+    for (int64_t j = 0; j < split; ++j) full[n * V + j] -= 30.0f;  // shard 0 far below shard 1
+  for (int64_t n = 1; n < N; n += 3)
+    for (int64_t j = split; j < V; ++j) full[n * V + j] += 12.0f;
+  full = round_bf16(full);
+  std::vector<int32_t> tg(N, 0);
+  OwnedTensor dtg(DType::I32, Shape{N}, Device::CUDA);
+  copy_tensor(dtg, cpu(tg, {N}));
+  std::vector<float> gmax(N, -INFINITY), total(N, 0.0f);
+  std::vector<Dev> local, sums;
+  const int64_t bounds[3] = {0, split, V};
+  for (int r = 0; r < 2; ++r) {
+    const int64_t w = bounds[r + 1] - bounds[r];
+    std::vector<float> part(N * w);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < w; ++j) part[n * w + j] = full[n * V + bounds[r] + j];
+    Dev logits(part, {N, w}), tl = zeros({N}, DType::F32);
+    local.push_back(zeros({N}, DType::F32)), sums.push_back(zeros({N}, DType::F32));
+    vocab_max_sumexp_target(local[r], sums[r], tl, logits, dtg, bounds[r], w);
+    const std::vector<float> m = local[r].get();
+    for (int64_t n = 0; n < N; ++n) gmax[n] = std::max(gmax[n], m[n]);
+  }
+  Dev g(gmax, {N}, DType::F32);
+  for (int r = 0; r < 2; ++r) {
+    vocab_sumexp_rescale(sums[r], local[r], g);
+    const std::vector<float> sr = sums[r].get();
+    for (int64_t n = 0; n < N; ++n) total[n] += sr[n];
+  }
+  const RowSums want = row_sums_f64(full, N, V);
+  EXPECT_EQ(gmax, want.max);
+  EXPECT_LE(rel(total, want.sumexp), 1e-5);
+}
+
+// Rows long enough that a thread of the one-pass kernel takes several vectors (V 9000,
+// 16-byte vectors: 512 threads x 8 columns a pass) or several columns (V 1001, odd:
+// scalar), rising along the row so that each later one raises the thread's max and its
+// running sum must be rescaled, against the f64 sum.
+TEST(CrossEntropyShards, LongRowsRescaleTheRunningSum) {
+  REQUIRE_GPU();
+  for (const int64_t V : {int64_t{9000}, int64_t{1001}}) {
+    SCOPED_TRACE("V=" + std::to_string(V));
+    const int64_t N = 3;
+    std::vector<float> x = randn(N * V, 72, 0.5f);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < V; ++j) x[n * V + j] += 20.0f * float(j) / float(V);
+    x = round_bf16(x);
+    std::vector<int32_t> tg(N, 1);
+    OwnedTensor dtg(DType::I32, Shape{N}, Device::CUDA);
+    copy_tensor(dtg, cpu(tg, {N}));
+    Dev logits(x, {N, V}), mx = zeros({N}, DType::F32), se = zeros({N}, DType::F32), tl = zeros({N}, DType::F32);
+    vocab_max_sumexp_target(mx, se, tl, logits, dtg, 0, V);
+    EXPECT_LE(rel(se.get(), row_sums_f64(x, N, V).sumexp), 1e-4);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Widths, CrossEntropy,
                          ::testing::Values(std::pair<int64_t, int64_t>{50, 45}, std::pair<int64_t, int64_t>{64, 61}));
 

@@ -4,7 +4,8 @@
 // fp8_encode_satfinite: lns/fp8.h, themselves tested against f32_to_fp8). The shapes
 // take the vector paths (rows of a multiple of 8, 16-byte aligned; with a transpose, a
 // multiple of 16 rows) and the scalar ones, cross tile edges, and the largest ones give
-// the vector kernels more tiles than blocks (kCastBlocks), so blocks stride.
+// the vector kernels more tiles than blocks (kCastBlocks), so blocks stride. The kernels
+// exist in CUDA and emulation builds only; a CPU build compiles this file to nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +18,8 @@
 #include "lns/device.h"
 #include "lns/fp8.h"
 #include "lns/fp8_linear.h"
+
+#ifdef LNS_WITH_CUDA
 #include "src/cuda/fp8_cast.h"
 
 namespace lns {
@@ -289,3 +292,4 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Fp8TileCastCuda,
 
 }  // namespace
 }  // namespace lns
+#endif  // LNS_WITH_CUDA

@@ -178,7 +178,7 @@ def activation_account(s, tp, first, last, has_embedding, has_head, slots, mode=
         ws += stat * sum(stats)
     stage = N * I32 + NC  # ids on every stage (LN-free end-of-text rows), h0
     if has_head:
-        stage += stat + NC + N * V * a + 5 * N * F32
+        stage += stat + NC + N * V * a + 6 * N * F32  # the loss's [N] f32: lns/activation_memory.cpp
     # six split-region gradients; SP: two full-token [N, C] buffers of the tp region
     grads = 6 * NC + (2 * N * C * a if sp else 0) + 2 * N * (QD + KD) * a + 3 * N * F * a
     return Account(layers, stage, ws, grads, slots)

@@ -364,7 +364,10 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
     b.mem("residual_norm" if pending else "norm", fused_fwd if pending else norm_fwd)
     b.part = "head"
     b.linear_fwd("lm_head", C, V, block=False)
-    b.mem("cross_entropy", 2 * BF16 * N * V + 4 * F32 * N, launches=3)
+    # one read of the logits (max and sum-exp in one pass), then the [N] statistics: the
+    # local max kept (a copy, not a kernel), the sum rescaled to the max over tp, the
+    # losses combined
+    b.mem("cross_entropy", BF16 * N * V + 14 * F32 * N, launches=3)
 
     # ---- backward ----
     b.phase = "bwd"
