@@ -450,7 +450,9 @@ TEST_P(Embedding, VocabShardForwardBackwardMatchCpuAndRepeat) {
   EXPECT_LE(rel(runs[0], wdw), kF32);
   EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), rows * C * 4)) << "not deterministic";
 }
-INSTANTIATE_TEST_SUITE_P(Widths, Embedding, ::testing::Values(36, 64));
+// 36 scalar, 64 vector; 2056 (vector) and 2051 (scalar) take more than one pass of the
+// backward's 256 threads over the columns.
+INSTANTIATE_TEST_SUITE_P(Widths, Embedding, ::testing::Values(36, 64, 2056, 2051));
 
 // The device-side order of the backward over several 256-token tiles (the last one
 // partial): one row taking a third of the tokens, rows with one token, rows with none,
