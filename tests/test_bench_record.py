@@ -137,6 +137,10 @@ class BenchRecord(unittest.TestCase):
                        {"name": "gemm_wgrad_q_2048x2048x8192", "metric": "TFLOP/s", "value": 700.0, "ms": 0.098,
                         "best_candidate": -1, "best_candidate_ms": 0.098},
                        {"name": "copy_1024MiB", "metric": "GB/s", "value": 4215.0, "ms": 0.5}], f)
+        with open(os.path.join(self.res, "kernels_130m_lns.json"), "w") as f:  # a second config's GEMMs
+            json.dump({"results": [{"name": "gemm_fwd_q_8192x768x768", "metric": "TFLOP/s", "value": 400.0}]}, f)
+        with open(os.path.join(self.res, "kernels_torch.json"), "w") as f:  # PyTorch's: not ours
+            json.dump([{"name": "gemm_fwd_q_8192x768x768", "metric": "TFLOP/s", "value": 1.0}], f)
         out = os.path.join(self.dir, "records")
         r = run(self.res, "--out", out)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -145,6 +149,7 @@ class BenchRecord(unittest.TestCase):
                          {"value": 650.0, "metric": "TFLOP/s", "best_candidate": 2, "best_candidate_ms": 0.098})
         self.assertEqual(k["gemm_wgrad_q_2048x2048x8192"], {"value": 700.0, "metric": "TFLOP/s"})
         self.assertEqual(k["copy_1024MiB"], {"value": 4215.0, "metric": "GB/s"})
+        self.assertEqual(k["gemm_fwd_q_8192x768x768"], {"value": 400.0, "metric": "TFLOP/s"})
 
     def test_bad_input_is_one_line(self):
         os.remove(os.path.join(self.res, "env.json"))

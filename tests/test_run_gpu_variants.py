@@ -46,7 +46,7 @@ class Variants(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             steps = run_bench(tmp, "130m_lns 1b_lns_seq4k 1b_lns",
                               "130m_lns=lns,profile,fp8 1b_lns_seq4k=cudnn")
-        self.assertEqual(sorted(s for s in steps if s.endswith("_130m_lns")),
+        self.assertEqual(sorted(s for s in steps if s.startswith("step_") and s.endswith("_130m_lns")),
                          ["step_130m_lns", "step_fp8_130m_lns"])
         self.assertIn("--profile", steps["step_130m_lns"])
         self.assertIn("--profile", steps["step_fp8_130m_lns"])
@@ -56,6 +56,7 @@ class Variants(unittest.TestCase):
                           "step_fp8bw_1b_lns", "step_graphs_1b_lns"])
         self.assertIn("--profile", steps["step_1b_lns"])
         self.assertIn("kernels", steps)
+        self.assertIn("--flagfile=configs/130m_lns.flags --sections=step_gemm", steps["kernels_130m_lns"])
 
     def test_fp8_steps_take_cudnn_attention_where_the_library_is(self):
         with tempfile.TemporaryDirectory() as tmp:

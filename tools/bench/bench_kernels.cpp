@@ -13,7 +13,7 @@
 //                            with beta 1), at the stored FFN width, plus qkv_fused and
 //                            gate_up_fused (one product for q, k, v and for gate, up); each
 //                            record's best_candidate is the fastest of the heuristic's
-//                            candidates (-1: the one the step runs), --step_gemms
+//                            candidates (-1: the one the step runs)
 //   gemm_fp8_<name>_<M>x<N>x<K>, gemm_fp8bw_<name>_...  the same products in FP8 as
 //                            --fp8 runs them (src/cuda/linear_fp8.cpp): E4M3 x E4M3 with
 //                            per-tensor scales, and with 1x128 / 128x128 tile scales
@@ -30,6 +30,7 @@
 // tools/device/summarize.py pairs the two. Timing: CUDA events around each call,
 // median over --iters calls after --warmup untimed ones.
 //   lns_bench_kernels [--json=PATH] [--flagfile=configs/1b_lns.flags] [--tokens=2048,8192] [--long_seq=4096]
+//                     [--sections=copy,norm,gemm,step_gemm,fp8,attention]
 #include <cuda_runtime.h>
 #include <gflags/gflags.h>
 
@@ -39,6 +40,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include <absl/strings/numbers.h>
@@ -61,8 +63,9 @@ DEFINE_int32(iters, 50, "Timed calls per figure.");
 DEFINE_int32(warmup, 10, "Untimed calls first.");
 DEFINE_double(scale, 0.2, "LNS output scale 1/sqrt(l) of the norm benchmark (0.2 = layer 25).");
 DEFINE_int32(long_seq, 4096, "Sequence length of the batch-1 attention figures (0: none).");
-DEFINE_bool(step_gemms, true, "Also time the step's GEMMs pass by pass (forward, dgrad, wgrad), fused q/k/v and "
-            "gate/up shapes, and every candidate cuBLASLt's heuristic gives each.");
+DEFINE_string(sections, "copy,norm,gemm,step_gemm,fp8,attention",
+              "Which figures to measure: copy, norm, gemm, step_gemm (the step's GEMMs pass by pass, the fused "
+              "q/k/v and gate/up shapes, and every candidate cuBLASLt's heuristic gives each), fp8, attention.");
 DECLARE_int32(micro_batch_size);
 DECLARE_int32(seq_len);
 
@@ -125,6 +128,14 @@ std::vector<std::pair<int64_t, int64_t>> parse_shapes(const std::string& s) {
 }
 
 int run() {
+  const std::set<std::string> known = {"copy", "norm", "gemm", "step_gemm", "fp8", "attention"};
+  std::set<std::string> sections;
+  for (absl::string_view item : absl::StrSplit(FLAGS_sections, ',', absl::SkipEmpty())) {
+    LNS_REQUIRE(known.count(std::string(item)), "--sections: '", item,
+                "' is not one of copy, norm, gemm, step_gemm, fp8, attention");
+    sections.insert(std::string(item));
+  }
+  const auto on = [&](const char* s) { return sections.count(s) > 0; };
   LNS_REQUIRE(cuda_device_count() > 0, "lns_bench_kernels needs a GPU: ", cuda_unavailable_reason());
   bind_local_gpu(0);
   const LlamaConfig cfg = config_from_flags();
@@ -136,7 +147,7 @@ int run() {
   std::vector<std::pair<std::string, int64_t>> copies = {
       {"copy_" + std::to_string(FLAGS_copy_mib) + "MiB", int64_t(FLAGS_copy_mib) << 19}};
   for (auto [n, c] : norms) copies.push_back({"copy_" + std::to_string(n) + "x" + std::to_string(c), n * c});
-  for (const auto& [name, numel] : copies) {
+  for (const auto& [name, numel] : on("copy") ? copies : decltype(copies){}) {
     OwnedTensor a(DType::BF16, Shape{numel}, Device::CUDA), b(DType::BF16, Shape{numel}, Device::CUDA);
     const double ms = time_ms([&] {
       LNS_CUDA_CHECK(cudaMemcpyAsync(b.t.data, a.t.data, a.t.nbytes(), cudaMemcpyDeviceToDevice, cuda::stream()));
@@ -146,7 +157,7 @@ int run() {
   }
 
   // ---- fused residual + RMSNorm + LNS scale ------------------------------------------
-  for (auto [N, C] : norms) {
+  for (auto [N, C] : on("norm") ? norms : decltype(norms){}) {
     OwnedTensor res = filled(DType::BF16, {N, C}, 2.0f), delta = filled(DType::BF16, {N, C}, 1.0f),
                 out(DType::BF16, Shape{N, C}, Device::CUDA), res_out(DType::BF16, Shape{N, C}, Device::CUDA),
                 dout = filled(DType::BF16, {N, C}, 1.0f), dres = filled(DType::BF16, {N, C}, 1.0f),
@@ -184,7 +195,7 @@ int run() {
   const int64_t align = gemm_dim_align(Device::CUDA), Fs = (F + align - 1) / align * align;
   if (Fs != F) gemms.insert(gemms.end() - 1, {{"gate_up_stored", Fs, C}, {"down_stored", C, Fs}});
   std::printf("GEMM shapes: hidden %lld, intermediate %lld, vocab %lld\n", (long long)C, (long long)F, (long long)V);
-  for (int64_t M : tokens)
+  for (int64_t M : on("gemm") ? tokens : decltype(tokens){})
     for (const auto& [name, N, K] : gemms) {
       OwnedTensor x = filled(DType::BF16, {M, K}, 1.0f), w = filled(DType::BF16, {N, K}, 0.05f),
                   y(DType::BF16, Shape{M, N}, Device::CUDA);
@@ -197,7 +208,7 @@ int run() {
   // ---- the step's GEMMs, each pass as the linears run it, and the heuristic's other
   // candidates: whether keeping the fastest candidate (instead of the first that runs)
   // or one product for q, k, v (gate, up) would pay, before either is built -------------
-  if (FLAGS_step_gemms) {
+  if (on("step_gemm")) {
     const int64_t M = int64_t(FLAGS_micro_batch_size) * FLAGS_seq_len;  // the step's rows
     std::vector<std::tuple<std::string, int64_t, int64_t>> linears = {
         {"q", C, C}, {"kv", KV, C}, {"o", C, C}, {"gate", Fs, C}, {"down", C, Fs}, {"lm_head", V, C},
@@ -258,7 +269,7 @@ int run() {
   const auto ones = [&](int64_t n) { return device_f32(std::vector<float>(static_cast<size_t>(n), 1.0f), {n}); };
   const OwnedTensor rows = table(2);
   const float* one = static_cast<const float*>(rows.t.data) + kFp8ScaleInv;
-  for (int64_t M : tokens)
+  for (int64_t M : on("fp8") ? tokens : decltype(tokens){})
     for (const auto& [name, N, K] : gemms) {
       if (name == "lm_head" || N % 16 || K % 16) continue;  // bf16 under --fp8; FP8 needs multiples of 16
       const OwnedTensor a = codes(M * K), w = codes(N * K);
@@ -278,7 +289,7 @@ int run() {
       ms = time_ms([&] { cuda::gemm(g); });
       r.add("gemm_fp8bw_" + name + "_" + shape, "TFLOP/s", flop / ms / 1e9, ms, {M, N, K}, "flops", flop);
     }
-  for (auto [N, C] : norms) {
+  for (auto [N, C] : on("fp8") ? norms : decltype(norms){}) {
     const OwnedTensor x = filled(DType::BF16, {N, C}, 2.0f), t = table(1);
     OwnedTensor q(DType::F32, Shape{(N * C + 3) / 4}, Device::CUDA), qT(DType::F32, Shape{(N * C + 3) / 4}, Device::CUDA),
         s(DType::F32, Shape{cuda::gemm_scale_floats(cuda::GemmScale::Vec128, std::max(N, C), std::max(N, C))},
@@ -302,15 +313,16 @@ int run() {
   // ---- causal attention: fused, cuDNN's (where its library loads; its deterministic and
   // its atomic backward) and materialised -------------------------------------------------
   const int64_t D = cfg.head_dim(), Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
-  bool cudnn = cudnn_attention_takes(D);
+  bool cudnn = on("attention") && cudnn_attention_takes(D);
   if (cudnn) try {
       std::printf("attention_cudnn: %s\n", attention_library(AttentionImpl::Cudnn).c_str());
     } catch (const UserError& e) {
       std::printf("attention_cudnn: not measured: %s\n", e.what());
       cudnn = false;
     }
-  std::vector<std::pair<int64_t, int64_t>> attention_shapes = {{FLAGS_micro_batch_size, FLAGS_seq_len}};
-  if (FLAGS_long_seq > 0) attention_shapes.push_back({1, FLAGS_long_seq});
+  std::vector<std::pair<int64_t, int64_t>> attention_shapes;
+  if (on("attention")) attention_shapes.push_back({FLAGS_micro_batch_size, FLAGS_seq_len});
+  if (on("attention") && FLAGS_long_seq > 0) attention_shapes.push_back({1, FLAGS_long_seq});
   for (auto [B, T] : attention_shapes)
     for (AttentionImpl impl : {AttentionImpl::Fused, AttentionImpl::Cudnn, AttentionImpl::CudnnNondeterministic,
                                AttentionImpl::Materialized}) {

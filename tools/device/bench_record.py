@@ -98,7 +98,12 @@ def make_record(results_dir, commit=None):
                     configs.setdefault(cfg, {})[peer] = got
                 break
     kernels = {}
-    for n, variants in summarize.kernel_records(summarize.load_json(os.path.join(results_dir, "kernels.json"))).items():
+    # kernels.json (1B's figures) and kernels_<config>.json (another config's step GEMMs)
+    ours = {}
+    for name in sorted(os.listdir(results_dir)):
+        if name.startswith("kernels") and name.endswith(".json") and name != "kernels_torch.json":
+            ours.update(summarize.kernel_records(summarize.load_json(os.path.join(results_dir, name))))
+    for n, variants in ours.items():
         r = next(iter(variants.values()))
         kernels[n] = {"value": r["value"], "metric": r.get("metric", "")}
         if r.get("best_candidate", -1) >= 0:  # a GEMM another of cuBLASLt's candidates ran faster
