@@ -9,6 +9,7 @@
 // 16-byte chunk of the row, the *_chunk kernels, else in shared memory); the per-block
 // partials [G, C] are summed over G in a fixed order by a second kernel. The grid
 // depends only on N, so two runs give the same bits.
+#include <algorithm>
 #include <vector>
 
 #include "cuda/common.cuh"
@@ -327,9 +328,13 @@ void launch_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tenso
   const bool vec = vec_ok(x.data, C) && vec_ok(dout.data, C) && vec_ok(dx.data, C) &&
                    (dres.empty() || vec_ok(dres.data, C));
   const int W = vec ? kVec : 1;
-  // Fixed by N alone (deterministic). 512 blocks of C/8 threads: about half of an
+  // Fixed by N and C (deterministic). 512 blocks of C/8 threads: about half of an
   // H100's threads at C = 2048 (256 gave 25%); the [G, C] partials stay a few MB.
-  const int G = static_cast<int>(N < 512 ? N : 512);
+  // Narrower rows get proportionally more blocks (C = 768, 130M: 96 threads, 1,024
+  // blocks), so that as many rows are in flight as at C = 2048: 512 blocks of 96 threads
+  // left 18% of the threads busy. tools/perf/step_model.py counts the partials by it.
+  const int64_t blocks = int64_t{512} * std::max(1, 256 / block_for(C, W));
+  const int G = static_cast<int>(std::min(N, blocks));
   const int width = (ln ? 2 : 1) * C;
   auto* partial = static_cast<float*>(scratch(Scratch::NormPartials, sizeof(float) * G * width));
   const bool chunk = vec && C <= block_for(C, W) * W;  // one 16-byte chunk per thread

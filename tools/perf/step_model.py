@@ -44,6 +44,7 @@ class Impl:
     causal_softmax_bwd: bool = False  # item 6: softmax backward reads only the causal half
     sharded_adamw: bool = False       # item 4: reduce to shard owners, update the shard, all-gather bf16
     norm_bwd_blocks: int = 256        # item 6: norm backward's grid (its [G, C] f32 partials)
+    norm_bwd_narrow: bool = False     # that grid grown for rows under 2048 (256 // threads times)
     fused_attention: bool = False     # issue 17: flash_attention.cu (head dims 64, 128)
     fp8: str = "none"                 # issue 30: --fp8 (none, delayed, blockwise) for the blocks' linears
 
@@ -52,7 +53,7 @@ BEFORE = Impl()
 # What src/cuda and src/model do in this tree (keep in step with the code): every
 # item of issue 16 that changes the model, the sharded update (--zero, the default) included.
 PRESENT = Impl(pad_ld=True, fused_residual=True, causal_softmax_bwd=True, sharded_adamw=True,
-               norm_bwd_blocks=512)
+               norm_bwd_blocks=512, norm_bwd_narrow=True)
 # This tree with --zero=false: every dp rank all-reduces and updates all parameters.
 NOZERO = replace(PRESENT, sharded_adamw=False)
 # issue 17's fused attention on top of this tree (--attention=fused or auto).
@@ -255,7 +256,9 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
     stats = 2 * F32 * N if s.norm_type == "layernorm" else F32 * N
     norm_fwd = 2 * BF16 * N * C + stats            # x in, u out
     fused_fwd = 4 * BF16 * N * C + stats           # x, delta in; r, u out
-    G_norm = min(N, impl.norm_bwd_blocks)  # partials [G, C] written, then summed
+    # partials [G, C] written, then summed; narrow rows get more blocks (src/cuda/norm.cu)
+    threads = min(max(-(-C // 8 // 32) * 32, 64), 1024)  # block_for(C, 8)
+    G_norm = min(N, impl.norm_bwd_blocks * (max(1, 256 // threads) if impl.norm_bwd_narrow else 1))
     norm_bwd = lambda dres: (3 + (1 if dres else 0)) * BF16 * N * C + stats + 2 * G_norm * C * F32
     causal = T * (T + 1) // 2                     # score entries at or below the diagonal
     score = B * Hq * T * T                        # score entries per layer
