@@ -90,6 +90,61 @@ __global__ void fp8_cast_kernel(const bf16* x, int64_t R, int64_t C, const float
   }
 }
 
+// row += the partials' health (a vector path's blocks, at most kCastBlocks; the scalar
+// kernels' tiles). One block: thread t takes partials t, t + 256, ... in order, then the
+// block reduces in its fixed order, so the sums do not depend on timing.
+// The merge itself, by one block of any size (the partials read volatile: in the vector
+// kernels' last block they were written by other blocks of the same grid).
+__device__ __forceinline__ void merge_health(float* row, const volatile float* partial, int64_t n, float elements,
+                                             float* red) {
+  float amax = 0.0f, sat = 0.0f, flushed = 0.0f, nonfinite = 0.0f;
+  for (int64_t t = threadIdx.x; t < n; t += blockDim.x) {
+    amax = fmaxf(amax, partial[t * kStats]);
+    sat += partial[t * kStats + 1], flushed += partial[t * kStats + 2], nonfinite += partial[t * kStats + 3];
+  }
+  amax = block_max(amax, red);
+  sat = block_sum(sat, red);
+  flushed = block_sum(flushed, red);
+  nonfinite = block_sum(nonfinite, red);
+  if (threadIdx.x == 0) {
+    row[kFp8Amax] = fmaxf(row[kFp8Amax], amax);
+    row[kFp8Saturated] += sat, row[kFp8Flushed] += flushed, row[kFp8Nonfinite] += nonfinite;
+    row[kFp8Elements] += elements;
+  }
+}
+
+constexpr int kRecordThreads = 256;
+__global__ void fp8_record_kernel(float* row, const float* partial, int64_t tiles, float elements) {
+  __shared__ float red[32];
+  merge_health(row, partial, tiles, elements, red);
+}
+
+// Where the vector kernels record: the table row (null: not recorded), the cast's element
+// count, and the grid's ticket counter (0 between casts: the last block resets it). The
+// kernels take the three as arguments of their own, so that the emulator sees every
+// pointer a kernel writes through (its reversed-order check restores them).
+struct Record {
+  float* row = nullptr;
+  float elements = 0.0f;
+  unsigned int* counter = nullptr;
+};
+
+// After every block wrote its partial[blockIdx.x]: the last block to finish merges all
+// gridDim.x partials into the row, in index order (the same bits whichever block is last).
+// Saves the record kernel's launch after each of the ~15 casts a block and micro-batch.
+// `red` is the block's reduction buffer: red[0] carries whether this block is the last.
+__device__ __forceinline__ void record_if_last(const Record& rec, const float* partial, float* red) {
+  if (!rec.row) return;
+  __threadfence();  // this block's partial is visible before its ticket is taken
+  __syncthreads();  // and every thread has read `red` in the reductions before
+  if (threadIdx.x == 0) red[0] = atomicAdd(rec.counter, 1u) == gridDim.x - 1 ? 1.0f : 0.0f;
+  __syncthreads();
+  if (red[0] == 0.0f) return;  // uniform over the block
+  __threadfence();
+  merge_health(rec.row, partial, gridDim.x, rec.elements, red);  // its reductions sync before reusing red
+  if (threadIdx.x == 0) *rec.counter = 0;
+}
+
 // fp8_cast's vector path: x[R,C] with C % 8 == 0 (x 16-byte aligned, q 8-byte aligned;
 // with qT also R % 16 == 0 and qT 16-byte aligned). 64 x 64 tiles, 256 threads: for the
 // load, thread t takes 8 columns (t % 8) of rows t / 8 and t / 8 + 32; for the transpose,
@@ -97,7 +152,8 @@ __global__ void fp8_cast_kernel(const bf16* x, int64_t R, int64_t C, const float
 // takes tiles blockIdx.x, + gridDim.x, ...; its health goes to partial[blockIdx.x][4].
 constexpr int kVecTile = 64;
 __global__ void fp8_cast_vec_kernel(const bf16* __restrict__ x, int64_t R, int64_t C, const float* row, bool e4m3,
-                                    uint8_t* q, uint8_t* qT, float* partial) {
+                                    uint8_t* q, uint8_t* qT, float* partial, float* rec_row, float rec_elements,
+                                    unsigned int* counter) {
   __shared__ Fp8x8 tile[kVecTile][kVecTile / 8];  // one tile's codes: [row][column / 8]
   __shared__ float red[32];
   const float scale = row[kFp8Scale];
@@ -133,29 +189,9 @@ __global__ void fp8_cast_vec_kernel(const bf16* __restrict__ x, int64_t R, int64
     }
   }
   h.write_block(partial, red);
+  record_if_last(Record{rec_row, rec_elements, counter}, partial, red);
 }
 
-// row += the partials' health (a vector path's blocks, at most kCastBlocks; the scalar
-// kernels' tiles). One block: thread t takes partials t, t + 256, ... in order, then the
-// block reduces in its fixed order, so the sums do not depend on timing.
-constexpr int kRecordThreads = 256;
-__global__ void fp8_record_kernel(float* row, const float* partial, int64_t tiles, float elements) {
-  __shared__ float red[32];
-  float amax = 0.0f, sat = 0.0f, flushed = 0.0f, nonfinite = 0.0f;
-  for (int64_t t = threadIdx.x; t < tiles; t += kRecordThreads) {
-    amax = fmaxf(amax, partial[t * kStats]);
-    sat += partial[t * kStats + 1], flushed += partial[t * kStats + 2], nonfinite += partial[t * kStats + 3];
-  }
-  amax = block_max(amax, red);
-  sat = block_sum(sat, red);
-  flushed = block_sum(flushed, red);
-  nonfinite = block_sum(nonfinite, red);
-  if (threadIdx.x == 0) {
-    row[kFp8Amax] = fmaxf(row[kFp8Amax], amax);
-    row[kFp8Saturated] += sat, row[kFp8Flushed] += flushed, row[kFp8Nonfinite] += nonfinite;
-    row[kFp8Elements] += elements;
-  }
-}
 
 // ---- --fp8=blockwise: tiles of 128 along K, each with its own power-of-two scale -------
 // (include/lns/fp8_linear.h; CPU reference quantize_tiles in src/cpu/linear_fp8.cpp).
@@ -202,7 +238,8 @@ __global__ void fp8_tiles_rows_kernel(const bf16* x, int64_t R, int64_t C, bool 
 // 2w and 2w + 1 of the R x ceil(C/128) in row-major order, for w = its global warp index,
 // + the grid's warps, ...; the block's health to partial[blockIdx.x][4].
 __global__ void fp8_tiles_rows_vec_kernel(const bf16* __restrict__ x, int64_t R, int64_t C, bool e4m3, uint8_t* q,
-                                          float* s, float* partial) {
+                                          float* s, float* partial, float* rec_row, float rec_elements,
+                                          unsigned int* counter) {
   __shared__ float red[32];
   const Fp8Format f = e4m3 ? Fp8Format::E4M3 : Fp8Format::E5M2;
   const int lane = threadIdx.x % 32, half = lane / 16, hl = lane % 16;
@@ -235,6 +272,7 @@ __global__ void fp8_tiles_rows_vec_kernel(const bf16* __restrict__ x, int64_t R,
     if (hl == 0) s[t * round4(R) + r] = 1.0f / scale;
   }
   h.write_block(partial, red);
+  record_if_last(Record{rec_row, rec_elements, counter}, partial, red);
 }
 
 // 128 x 1 tiles down the columns of x[R,C], written transposed: qT[C,R] (K = R major) and
@@ -427,6 +465,31 @@ __global__ void fp8_tiles_blocks_vec_kernel(const bf16* __restrict__ x, int64_t 
   }
 }
 
+// Every cast's partials [n][4] and the vector kernels' ticket counter, in one scratch
+// buffer: the counter first (16 bytes), zeroed whenever the buffer is new (the last block
+// of every vector grid leaves it at 0), the partials after it.
+struct Partials {
+  float* partial;
+  Record rec;  // for a vector kernel that records: the row, the element count, the counter
+};
+Partials partials_for(int64_t n, float* row, int64_t elements) {
+  static void* zeroed = nullptr;  // the buffer whose counter was zeroed (one compute stream a process)
+  auto* base = static_cast<char*>(scratch(Scratch::Fp8Partials, 16 + sizeof(float) * kStats * n));
+  if (base != zeroed) {
+    LNS_CUDA_CHECK(cudaMemsetAsync(base, 0, 16, stream()));
+    zeroed = base;
+  }
+  return {reinterpret_cast<float*>(base + 16),
+          Record{row, static_cast<float>(elements), reinterpret_cast<unsigned int*>(base)}};
+}
+
+// The scalar kernels' record: one block merges their n partials into the row.
+void record_partials(const Partials& p, int64_t n) {
+  if (!p.rec.row) return;
+  LNS_LAUNCH(fp8_record_kernel, 1, kRecordThreads, 0, stream())(p.rec.row, p.partial, n, p.rec.elements);
+  LNS_CUDA_LAUNCHED();
+}
+
 }  // namespace
 
 void fp8_cast_tiles_rows(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q, float* s) {
@@ -435,25 +498,22 @@ void fp8_cast_tiles_rows(const Tensor& x, float* row, Fp8Format f, bool record, 
   const int64_t C = x.dim(-1), R = C == 0 ? 0 : x.numel() / C;
   if (R == 0 || C == 0) return;
   const int64_t tiles = ceil_div(C, kTileK);
-  int64_t partials = 0;
-  float* partial = nullptr;
   if (vec_ok(x.data, C) && aligned_to(q, 8)) {  // 16 tiles a block a pass (8 warps, 2 each)
-    partials = std::min<int64_t>(ceil_div(R * tiles, 16), kCastBlocks);
-    partial = static_cast<float*>(scratch(Scratch::Fp8Partials, sizeof(float) * kStats * partials));
-    LNS_LAUNCH(fp8_tiles_rows_vec_kernel, unsigned(partials), 256, 0, stream())(
-        ptr<bf16>(x), R, C, f == Fp8Format::E4M3, q, s, partial);
-  } else {
-    const int64_t gy = ceil_div(R, 8);
-    LNS_CHECK(gy <= 65535) << "fp8_cast_tiles_rows: " << R << " rows is more than the grid's 65535 x 8";
-    partials = R * tiles;
-    partial = static_cast<float*>(scratch(Scratch::Fp8Partials, sizeof(float) * kStats * partials));
-    LNS_LAUNCH(fp8_tiles_rows_kernel, dim3(unsigned(tiles), unsigned(gy)), 256, 0, stream())(
-        ptr<bf16>(x), R, C, f == Fp8Format::E4M3, q, s, partial);
+    const int64_t blocks = std::min<int64_t>(ceil_div(R * tiles, 16), kCastBlocks);
+    const Partials p = partials_for(blocks, record ? row : nullptr, R * C);
+    LNS_LAUNCH(fp8_tiles_rows_vec_kernel, unsigned(blocks), 256, 0, stream())(
+        ptr<bf16>(x), R, C, f == Fp8Format::E4M3, q, s, p.partial, p.rec.row, p.rec.elements,
+        p.rec.counter);  // recorded by its last block
+    LNS_CUDA_LAUNCHED();
+    return;
   }
+  const int64_t gy = ceil_div(R, 8);
+  LNS_CHECK(gy <= 65535) << "fp8_cast_tiles_rows: " << R << " rows is more than the grid's 65535 x 8";
+  const Partials p = partials_for(R * tiles, record ? row : nullptr, R * C);
+  LNS_LAUNCH(fp8_tiles_rows_kernel, dim3(unsigned(tiles), unsigned(gy)), 256, 0, stream())(
+      ptr<bf16>(x), R, C, f == Fp8Format::E4M3, q, s, p.partial);
   LNS_CUDA_LAUNCHED();
-  if (!record) return;
-  LNS_LAUNCH(fp8_record_kernel, 1, kRecordThreads, 0, stream())(row, partial, partials, static_cast<float>(R * C));
-  LNS_CUDA_LAUNCHED();
+  record_partials(p, R * tiles);
 }
 
 void fp8_cast_tiles_cols(const Tensor& x, Fp8Format f, uint8_t* qT, float* s) {
@@ -480,17 +540,15 @@ void fp8_cast_tiles_blocks(const Tensor& w, float* row, Fp8Format f, bool record
   if (R == 0 || C == 0) return;
   const int64_t gx = ceil_div(C, kTileK), gy = ceil_div(R, kTileK);
   LNS_CHECK(gy <= 65535) << "fp8_cast_tiles_blocks: " << R << " rows is more than the grid's 65535 x 128";
-  auto* partial = static_cast<float*>(scratch(Scratch::Fp8Partials, sizeof(float) * kStats * gx * gy));
+  const Partials p = partials_for(gx * gy, record ? row : nullptr, R * C);  // once a step: recorded apart
   if (vec_ok(w.data, C) && (!q || aligned_to(q, 8)) && (!qT || (R % 16 == 0 && aligned_to(qT, 16))))
     LNS_LAUNCH(fp8_tiles_blocks_vec_kernel, dim3(unsigned(gx), unsigned(gy)), 256, 0, stream())(
-        ptr<bf16>(w), R, C, f == Fp8Format::E4M3, q, qT, s, sT, partial);
+        ptr<bf16>(w), R, C, f == Fp8Format::E4M3, q, qT, s, sT, p.partial);
   else
     LNS_LAUNCH(fp8_tiles_blocks_kernel, dim3(unsigned(gx), unsigned(gy)), 256, 0, stream())(
-        ptr<bf16>(w), R, C, f == Fp8Format::E4M3, q, qT, s, sT, partial);
+        ptr<bf16>(w), R, C, f == Fp8Format::E4M3, q, qT, s, sT, p.partial);
   LNS_CUDA_LAUNCHED();
-  if (!record) return;
-  LNS_LAUNCH(fp8_record_kernel, 1, kRecordThreads, 0, stream())(row, partial, gx * gy, static_cast<float>(R * C));
-  LNS_CUDA_LAUNCHED();
+  record_partials(p, gx * gy);
 }
 
 void fp8_cast(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q, uint8_t* qT) {
@@ -498,26 +556,22 @@ void fp8_cast(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q,
   expect(x, DType::BF16, "fp8_cast x");
   const int64_t C = x.dim(-1), R = C == 0 ? 0 : x.numel() / C;
   if (R == 0 || C == 0) return;
-  int64_t partials = 0;
-  float* partial = nullptr;
   if (vec_ok(x.data, C) && (!q || aligned_to(q, 8)) && (!qT || (R % 16 == 0 && aligned_to(qT, 16)))) {
-    partials = std::min<int64_t>(ceil_div(C, kVecTile) * ceil_div(R, kVecTile), kCastBlocks);
-    partial = static_cast<float*>(scratch(Scratch::Fp8Partials, sizeof(float) * kStats * partials));
-    LNS_LAUNCH(fp8_cast_vec_kernel, unsigned(partials), 256, 0, stream())(ptr<bf16>(x), R, C, row,
-                                                                         f == Fp8Format::E4M3, q, qT, partial);
-  } else {
-    const int64_t gx = ceil_div(C, kTile), gy = ceil_div(R, kTile);
-    LNS_CHECK(gy <= 65535) << "fp8_cast: " << R << " rows is more than the grid's 65535 x 32";
-    partials = gx * gy;
-    partial = static_cast<float*>(scratch(Scratch::Fp8Partials, sizeof(float) * kStats * partials));
-    const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
-    LNS_LAUNCH(fp8_cast_kernel, grid, kThreads, 0, stream())(ptr<bf16>(x), R, C, row, f == Fp8Format::E4M3, q, qT,
-                                                            partial);
+    const int64_t blocks = std::min<int64_t>(ceil_div(C, kVecTile) * ceil_div(R, kVecTile), kCastBlocks);
+    const Partials p = partials_for(blocks, record ? row : nullptr, R * C);
+    LNS_LAUNCH(fp8_cast_vec_kernel, unsigned(blocks), 256, 0, stream())(
+        ptr<bf16>(x), R, C, row, f == Fp8Format::E4M3, q, qT, p.partial, p.rec.row, p.rec.elements,
+        p.rec.counter);  // recorded by its last block
+    LNS_CUDA_LAUNCHED();
+    return;
   }
+  const int64_t gx = ceil_div(C, kTile), gy = ceil_div(R, kTile);
+  LNS_CHECK(gy <= 65535) << "fp8_cast: " << R << " rows is more than the grid's 65535 x 32";
+  const Partials p = partials_for(gx * gy, record ? row : nullptr, R * C);
+  LNS_LAUNCH(fp8_cast_kernel, dim3(unsigned(gx), unsigned(gy)), kThreads, 0, stream())(
+      ptr<bf16>(x), R, C, row, f == Fp8Format::E4M3, q, qT, p.partial);
   LNS_CUDA_LAUNCHED();
-  if (!record) return;
-  LNS_LAUNCH(fp8_record_kernel, 1, kRecordThreads, 0, stream())(row, partial, partials, static_cast<float>(R * C));
-  LNS_CUDA_LAUNCHED();
+  record_partials(p, gx * gy);
 }
 
 }  // namespace lns::cuda

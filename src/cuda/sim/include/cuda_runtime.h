@@ -84,6 +84,17 @@ inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, cons
   return ::lns::sim::shfl_as(mask, v, ::lns::sim::kShflUp, int(delta), width, file, line);
 }
 
+// Atomics and fences, as far as the kernels use them: an unsigned counter that the
+// blocks of a grid take tickets from (src/cuda/fp8.cu: the last block merges the
+// others' partials). Blocks run one at a time here, so a plain read-modify-write is
+// atomic, and every write is visible to the blocks after it.
+inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
+  const unsigned int old = *p;
+  *p = old + v;
+  return old;
+}
+inline void __threadfence() {}
+
 // Fast-math intrinsics: here the exact functions (docs/cuda.md: the emulator does not
 // reproduce the GPU's approximations).
 inline float __expf(float x) { return expf(x); }
