@@ -473,11 +473,15 @@ struct Partials {
   Record rec;  // for a vector kernel that records: the row, the element count, the counter
 };
 Partials partials_for(int64_t n, float* row, int64_t elements) {
-  static void* zeroed = nullptr;  // the buffer whose counter was zeroed (one compute stream a process)
-  auto* base = static_cast<char*>(scratch(Scratch::Fp8Partials, 16 + sizeof(float) * kStats * n));
-  if (base != zeroed) {
+  // The buffer whose counter was zeroed, and the most asked of it: asking more may
+  // reallocate it, perhaps at the same address (one compute stream a process).
+  static void* zeroed = nullptr;
+  static size_t asked = 0;
+  const size_t bytes = 16 + sizeof(float) * kStats * size_t(n);
+  auto* base = static_cast<char*>(scratch(Scratch::Fp8Partials, bytes));
+  if (base != zeroed || bytes > asked) {
     LNS_CUDA_CHECK(cudaMemsetAsync(base, 0, 16, stream()));
-    zeroed = base;
+    zeroed = base, asked = std::max(asked, bytes);
   }
   return {reinterpret_cast<float*>(base + 16),
           Record{row, static_cast<float>(elements), reinterpret_cast<unsigned int*>(base)}};
