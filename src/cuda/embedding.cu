@@ -5,8 +5,8 @@
 // put in a stable order by row on the device (a token's place is the number of tokens
 // with a smaller row plus the number of earlier tokens with the same row), so each
 // vocabulary row's tokens form one run in token order; one thread per run and 8 columns
-// (one, for odd widths) sums its run in that order and adds it to the f32 gradient. Nothing is read back:
-// no host synchronisation (docs/cuda.md).
+// (one, for odd widths) sums its run in that order and adds it to the f32 gradient.
+// Nothing is read back: no host synchronisation (docs/cuda.md).
 #include <algorithm>
 
 #include "cuda/common.cuh"
@@ -146,7 +146,8 @@ void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_beg
   LNS_CUDA_LAUNCHED();
   const bool vec = vec_ok(dout.data, C) && reinterpret_cast<uintptr_t>(dweight.data) % 16 == 0;
   const int W = vec ? kVec : 1;
-  const int threads = static_cast<int>(std::min<int64_t>(std::max<int64_t>(ceil_div(ceil_div(C, W), 32) * 32, 32), 256));
+  const int64_t warps_wide = ceil_div(ceil_div(C, W), 32) * 32;  // one pass over the row, within 32..256
+  const int threads = static_cast<int>(std::min<int64_t>(std::max<int64_t>(warps_wide, 32), 256));
   auto* fn = vec ? embedding_backward_kernel<kVec> : embedding_backward_kernel<1>;
   LNS_LAUNCH(fn, N, threads, 0, stream())(ptr<float>(dweight), ptr<bf16>(dout), order, ptr<int32_t>(ids), row_begin,
                                           N, C);

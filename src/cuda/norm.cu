@@ -8,7 +8,7 @@
 // it accumulates dgain/dbias for them without atomics (in registers when it owns one
 // 16-byte chunk of the row, the *_chunk kernels, else in shared memory); the per-block
 // partials [G, C] are summed over G in a fixed order by a second kernel. The grid
-// depends only on N, so two runs give the same bits.
+// depends only on N and C, so two runs give the same bits.
 #include <algorithm>
 #include <vector>
 
@@ -251,8 +251,8 @@ __global__ void norm_backward_chunk_kernel(bf16* dx, float* __restrict__ partial
 // 8 blocks at C = 2048, each reading 512 KB one float at a time: tens of microseconds
 // after every norm backward.)
 constexpr int kSumCols = 32, kSumWarps = 8;
-__global__ void norm_sum_partials_kernel(float* __restrict__ out, const float* __restrict__ partial,
-                                    int G, int count, int stride) {
+__global__ void norm_sum_partials_kernel(float* __restrict__ out, const float* __restrict__ partial, int G, int count,
+                                         int stride) {
   __shared__ float sums[kSumWarps][kSumCols];
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
   const int64_t c = int64_t(blockIdx.x) * kSumCols + lane;
@@ -353,7 +353,8 @@ void launch_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tenso
   LNS_LAUNCH(norm_sum_partials_kernel, sum_blocks, sum_threads, 0, stream())(ptr<float>(dgain), partial, G, C, width);
   LNS_CUDA_LAUNCHED();
   if (ln) {  // the dbias half of each block's partial row: columns [C, 2C)
-    LNS_LAUNCH(norm_sum_partials_kernel, sum_blocks, sum_threads, 0, stream())(ptr<float>(dbias), partial + C, G, C, width);
+    LNS_LAUNCH(norm_sum_partials_kernel, sum_blocks, sum_threads, 0, stream())(ptr<float>(dbias), partial + C, G, C,
+                                                                              width);
     LNS_CUDA_LAUNCHED();
   }
 }
