@@ -639,7 +639,8 @@ TEST(Optimizer, SumSquaresBothPathsMatchCpu) {
   }
 }
 
-// n = 10008 takes the kernel's 16-byte path; 10007 and a misaligned p the scalar one.
+// n = 10008 takes the kernels' 16-byte paths (AdamW, the scale); 10007 and a misaligned p
+// AdamW's scalar one, 10007 the scale's.
 class AdamWKernel : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
 
 TEST_P(AdamWKernel, StepSumSquaresScaleMatchCpu) {
