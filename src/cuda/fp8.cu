@@ -33,6 +33,16 @@ struct alignas(16) Fp8x16 {
 };
 inline bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// The transposes' store: column `col` of a shared tile of codes ([rows][W8 x 8 bytes]),
+// rows row0 to row0 + 15, as one 16-byte store at dst (16-byte aligned).
+template <int W8>
+__device__ __forceinline__ void store_column16(const Fp8x8 (*tile)[W8], int row0, int col, uint8_t* dst) {
+  Fp8x16 out;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) out.v[i] = tile[row0 + i][col / 8].v[col % 8];
+  *reinterpret_cast<Fp8x16*>(dst) = out;
+}
+
 // A thread's share of a per-tensor cast's health (the counts of lns::cast_to_fp8): the
 // amax of the finite inputs, and how many saturate, flush to zero or are not finite.
 struct Fp8Health {
@@ -181,12 +191,7 @@ __global__ void fp8_cast_vec_kernel(const bf16* __restrict__ x, int64_t R, int64
     if (!qT) continue;
     __syncthreads();
     const int64_t c = c0 + tj, r = r0 + tr;  // R % 16 == 0: the 16 rows are all in or all out
-    if (c < C && r < R) {
-      Fp8x16 out;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) out.v[i] = tile[tr + i][tj / 8].v[tj % 8];
-      *reinterpret_cast<Fp8x16*>(qT + c * R + r) = out;
-    }
+    if (c < C && r < R) store_column16(tile, tr, tj, qT + c * R + r);
   }
   h.write_block(partial, red);
   record_if_last(Record{rec_row, rec_elements, counter}, partial, red);
@@ -353,11 +358,7 @@ __global__ void fp8_tiles_cols_vec_kernel(const bf16* __restrict__ x, int64_t R,
 #pragma unroll
   for (int part = 0; part < 2; ++part) {
     const int64_t r = r0 + tr + 16 * part;  // R % 16 == 0: the 16 rows are all in or all out
-    if (r >= R) continue;
-    Fp8x16 out;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) out.v[i] = tile[tr + 16 * part + i][tj / 8].v[tj % 8];
-    *reinterpret_cast<Fp8x16*>(qT + (c0 + tj) * R + r) = out;
+    if (r < R) store_column16(tile, tr + 16 * part, tj, qT + (c0 + tj) * R + r);
   }
 }
 
@@ -449,10 +450,7 @@ __global__ void fp8_tiles_blocks_vec_kernel(const bf16* __restrict__ x, int64_t 
       for (int part = 0; part < 4; ++part) {
         const int64_t r = r0 + tr0 + 16 * part;  // R % 16 == 0: the 16 rows are all in or all out
         if (r >= R) break;
-        Fp8x16 out;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) out.v[i] = tile[tr0 + 16 * part + i][tj / 8].v[tj % 8];
-        *reinterpret_cast<Fp8x16*>(qT + (c0 + tj) * R + r) = out;
+        store_column16(tile, tr0 + 16 * part, tj, qT + (c0 + tj) * R + r);
       }
     }
   }
