@@ -362,6 +362,20 @@ __global__ void fp8_tiles_cols_vec_kernel(const bf16* __restrict__ x, int64_t R,
   }
 }
 
+// The end of a 128 x 128 tile (block (tc, tr) of the grid): its factor 1/scale into s and
+// sT (either may be null) and its health, the block's flushed and non-finite counts summed
+// (every thread must call it), into partial[tile][4]. None saturate: the scale fits amax.
+__device__ __forceinline__ void finish_block_tile(float* s, float* sT, float* partial, float scale, float amax,
+                                                  float flushed, float nonfinite, float* red) {
+  flushed = block_sum(flushed, red), nonfinite = block_sum(nonfinite, red);
+  if (threadIdx.x != 0) return;
+  const int64_t tc = blockIdx.x, tr = blockIdx.y;
+  if (s) s[tr * round4(gridDim.x) + tc] = 1.0f / scale;
+  if (sT) sT[tc * round4(gridDim.y) + tr] = 1.0f / scale;
+  float* p = partial + (tr * gridDim.x + tc) * kStats;
+  p[0] = amax, p[1] = 0.0f, p[2] = flushed, p[3] = nonfinite;
+}
+
 // 128 x 128 tiles of w[R,C]: one block per tile. q[R,C] and qT[C,R] the codes; s
 // [ceil(R/128)][round4(ceil(C/128))] and sT [ceil(C/128)][round4(ceil(R/128))] the factors
 // of w and of its transpose (a square tile reads the same both ways); either pair may be
@@ -389,13 +403,7 @@ __global__ void fp8_tiles_blocks_kernel(const bf16* x, int64_t R, int64_t C, boo
     if (q) q[r * C + c] = code;
     if (qT) qT[c * R + r] = code;
   }
-  flushed = block_sum(flushed, red), nonfinite = block_sum(nonfinite, red);
-  if (threadIdx.x == 0) {
-    if (s) s[tr * round4(gridDim.x) + tc] = 1.0f / scale;
-    if (sT) sT[tc * round4(gridDim.y) + tr] = 1.0f / scale;
-    float* p = partial + (tr * gridDim.x + tc) * kStats;
-    p[0] = amax, p[1] = 0.0f, p[2] = flushed, p[3] = nonfinite;
-  }
+  finish_block_tile(s, sT, partial, scale, amax, flushed, nonfinite, red);
 }
 
 // fp8_tiles_blocks' vector path (C % 8 == 0, x 16-byte aligned, q 8-byte aligned; with
@@ -454,13 +462,7 @@ __global__ void fp8_tiles_blocks_vec_kernel(const bf16* __restrict__ x, int64_t 
       }
     }
   }
-  flushed = block_sum(flushed, red), nonfinite = block_sum(nonfinite, red);
-  if (threadIdx.x == 0) {
-    if (s) s[tr * round4(gridDim.x) + tc] = 1.0f / scale;
-    if (sT) sT[tc * round4(gridDim.y) + tr] = 1.0f / scale;
-    float* p = partial + (tr * gridDim.x + tc) * kStats;
-    p[0] = amax, p[1] = 0.0f, p[2] = flushed, p[3] = nonfinite;
-  }
+  finish_block_tile(s, sT, partial, scale, amax, flushed, nonfinite, red);
 }
 
 // Every cast's partials [n][4] and the vector kernels' ticket counter, in one scratch
