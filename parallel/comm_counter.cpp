@@ -1,5 +1,7 @@
 // The byte counter of the communicators: a wrapper that counts each call's bytes by
-// the ring model of CommCounts (parallel/communicator.h) and passes the call on.
+// the ring model of CommCounts (parallel/communicator.h), records the call in flight
+// (CommActivity: the watchdog's report, the stragglers' wait time) and passes it on.
+#include "parallel/comm_activity.h"
 #include "parallel/communicator.h"
 
 namespace lns {
@@ -36,59 +38,97 @@ CommCounts CommCounts::operator-(const CommCounts& o) const {
 
 namespace {
 
+// While alive, the call is the process's operation in flight (CommActivity).
+class InFlight {
+ public:
+  InFlight(const std::string& group, const char* kind, int size, int64_t bytes, int peer = -1) {
+    CommOp op;
+    op.group = group, op.kind = kind, op.peer = peer, op.group_size = size, op.bytes = bytes;
+    CommActivity::process().begin(std::move(op));
+  }
+  ~InFlight() { CommActivity::process().end(); }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+};
+
 class CountingCommunicator : public Communicator {
  public:
-  explicit CountingCommunicator(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  CountingCommunicator(std::unique_ptr<Communicator> inner, std::string group)
+      : inner_(std::move(inner)), group_(std::move(group)) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
 
   void all_reduce(Tensor t, ReduceOp op) override {
     count(Collective::AllReduce, 2.0 * t.nbytes());
+    InFlight f(group_, "all_reduce", size(), t.nbytes());
     inner_->all_reduce(t, op);
   }
   void all_reduce(double* v, int n, ReduceOp op) override {
     count(Collective::AllReduce, 2.0 * n * sizeof(double));
+    InFlight f(group_, "all_reduce", size(), int64_t(n) * 8);
     inner_->all_reduce(v, n, op);
   }
   void all_gather(Tensor out, Tensor in) override {
     count(Collective::AllGather, out.nbytes());
+    InFlight f(group_, "all_gather", size(), out.nbytes());
     inner_->all_gather(out, in);
   }
   void reduce_scatter(Tensor out, Tensor in) override {
     count(Collective::ReduceScatter, in.nbytes());
+    InFlight f(group_, "reduce_scatter", size(), in.nbytes());
     inner_->reduce_scatter(out, in);
   }
   void broadcast(Tensor t, int root) override {
     count(Collective::Broadcast, t.nbytes());
+    InFlight f(group_, "broadcast", size(), t.nbytes());
     inner_->broadcast(t, root);
   }
   void reduce(Tensor t, int root) override {
     count(Collective::Reduce, t.nbytes());
+    InFlight f(group_, "reduce", size(), t.nbytes());
     inner_->reduce(t, root);
   }
   void reduce_start(Tensor t, int root) override {
     count(Collective::Reduce, t.nbytes());
+    InFlight f(group_, "reduce", size(), t.nbytes());
     inner_->reduce_start(t, root);
   }
   void all_reduce_start(Tensor t) override {
     count(Collective::AllReduce, 2.0 * t.nbytes());
+    InFlight f(group_, "all_reduce", size(), t.nbytes());
     inner_->all_reduce_start(t);
   }
-  void all_reduce_wait() override { inner_->all_reduce_wait(); }
+  void all_reduce_wait() override {
+    InFlight f(group_, "all_reduce_wait", size(), 0);
+    inner_->all_reduce_wait();
+  }
   bool overlaps_compute() const override { return inner_->overlaps_compute(); }
   void send(Tensor t, int peer, int tag) override {
     const int k = static_cast<int>(Collective::Send);
     counts_.calls[k] += 1;
     counts_.bytes[k] += double(t.nbytes());  // point to point: exactly what goes out
+    InFlight f(group_, "send", size(), t.nbytes(), peer);
     inner_->send(t, peer, tag);
   }
-  void recv(Tensor t, int peer, int tag) override { inner_->recv(t, peer, tag); }
-  void wait_sends() override { inner_->wait_sends(); }
-  void barrier() override { inner_->barrier(); }
+  void recv(Tensor t, int peer, int tag) override {
+    InFlight f(group_, "recv", size(), t.nbytes(), peer);
+    inner_->recv(t, peer, tag);
+  }
+  void wait_sends() override {
+    InFlight f(group_, "wait_sends", size(), 0);
+    inner_->wait_sends();
+  }
+  void barrier() override {
+    InFlight f(group_, "barrier", size(), 0);
+    inner_->barrier();
+  }
   std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine) override {
+    InFlight f(group_, "gather_bytes", size(), static_cast<int64_t>(mine.size()));
     return inner_->gather_bytes(mine);
   }
   CommCounts counts() const override { return counts_; }
+  void abort() override { inner_->abort(); }
+  std::string async_error() override { return inner_->async_error(); }
 
  private:
   // A collective over p ranks of a buffer whose ring traffic is `s` bytes per rank
@@ -102,13 +142,15 @@ class CountingCommunicator : public Communicator {
   }
 
   std::unique_ptr<Communicator> inner_;
+  std::string group_;
   CommCounts counts_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_counting_communicator(std::unique_ptr<Communicator> inner) {
-  return std::make_unique<CountingCommunicator>(std::move(inner));
+std::unique_ptr<Communicator> make_counting_communicator(std::unique_ptr<Communicator> inner,
+                                                         const std::string& group) {
+  return std::make_unique<CountingCommunicator>(std::move(inner), group);
 }
 
 }  // namespace lns

@@ -71,6 +71,13 @@ class Communicator {
   virtual std::vector<std::vector<char>> gather_bytes(const std::vector<char>& mine) = 0;
   // Totals since construction; zero unless wrapped by make_counting_communicator.
   virtual CommCounts counts() const { return {}; }
+  // From another thread (the watchdog's), after a hang: make calls stuck in this
+  // communicator return, so the process can end (NCCL: ncclCommAbort). The
+  // communicator is unusable afterwards. Host (MPI) calls cannot be freed: no-op.
+  virtual void abort() {}
+  // Any thread: "" while the transport is healthy, else what failed (NCCL's
+  // ncclCommGetAsyncError: a peer that died, a broken link). The watchdog polls it.
+  virtual std::string async_error() { return ""; }
 
   double all_reduce_sum(double v) {
     all_reduce(&v, 1, ReduceOp::Sum);
@@ -83,8 +90,11 @@ class Communicator {
 std::unique_ptr<Communicator> make_local_communicator();
 
 // Wraps any communicator (MPI, NCCL, host staging) and counts what goes through it
-// (CommCounts); every call is passed on unchanged. ProcessGrid wraps each group's.
-std::unique_ptr<Communicator> make_counting_communicator(std::unique_ptr<Communicator> inner);
+// (CommCounts); every call is passed on unchanged, and recorded while it runs as the
+// process's operation in flight under `group` (CommActivity, parallel/comm_activity.h).
+// ProcessGrid wraps each group's.
+std::unique_ptr<Communicator> make_counting_communicator(std::unique_ptr<Communicator> inner,
+                                                         const std::string& group = "");
 
 }  // namespace lns
 

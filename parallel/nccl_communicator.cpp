@@ -1,8 +1,12 @@
 #include "parallel/nccl_communicator.h"
 
+#include <atomic>
 #include <cstring>
+#include <mutex>
 
+#include "absl/strings/str_cat.h"
 #include "lns/errors.h"
+#include "lns/exit_status.h"
 #include "parallel/mpi_communicator.h"
 
 #ifdef LNS_WITH_CUDA
@@ -54,7 +58,7 @@ class NcclCommunicator : public Communicator {
   }
   ~NcclCommunicator() override {
     cuda::remove_sync_watch(this);
-    if (comm_) ncclCommDestroy(comm_);
+    if (comm_ && !aborted_) ncclCommDestroy(comm_);
     if (side_) {
       cudaEventDestroy(ready_);
       cudaEventDestroy(done_);
@@ -65,23 +69,44 @@ class NcclCommunicator : public Communicator {
   int size() const override { return host_->size(); }
   bool overlaps_compute() const override { return true; }
 
-  // Called while the host waits for the GPU (cuda::synchronize): a collective whose
-  // peer died or whose link broke never finishes, and NCCL reports it here. Abort the
-  // communicator (its kernels return) and fail with a message instead of hanging.
-  static void watch(void* self) {
-    auto* c = static_cast<NcclCommunicator*>(self);
+  // Called while the host waits for the GPU (cuda::synchronize), and before every
+  // call: a collective whose peer died or whose link broke never finishes, and NCCL
+  // reports it here. Abort the communicator (its kernels return) and end the job with
+  // the fault's status instead of hanging; after the watchdog aborted it (a hang), say so.
+  static void watch(void* self) { static_cast<NcclCommunicator*>(self)->check_alive(); }
+  void check_alive() {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_)
+      throw FaultError(kExitHang, absl::StrCat("NCCL: the watchdog aborted the communicator of rank ", rank(), " of ",
+                                               size(), "; its stuck collective returned, ending the job"));
     ncclResult_t async = ncclSuccess;
-    if (!c->comm_ || ncclCommGetAsyncError(c->comm_, &async) != ncclSuccess) return;
+    if (!comm_ || ncclCommGetAsyncError(comm_, &async) != ncclSuccess) return;
     if (async == ncclSuccess || async == ncclInProgress) return;
-    ncclCommAbort(c->comm_);
-    c->comm_ = nullptr;
-    fail("NCCL: a collective failed on rank ", c->rank(), " of ", c->size(), " (", ncclGetErrorString(async),
-         "): a peer process or the network failed; stopping instead of waiting for it");
+    ncclCommAbort(comm_);
+    aborted_ = true;
+    throw FaultError(kExitCommFault, absl::StrCat("NCCL: a collective failed on rank ", rank(), " of ", size(), " (",
+                                                  ncclGetErrorString(async), "): a peer process or the network ",
+                                                  "failed; stopping instead of waiting for it"));
+  }
+  // The watchdog's thread, on a hang: frees the kernels stuck in this communicator.
+  void abort() override {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_ || !comm_) return;
+    aborted_ = true;
+    ncclCommAbort(comm_);
+  }
+  std::string async_error() override {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    ncclResult_t async = ncclSuccess;
+    if (aborted_ || !comm_ || ncclCommGetAsyncError(comm_, &async) != ncclSuccess) return "";
+    if (async == ncclSuccess || async == ncclInProgress) return "";
+    return absl::StrCat("NCCL reports ", ncclGetErrorString(async), " on rank ", rank(), " of ", size());
   }
 
   void all_reduce(Tensor t, ReduceOp op) override {
     if (t.device == Device::CPU) return host_->all_reduce(t, op);
     if (size() == 1) return;
+    check_alive();
     nccl_check(ncclAllReduce(t.data, t.data, t.numel(), nccl_type(t.dtype),
                              op == ReduceOp::Sum ? ncclSum : ncclMax, comm_, cuda::stream()),
                "all-reduce");
@@ -92,6 +117,7 @@ class NcclCommunicator : public Communicator {
   void all_reduce_start(Tensor t) override {
     if (t.device == Device::CPU || size() == 1) return all_reduce(t, ReduceOp::Sum);
     side_after_compute();
+    check_alive();
     nccl_check(ncclAllReduce(t.data, t.data, t.numel(), nccl_type(t.dtype), ncclSum, comm_, side_),
                "all-reduce (overlapped)");
     pending_ = true;
@@ -99,6 +125,7 @@ class NcclCommunicator : public Communicator {
   void reduce(Tensor t, int root) override {
     if (t.device == Device::CPU) return host_->reduce(t, root);
     if (size() == 1) return;
+    check_alive();
     nccl_check(ncclReduce(t.data, t.data, t.numel(), nccl_type(t.dtype), ncclSum, root, comm_, cuda::stream()),
                "reduce");
   }
@@ -106,6 +133,7 @@ class NcclCommunicator : public Communicator {
   void reduce_start(Tensor t, int root) override {
     if (t.device == Device::CPU || size() == 1) return reduce(t, root);
     side_after_compute();
+    check_alive();
     nccl_check(ncclReduce(t.data, t.data, t.numel(), nccl_type(t.dtype), ncclSum, root, comm_, side_),
                "reduce (overlapped)");
     pending_ = true;
@@ -119,18 +147,21 @@ class NcclCommunicator : public Communicator {
   void all_gather(Tensor out, Tensor in) override {
     if (in.device == Device::CPU) return host_->all_gather(out, in);
     LNS_CHECK(out.numel() == in.numel() * size() && out.dtype == in.dtype);
+    check_alive();
     nccl_check(ncclAllGather(in.data, out.data, in.numel(), nccl_type(in.dtype), comm_, cuda::stream()),
                "all-gather");
   }
   void reduce_scatter(Tensor out, Tensor in) override {
     if (in.device == Device::CPU) return host_->reduce_scatter(out, in);
     LNS_CHECK(in.numel() == out.numel() * size() && out.dtype == in.dtype);
+    check_alive();
     nccl_check(ncclReduceScatter(in.data, out.data, out.numel(), nccl_type(in.dtype), ncclSum, comm_,
                                  cuda::stream()),
                "reduce-scatter");
   }
   void broadcast(Tensor t, int root) override {
     if (t.device == Device::CPU) return host_->broadcast(t, root);
+    check_alive();
     nccl_check(ncclBroadcast(t.data, t.data, t.nbytes(), ncclUint8, root, comm_, cuda::stream()),
                "broadcast");
   }
@@ -159,6 +190,8 @@ class NcclCommunicator : public Communicator {
   cudaStream_t side_ = nullptr;  // overlapped all-reduces
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   bool pending_ = false;
+  std::mutex abort_mu_;  // the watchdog's thread aborts; the main thread checks and uses comm_
+  bool aborted_ = false;
 };
 
 }  // namespace

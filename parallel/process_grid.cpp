@@ -9,10 +9,10 @@ namespace lns {
 
 std::unique_ptr<ProcessGrid> ProcessGrid::single() {
   auto g = std::make_unique<ProcessGrid>();
-  g->world_ = make_counting_communicator(make_local_communicator());
-  g->tp_ = make_counting_communicator(make_local_communicator());
-  g->dp_ = make_counting_communicator(make_local_communicator());
-  g->embed_ = make_counting_communicator(make_local_communicator());
+  g->world_ = make_counting_communicator(make_local_communicator(), "world");
+  g->tp_ = make_counting_communicator(make_local_communicator(), "tp");
+  g->dp_ = make_counting_communicator(make_local_communicator(), "dp");
+  g->embed_ = make_counting_communicator(make_local_communicator(), "embed");
   return g;
 }
 
@@ -39,25 +39,25 @@ void ProcessGrid::use_device_communicators(CommKind comm) { build_communicators(
 void ProcessGrid::build_communicators(bool device, CommKind comm) {
   // Every group's communicator counts its bytes (comm_counts); a new set of
   // communicators (use_device_communicators) starts from zero.
-  auto wrap = [&](MPI_Comm c) -> std::unique_ptr<Communicator> {
-    if (!device) return make_counting_communicator(make_mpi_communicator(c));
-    if (comm == CommKind::Nccl) return make_counting_communicator(make_nccl_communicator(c));
-    return make_counting_communicator(make_host_staging_communicator(make_mpi_communicator(c)));
+  auto wrap = [&](MPI_Comm c, const char* group) -> std::unique_ptr<Communicator> {
+    if (!device) return make_counting_communicator(make_mpi_communicator(c), group);
+    if (comm == CommKind::Nccl) return make_counting_communicator(make_nccl_communicator(c), group);
+    return make_counting_communicator(make_host_staging_communicator(make_mpi_communicator(c)), group);
   };
-  auto split = [&](int color, int key) {
+  auto split = [&](int color, int key, const char* group) {
     MPI_Comm c;
     MPI_Comm_split(MPI_COMM_WORLD, color, key, &c);
-    return wrap(c);
+    return wrap(c, group);
   };
   MPI_Comm world;
   MPI_Comm_dup(MPI_COMM_WORLD, &world);
   // The world carries host values only (losses, norms, flags): MPI, never a third
   // NCCL communicator beside tp and dp (device tensors would be staged through host).
   world_ = make_counting_communicator(device ? make_host_staging_communicator(make_mpi_communicator(world))
-                                            : make_mpi_communicator(world));
-  tp_ = split(tp_color_, coords.tp);
-  dp_ = split(dp_color_, coords.dp);
-  embed_ = split(embed_color_, coords.pp);
+                                            : make_mpi_communicator(world), "world");
+  tp_ = split(tp_color_, coords.tp, "tp");
+  dp_ = split(dp_color_, coords.dp, "dp");
+  embed_ = split(embed_color_, coords.pp, "embed");
 }
 
 std::vector<std::pair<std::string, CommCounts>> ProcessGrid::comm_counts() const {
@@ -68,6 +68,20 @@ std::vector<std::pair<std::string, CommCounts>> ProcessGrid::comm_counts() const
   pp.calls[send] = w.calls[send], pp.bytes[send] = w.bytes[send];
   world.calls[send] = 0, world.bytes[send] = 0;
   return {{"tp", tp_->counts()}, {"dp", dp_->counts()}, {"pp", pp}, {"embed", embed_->counts()}, {"world", world}};
+}
+
+void ProcessGrid::abort_communicators() {
+  for (Communicator* c : {tp_.get(), dp_.get(), embed_.get(), world_.get()})
+    if (c) c->abort();
+}
+
+std::string ProcessGrid::communicator_error() {
+  const std::pair<const char*, Communicator*> groups[] = {
+      {"tp", tp_.get()}, {"dp", dp_.get()}, {"embed", embed_.get()}, {"world", world_.get()}};
+  for (const auto& [name, c] : groups)
+    if (c)
+      if (std::string e = c->async_error(); !e.empty()) return std::string(name) + " communicator: " + e;
+  return "";
 }
 
 bool all_ranks_started(const std::string& app, const std::string& error) {

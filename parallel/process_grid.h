@@ -54,6 +54,10 @@ class ProcessGrid {
   // "pp" (the pipeline's activations and gradients, sent over the world). Groups of
   // one rank count nothing. Subtract two readings for one step.
   std::vector<std::pair<std::string, CommCounts>> comm_counts() const;
+  // Any thread: Communicator::abort on every group's communicator (the watchdog's hook).
+  void abort_communicators();
+  // Any thread: the first group's Communicator::async_error ("" when all are healthy).
+  std::string communicator_error();
 
  private:
   void build_communicators(bool device, CommKind comm);

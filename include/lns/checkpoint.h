@@ -50,6 +50,32 @@ std::string save_checkpoint(const std::string& out_dir, Communicator& world, con
 // (no optimizer state).
 nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, const AdamW* optim,
                                 const Layout& layout, RankCoords at, const Fp8States& fp8 = {});
+// What a rank's file holds, as host f32 buffers: its parameters, flat in the ParamSet's
+// order [params.numel()], and its optimizer range's moments [optim_end - optim_begin].
+// The live buffers (above), or a copy of them taken at a step boundary (--async_save,
+// lns/async_checkpoint.h), which a background thread writes while training goes on.
+struct ShardData {
+  const float* params = nullptr;
+  const float* exp_avg = nullptr;
+  const float* exp_avg_sq = nullptr;
+  int64_t optim_begin = 0, optim_end = 0;
+  bool has_optim = false;
+};
+// As above, from `data`; `params` gives only the tensors' descriptions (names, shapes,
+// offsets), which never change during a run.
+nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, const ShardData& data,
+                                const Layout& layout, RankCoords at, const Fp8States& fp8 = {});
+
+// The two ends of a save, shared by save_checkpoint and the asynchronous saver, both on
+// rank 0 only. prepare_save_dir: creates out_dir/checkpoints/step_XXXXXXX.tmp afresh
+// (a leftover of a save that died is removed) and returns it. commit_save: once every
+// rank's file in it is durable (their descriptions in `shards`), writes the manifest,
+// renames the directory to its final name, points `latest` at it and prunes to `keep`;
+// returns the final directory. Until the rename, `latest` names the previous checkpoint.
+std::string prepare_save_dir(const std::string& out_dir, int64_t step);
+std::string commit_save(const std::string& out_dir, const std::vector<nlohmann::json>& shards,
+                        const LlamaConfig& cfg, const Layout& layout, const RunState& state,
+                        const OptimizerRecord& optim, int keep);
 
 // Writes dir/manifest.json (atomically, then syncs the directory) for the rank files
 // described by `shards`.

@@ -75,6 +75,9 @@ class BatchSampler {
   void next_batch(int64_t global_batch, int dp_rank, int dp_size, Tensor inputs, Tensor targets);
 
   uint64_t consumed() const { return consumed_; }
+  // The sample of the epoch that position `index` of the endless stream reads (its
+  // document, or its window, in the order of the data file); logged for a bad batch.
+  int64_t sample_of(uint64_t index) { return sample_id(index); }
   void set_consumed(uint64_t c) { consumed_ = c; }
 
  private:

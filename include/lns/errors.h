@@ -34,6 +34,18 @@ class CollectiveError : public UserError {
   using UserError::UserError;
 };
 
+// A fault of the machine rather than of the input (a communicator that failed, a
+// checkpoint write that failed): apps end the whole job with `status`, one of
+// lns/exit_status.h, so that the launchers know to restart it.
+class FaultError : public std::runtime_error {
+ public:
+  FaultError(int status, const std::string& what) : std::runtime_error(what), status_(status) {}
+  int status() const { return status_; }
+
+ private:
+  int status_;
+};
+
 // The one-line message of the exception being handled (call it inside a catch): a
 // UserError's own message; out of memory and other exceptions named as such.
 std::string current_exception_message();

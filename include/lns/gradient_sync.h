@@ -49,6 +49,14 @@ class GradientSync {
   void arm_overlap();
   void grads_ready(int64_t from);
   double global_norm();    // step 4 (after reduce)
+  // Silent data errors (docs/resilience.md). begin_step: starts a new fingerprint of this
+  // rank's own gradients, taken of each piece just before its first sum across ranks
+  // (of the whole buffer at reduce() with dp = 1), so that two runs of one step can say
+  // whose gradients differed. flip_bit: a test fault (--inject_fault=bitflip): one bit
+  // of the first nonzero gradient of the first piece flips before its fingerprint.
+  // Host gradients only: on CUDA the fingerprint stays 0 and nothing flips.
+  void begin_step(bool flip_bit);
+  uint64_t local_fingerprint() const { return fingerprint_; }
   void scale(float f);     // clipping: scales the gradients the optimizer will read
   // ZeRO (no-op otherwise): every rank gets what its kernels read of every updated
   // shard. On the CPU that is the f32 master weights. On CUDA it is the bf16 copy plus
@@ -78,6 +86,9 @@ class GradientSync {
   // their owners; started beside compute (overlap) or at once.
   void sum_bucket(int64_t k, bool start, bool full);
   void sum_over_dp(bool full);  // step 2: every bucket, overlapped or not
+  void fingerprint(int64_t b, int64_t e);  // of the flat gradients [b, e), flipping first if armed
+  uint64_t fingerprint_ = 0;
+  bool flip_pending_ = false;
   std::vector<std::pair<int64_t, int64_t>> norm_ranges_;  // flat ranges counted in the norm
   std::vector<std::pair<int64_t, int64_t>> tp_sum_ranges_;  // step 3: replicated tensors' flat ranges
   OwnedTensor tp_sum_;              // step 3 staging: the ranges packed

@@ -18,11 +18,16 @@
 #include "lns/optim.h"
 #include "lns/pipeline_schedule.h"
 #include "lns/stage.h"
+#include "lns/step_guard.h"
+#include "lns/straggler.h"
 #include "parallel/process_grid.h"
+#include "parallel/watchdog.h"
 
 namespace lns {
 
+class AsyncCheckpointer;
 class Checkpoint;
+class FaultInjector;
 
 struct TrainConfig {
   std::string data = "random";  // token file, Megatron prefix, or "random"
@@ -64,6 +69,14 @@ struct TrainConfig {
   int64_t ln_free_calib_tokens = 16384;
   int ln_free_eot_token = -1;
   int ln_free_loss_window = 20;
+  // Fault handling (docs/resilience.md; the flags in src/train/resilience_flags.cpp).
+  StragglerConfig straggler;
+  bool rerun_suspicious = true;  // run a non-finite or spiking step again (lns/step_guard.h)
+  double spike_factor = 5;
+  int spike_window = 50;
+  bool skip_bad_batches = false;
+  bool async_save = false;       // lns/async_checkpoint.h
+  std::string inject_fault;      // tests only (lns/fault_injection.h)
   void validate() const;  // UserError naming the flag
 };
 
@@ -94,8 +107,11 @@ struct StartupTimes {
 
 class Trainer {
  public:
-  // grid: the parallel layout; null for one process without MPI.
-  Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGrid* grid = nullptr);
+  // grid: the parallel layout; null for one process without MPI. watchdog: told which
+  // section the trainer is in (set-up, checkpoint load, steps, saves, evaluation); may
+  // be null.
+  Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGrid* grid = nullptr,
+          Watchdog* watchdog = nullptr);
   ~Trainer();
 
   LlamaStage& model() { return *model_; }
@@ -109,7 +125,8 @@ class Trainer {
   // (zeroed first), normalised by its unmasked targets, before any cross-rank
   // reduction. Returns the mean loss of the global batch (on every rank).
   double compute_gradients(int64_t* tokens = nullptr);
-  // compute_gradients, clipping, one AdamW step at the schedule's learning rate.
+  // compute_gradients, clipping, one AdamW step at the schedule's learning rate. A
+  // suspicious result (StepGuard) is run again first, from the same state and batch.
   StepStats train_step();
   // Mean loss over the first --eval_tokens target positions of the validation data.
   EvalStats evaluate();
@@ -127,8 +144,10 @@ class Trainer {
   // else that reads every master weight (ParamSet::download, flat_params).
   void gather_master_weights();
   // Collective: writes a checkpoint of the current state; returns its directory.
-  // Refuses (CollectiveError on every rank) a state with inf or NaN in it.
-  std::string save_checkpoint();
+  // Refuses (CollectiveError on every rank) a state with inf or NaN in it. With
+  // --async_save (and allow_async) the write runs in the background and the directory
+  // is final once committed at a later step boundary; otherwise it is final on return.
+  std::string save_checkpoint(bool allow_async = false);
   // Forward/backward of the first global batch, reduced across ranks and written by
   // rank 0 as a step-state dump with logical (single-rank) names and shapes.
   void dump_step_state(const std::string& path);
@@ -190,6 +209,25 @@ class Trainer {
   // for a host-to-device copy of its ids or targets (empty on the CPU).
   OwnedTensor inputs_dev_, targets_dev_;
   int64_t resumed_step_ = -1;     // the checkpoint's step when resumed, else -1
+  // Fault handling (docs/resilience.md): components the loop calls.
+  Watchdog* watchdog_ = nullptr;
+  std::unique_ptr<FaultInjector> faults_;
+  std::unique_ptr<StragglerDetector> stragglers_;
+  std::unique_ptr<StepGuard> guard_;
+  std::unique_ptr<AsyncCheckpointer> async_;
+  std::vector<nlohmann::json> fault_records_;  // re-runs since the last metrics write
+  double last_save_stall_s_ = 0;
+  // One pass over a global batch: forward/backward, the sums across ranks, the norm.
+  struct Attempt {
+    uint64_t first_sample = 0;  // the batch's first sample in the training stream
+    double loss = 0, grad_norm = 0;
+    int64_t tokens = 0;
+    uint64_t fingerprint = 0;   // this rank's own gradients before any cross-rank sum
+  };
+  Attempt attempt_step(int64_t step, bool flip_bit);
+  // The re-run of a suspicious attempt (StepGuard); returns the attempt to go on with.
+  Attempt settle_suspicious(int64_t step, Attempt a, std::string why);
+  void section(Section s, int64_t step);  // watchdog_->enter when there is one
   std::vector<ConversionRecord> conversions_;  // the resumed checkpoint's, written again
   std::unique_ptr<LnFreeSchedule> ln_free_schedule_;  // null without --ln_free
   LnFreeState ln_free_;

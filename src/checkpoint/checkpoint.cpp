@@ -131,6 +131,17 @@ uint32_t file_crc32(const std::string& path) {
 
 nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, const AdamW* optim,
                                 const Layout& layout, RankCoords at, const Fp8States& fp8) {
+  ShardData d;
+  d.params = params.size() > 0 ? params.host_param(0).f32() - params.info(0).offset : nullptr;
+  if (optim) {
+    d.exp_avg = optim->exp_avg().f32(), d.exp_avg_sq = optim->exp_avg_sq().f32();
+    d.optim_begin = optim->begin(), d.optim_end = optim->end(), d.has_optim = true;
+  }
+  return write_rank_shard(dir, params, d, layout, at, fp8);
+}
+
+nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, const ShardData& data,
+                                const Layout& layout, RankCoords at, const Fp8States& fp8) {
   const int rank = layout.rank_of(at);
   // This rank's pieces: parameters from dp rank 0 (replicas are equal), moments from
   // every rank that owns an optimizer range (all dp ranks under ZeRO).
@@ -164,13 +175,13 @@ nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, 
                         {"split_dim", p.split_dim}, {"shard_begin", p.shard_begin},
                         {"shard_valid", p.shard_valid}, {"elem_begin", eb}, {"elem_end", ee}});
     };
-    if (at.dp == 0) add("param", params.host_param(i).f32(), 0, n);
-    if (optim && (layout.zero || at.dp == 0)) {
-      const int64_t lo = std::max<int64_t>(optim->begin(), p.offset),
-                    hi = std::min<int64_t>(optim->end(), p.offset + n);
+    if (at.dp == 0) add("param", data.params + p.offset, 0, n);
+    if (data.has_optim && (layout.zero || at.dp == 0)) {
+      const int64_t lo = std::max<int64_t>(data.optim_begin, p.offset),
+                    hi = std::min<int64_t>(data.optim_end, p.offset + n);
       if (lo < hi) {
-        add("exp_avg", optim->exp_avg().f32() + (lo - optim->begin()), lo - p.offset, hi - p.offset);
-        add("exp_avg_sq", optim->exp_avg_sq().f32() + (lo - optim->begin()), lo - p.offset, hi - p.offset);
+        add("exp_avg", data.exp_avg + (lo - data.optim_begin), lo - p.offset, hi - p.offset);
+        add("exp_avg_sq", data.exp_avg_sq + (lo - data.optim_begin), lo - p.offset, hi - p.offset);
       }
     }
   }
@@ -186,22 +197,48 @@ nlohmann::json write_rank_shard(const std::string& dir, const ParamSet& params, 
           {"crc32", file_crc32(path)}, {"pieces", pieces}, {"fp8", fp8_entries}};
 }
 
-std::string save_checkpoint(const std::string& out_dir, Communicator& world, const ParamSet& params,
-                            const AdamW& optim, const LlamaConfig& cfg, const Layout& layout,
-                            RankCoords at, const RunState& state, int keep, int pause_ms,
-                            const Fp8States& fp8) {
+std::string prepare_save_dir(const std::string& out_dir, int64_t step) {
+  const fs::path root = fs::path(out_dir) / "checkpoints";
+  const std::string tmp_dir = (root / absl::StrFormat("step_%07d", step)).string() + ".tmp";
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) fail(root.string(), ": cannot create checkpoint directory: ", ec.message());
+  if (fs::exists(tmp_dir)) remove_interrupted_save(tmp_dir);  // a save of this step that died
+  fs::create_directory(tmp_dir, ec);
+  if (ec) fail(tmp_dir, ": cannot create: ", ec.message());
+  return tmp_dir;
+}
+
+std::string commit_save(const std::string& out_dir, const std::vector<nlohmann::json>& shards,
+                        const LlamaConfig& cfg, const Layout& layout, const RunState& state,
+                        const OptimizerRecord& optim, int keep) {
   const fs::path root = fs::path(out_dir) / "checkpoints";
   const std::string name = absl::StrFormat("step_%07d", state.step);
   const std::string final_dir = (root / name).string();
   const std::string tmp_dir = final_dir + ".tmp";
-  if (world.rank() == 0) {  // the run directory is locked: no other writer is here
-    std::error_code ec;
-    fs::create_directories(root, ec);
-    if (ec) fail(root.string(), ": cannot create checkpoint directory: ", ec.message());
-    if (fs::exists(tmp_dir)) remove_interrupted_save(tmp_dir);  // a save of this step that died
-    fs::create_directory(tmp_dir, ec);
-    if (ec) fail(tmp_dir, ": cannot create: ", ec.message());
+  write_manifest(tmp_dir, shards, cfg, layout, state, optim);
+  if (fs::exists(final_dir)) {  // a branch abandoned by a rollback: kept, out of the way
+    const std::string aside = move_aside(final_dir, "superseded");
+    LOG(WARNING) << final_dir << " existed (not the checkpoint `latest` named); moved it to " << aside;
   }
+  if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
+    fail(final_dir, ": cannot rename the finished checkpoint: ", std::strerror(errno));
+  fsync_path(root.string());
+  write_file_atomically((root / "latest").string(), name + "\n");
+  fsync_path(root.string());
+  if (keep > 0) prune_checkpoints(root, name, keep);
+  return final_dir;
+}
+
+std::string save_checkpoint(const std::string& out_dir, Communicator& world, const ParamSet& params,
+                            const AdamW& optim, const LlamaConfig& cfg, const Layout& layout,
+                            RankCoords at, const RunState& state, int keep, int pause_ms,
+                            const Fp8States& fp8) {
+  const std::string final_dir =
+      (fs::path(out_dir) / "checkpoints" / absl::StrFormat("step_%07d", state.step)).string();
+  const std::string tmp_dir = final_dir + ".tmp";
+  // The run directory is locked: no other writer is here.
+  if (world.rank() == 0) prepare_save_dir(out_dir, state.step);
   world.barrier();
   const nlohmann::json mine = write_rank_shard(tmp_dir, params, &optim, layout, at, fp8);
   if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
@@ -210,17 +247,7 @@ std::string save_checkpoint(const std::string& out_dir, Communicator& world, con
   if (world.rank() == 0) {
     std::vector<nlohmann::json> shards;
     for (const auto& b : all) shards.push_back(nlohmann::json::parse(std::string(b.begin(), b.end())));
-    write_manifest(tmp_dir, shards, cfg, layout, state, OptimizerRecord{optim.config(), optim.steps_taken()});
-    if (fs::exists(final_dir)) {  // a branch abandoned by a rollback: kept, out of the way
-      const std::string aside = move_aside(final_dir, "superseded");
-      LOG(WARNING) << final_dir << " existed (not the checkpoint `latest` named); moved it to " << aside;
-    }
-    if (std::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
-      fail(final_dir, ": cannot rename the finished checkpoint: ", std::strerror(errno));
-    fsync_path(root.string());
-    write_file_atomically((root / "latest").string(), name + "\n");
-    fsync_path(root.string());
-    if (keep > 0) prune_checkpoints(root, name, keep);
+    commit_save(out_dir, shards, cfg, layout, state, OptimizerRecord{optim.config(), optim.steps_taken()}, keep);
   }
   world.barrier();
   return final_dir;

@@ -7,6 +7,7 @@
 #include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/ops.h"
+#include "lns/step_guard.h"
 
 namespace lns {
 namespace {
@@ -101,7 +102,33 @@ void GradientSync::sum_replicated_over_tp() {
   for (const auto& [lo, hi] : tp_sum_ranges_) copy_tensor(g.rows(lo, hi), tp_sum_.t.rows(at, at + hi - lo)), at += hi - lo;
 }
 
+void GradientSync::begin_step(bool flip_bit) {
+  fingerprint_ = 0;
+  flip_pending_ = flip_bit;
+  if (flip_bit && params_.device() != Device::CPU)
+    LOG(WARNING) << "--inject_fault=bitflip: only host gradients are flipped; nothing flips on " << device_name(params_.device());
+}
+
+void GradientSync::fingerprint(int64_t b, int64_t e) {
+  if (params_.device() != Device::CPU || e <= b) return;
+  float* g = params_.flat_grads().f32() + b;
+  if (flip_pending_) {
+    flip_pending_ = false;
+    for (int64_t i = 0; i < e - b; ++i)
+      if (g[i] != 0) {
+        uint32_t w;
+        std::memcpy(&w, &g[i], 4);
+        w ^= 1u << 30;  // the exponent's top bit: a gradient of 1e-3 becomes about 3e35
+        std::memcpy(&g[i], &w, 4);
+        LOG(WARNING) << "inject_fault: flipped bit 30 of gradient element " << b + i << " on rank " << grid_.rank;
+        break;
+      }
+  }
+  fingerprint_ = fingerprint_words(g, e - b, fingerprint_ ^ static_cast<uint64_t>(b));
+}
+
 void GradientSync::reduce(bool full) {
+  if (grid_.layout.dp == 1) fingerprint(0, params_.numel());  // nothing was summed across ranks yet
   // 1. Tied embedding copies on the first and last stage.
   if (tied_ && grid_.layout.pp > 1 && (grid_.first_stage() || grid_.last_stage())) {
     // Overlapped dp sums may still run: the embed group's sum goes behind them, so one
@@ -139,6 +166,7 @@ void GradientSync::sum_over_dp(bool full) {
 void GradientSync::sum_bucket(int64_t k, bool start, bool full) {
   const Tensor g = params_.flat_grads();
   const int64_t n = params_.numel(), b = k * bucket_floats_, e = std::min(n, b + bucket_floats_);
+  fingerprint(b, e);
   Communicator& dp = grid_.dp_comm();
   if (!zero_ || full) {  // 2a. every rank gets the whole bucket's sum
     if (start)

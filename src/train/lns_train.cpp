@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <csignal>
+#include <cstdlib>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,14 +16,17 @@
 
 #include "lns/cpu_info.h"
 #include "lns/errors.h"
+#include "lns/exit_status.h"
 #include "lns/files.h"
 #include "lns/model_layout.h"
 #include "lns/model_flags.h"
+#include "lns/resilience_flags.h"
 #include "lns/run_dir.h"
 #include "lns/train_flags.h"
 #include "lns/trainer.h"
 #include "lns/device.h"
 #include "parallel/process_grid.h"
+#include "parallel/watchdog.h"
 
 DECLARE_int32(exit_code_on_signal);
 DECLARE_string(out_dir);
@@ -44,12 +48,49 @@ std::string source_revision() {
   return s.empty() ? "unknown" : s;
 }
 
-// run.json: what ran, from which source, where. Collective (gathers every rank's
-// host); the record on rank 0.
-nlohmann::json run_record(ProcessGrid& grid) {
+std::string host_name() {
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
-  const std::string mine(host);
+  return host;
+}
+
+// A restart by a launcher (launch/restart_policy.sh sets LNS_RESTART_*): which attempt
+// this is, why the last one ended, and the watchdog's reports it left in OUT_DIR/faults
+// (moved to faults/attempt_K/ once recorded). Rank 0, before run.json is rewritten.
+nlohmann::json restart_entry(const std::string& out_dir, const std::string& when) {
+  const char* count = std::getenv("LNS_RESTART_COUNT");
+  if (!count || std::atoi(count) <= 0) return nullptr;
+  const char* cause = std::getenv("LNS_RESTART_CAUSE");
+  const char* status = std::getenv("LNS_RESTART_STATUS");
+  nlohmann::json e = {{"attempt", std::atoi(count)}, {"started", when},
+                      {"cause", cause ? cause : "?"}, {"exit_status", status ? std::atoi(status) : -1}};
+  nlohmann::json reports = nlohmann::json::array();
+  namespace fs = std::filesystem;
+  const fs::path faults = fs::path(out_dir) / "faults";
+  std::error_code ec;
+  if (fs::is_directory(faults, ec)) {
+    const fs::path done = faults / ("attempt_" + std::string(count));
+    for (const auto& f : fs::directory_iterator(faults, ec)) {
+      const std::string name = f.path().filename().string();
+      if (!f.is_regular_file() || name.rfind("rank_", 0) != 0) continue;
+      try {
+        reports.push_back(parse_json_file(f.path().string(), 1 << 20, "watchdog report"));
+      } catch (const UserError&) {
+        continue;
+      }
+      fs::create_directories(done, ec);
+      fs::rename(f.path(), done / name, ec);
+    }
+  }
+  e["faults"] = reports;
+  return e;
+}
+
+// run.json: what ran, from which source, where. Collective (gathers every rank's
+// host); the record on rank 0. A restarted run keeps the earlier attempts' record of
+// restarts and adds its own.
+nlohmann::json run_record(ProcessGrid& grid, const std::string& out_dir) {
+  const std::string mine = host_name();
   const auto all = grid.world().gather_bytes(std::vector<char>(mine.begin(), mine.end()));
   if (grid.rank != 0) return {};
   nlohmann::json layout = grid.layout.to_json();  // as in a checkpoint's manifest, plus the world
@@ -59,11 +100,31 @@ nlohmann::json run_record(ProcessGrid& grid) {
   const std::time_t now = std::time(nullptr);
   char when[64];
   std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return {{"source_revision", source_revision()},
-          {"command", g_command_line},
-          {"started", when},
-          {"layout", layout},
-          {"hosts", hosts}};
+  nlohmann::json rec = {{"source_revision", source_revision()},
+                        {"command", g_command_line},
+                        {"started", when},
+                        {"layout", layout},
+                        {"hosts", hosts}};
+  if (out_dir.empty()) return rec;
+  nlohmann::json restarts = nlohmann::json::array();
+  try {
+    const std::string path = out_dir + "/run.json";
+    if (std::filesystem::exists(path)) {
+      const nlohmann::json old = parse_json_file(path, 1 << 24, "run record");
+      if (old.is_object() && old.contains("restarts") && old["restarts"].is_array()) restarts = old["restarts"];
+      if (old.is_object() && old.contains("first_started")) rec["first_started"] = old["first_started"];
+      else if (old.is_object() && old.contains("started")) rec["first_started"] = old["started"];
+    }
+  } catch (const UserError& e) {
+    LOG(WARNING) << "run.json of the earlier attempt is unreadable (" << e.what() << "); starting its record afresh";
+  }
+  if (const nlohmann::json e = restart_entry(out_dir, when); !e.is_null()) {
+    restarts.push_back(e);
+    LOG(WARNING) << "restart " << e["attempt"] << " after: " << e["cause"].get<std::string>() << " ("
+                 << e["faults"].size() << " watchdog report(s) recorded in run.json)";
+  }
+  if (!restarts.empty()) rec["restarts"] = restarts;
+  return rec;
 }
 
 int world_rank() {
@@ -82,6 +143,7 @@ void log_prefix(std::ostream& s, const google::LogMessageInfo& m, void*) {
 
 int run() {
   std::unique_ptr<ProcessGrid> grid;
+  std::unique_ptr<Watchdog> watchdog;  // hang detection from set-up to the end (parallel/watchdog.h)
   std::unique_ptr<RunDirLock> lock;  // rank 0 holds the run directory for the whole run
   std::unique_ptr<Trainer> trainer;
   LlamaConfig model_cfg;
@@ -91,6 +153,13 @@ int run() {
     model_cfg = config_from_flags();
     cfg = train_config_from_flags();
     grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
+    if (watchdog_flag()) {
+      WatchdogConfig w = watchdog_config_from_flags();
+      w.rank = grid->rank, w.world = grid->world_size(), w.host = host_name(), w.run_dir = cfg.out_dir;
+      w.stage = grid->coords.pp;
+      watchdog = std::make_unique<Watchdog>(w);
+      watchdog->enter(Section::Setup, 0);
+    }
     grid->layout.virtual_stages = cfg.virtual_stages;
     grid->layout = layout_for_model(model_cfg, grid->layout, cfg.pp_layers);
     grid->layout.sequence_parallel = cfg.sequence_parallel;  // printed below; the Trainer checks --seq_len
@@ -119,15 +188,23 @@ int run() {
   // then the model; each phase agrees before the next, so a failing rank never
   // leaves the others waiting inside a collective.
   try {
-    if (cfg.device == Device::CUDA) grid->use_device_communicators(comm_flag());
-    trainer = std::make_unique<Trainer>(model_cfg, cfg, grid.get());
+    if (cfg.device == Device::CUDA) {
+      grid->use_device_communicators(comm_flag());
+      // A hung NCCL kernel never returns by itself: ncclCommAbort from the watchdog's
+      // thread frees it, and the main thread ends the job (FaultError, kExitHang).
+      if (watchdog) {
+        watchdog->add_abort_hook([g = grid.get()] { g->abort_communicators(); });
+        watchdog->add_probe([g = grid.get()] { return g->communicator_error(); });
+      }
+    }
+    trainer = std::make_unique<Trainer>(model_cfg, cfg, grid.get(), watchdog.get());
   } catch (...) {
     error = current_exception_message();
   }
   if (!all_ranks_started("lns_train", error)) return 1;
   // The run is accepted (its resume checked against the flags): only now does the run
   // directory change. Collective first: every rank has started and is listening.
-  const nlohmann::json record = run_record(*grid);
+  const nlohmann::json record = run_record(*grid, cfg.out_dir);
   try {
     if (grid->rank == 0 && !cfg.out_dir.empty()) {
       write_file_atomically(cfg.out_dir + "/config.flags", flags);
@@ -147,7 +224,9 @@ int run() {
   // limit: finish the step, save, exit cleanly.
   std::signal(SIGTERM, request_stop);
   std::signal(SIGUSR1, request_stop);
-  if (trainer->run()) {
+  const bool stopped = trainer->run();
+  if (watchdog) watchdog->enter(Section::None, 0);
+  if (stopped) {
     if (grid->rank == 0)
       LOG(WARNING) << "stopped early after a signal; resume with --resume=auto (exit status "
                    << FLAGS_exit_code_on_signal << ")";
@@ -183,6 +262,13 @@ int main(int argc, char** argv) {
   const std::string rank_note = world > 1 ? absl::StrCat(" (rank ", lns::world_rank(), ")") : "";
   try {
     code = lns::run();
+  } catch (const lns::FaultError& e) {
+    // A fault of the machine (a failed communicator, a failed checkpoint write): its own
+    // exit status, so that the launchers restart the job (lns/exit_status.h).
+    std::fprintf(stderr, "lns_train: fault: %s%s (exit status %d)\n", e.what(), rank_note.c_str(), e.status());
+    std::fflush(stderr);
+    if (world > 1) MPI_Abort(MPI_COMM_WORLD, e.status());
+    code = e.status();
   } catch (const lns::CollectiveError& e) {
     // Every rank found the same fault at the same point (e.g. non-finite weights after
     // an all-reduce): one line, and every rank exits cleanly with status 1.

@@ -1,5 +1,7 @@
 #include "lns/train_flags.h"
 
+#include "lns/resilience_flags.h"
+
 #include <gflags/gflags.h>
 
 #include <absl/strings/match.h>
@@ -142,6 +144,7 @@ TrainConfig train_config_from_flags() {
   c.ln_free_calib_tokens = FLAGS_ln_free_calib_tokens;
   c.ln_free_eot_token = FLAGS_ln_free_eot_token;
   c.ln_free_loss_window = FLAGS_ln_free_loss_window;
+  add_resilience_flags(c);
   c.validate();
   return c;
 }

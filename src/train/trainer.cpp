@@ -13,11 +13,14 @@
 #include <absl/strings/str_format.h>
 
 #include <atomic>
+#include <thread>
 
 #include "lns/activation_memory.h"
+#include "lns/async_checkpoint.h"
 #include "lns/checkpoint.h"
 #include "lns/device.h"
 #include "lns/errors.h"
+#include "lns/fault_injection.h"
 #include "lns/fp8_state.h"
 #include "lns/gather.h"
 #include "lns/model_layout.h"
@@ -25,6 +28,7 @@
 #include "lns/param_io.h"
 #include "lns/run_dir.h"
 #include "lns/safetensors.h"
+#include "parallel/comm_activity.h"
 
 namespace lns {
 namespace {
@@ -159,8 +163,8 @@ std::string StartupTimes::line() const {
       total(), process, data, buffers, weights, setup, first_step);
 }
 
-Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGrid* grid)
-    : model_cfg_(model_cfg), cfg_(cfg) {
+Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGrid* grid, Watchdog* watchdog)
+    : model_cfg_(model_cfg), cfg_(cfg), watchdog_(watchdog) {
   startup_.process = seconds_since_process_start();
   double mark = now_seconds();
   auto lap = [&mark] {
@@ -263,7 +267,23 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
     targets_dev_ = OwnedTensor(DType::I32, targets_.t.shape, cfg_.device);
   }
 
+  // Fault handling: the components the loop calls (docs/resilience.md).
+  faults_ = std::make_unique<FaultInjector>(cfg_.inject_fault, grid_->rank, cfg_.out_dir);
+  guard_ = std::make_unique<StepGuard>(cfg_.spike_factor, cfg_.spike_window);
+  {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    const std::string mine(host);
+    std::vector<std::string> hosts;
+    for (const auto& h : grid_->world().gather_bytes(std::vector<char>(mine.begin(), mine.end())))
+      hosts.emplace_back(h.begin(), h.end());
+    stragglers_ = std::make_unique<StragglerDetector>(cfg_.straggler, *grid_, hosts);
+  }
+  if (cfg_.async_save && !cfg_.out_dir.empty())
+    async_ = std::make_unique<AsyncCheckpointer>(cfg_.out_dir, grid_->world(), cfg_.keep_checkpoints,
+                                                 cfg_.checkpoint_test_pause_ms);
   if (!cfg_.resume.empty()) {
+    section(Section::Load, 0);
     std::vector<std::string> notes;
     const std::string dir = cfg_.resume == "auto" ? find_latest_checkpoint(cfg_.out_dir, &notes) : cfg_.resume;
     if (is_root())
@@ -273,8 +293,13 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
     } else {
       resume_from(dir);
     }
+    section(Section::Setup, resumed_step_);
   }
   startup_.setup = lap();
+}
+
+void Trainer::section(Section s, int64_t step) {
+  if (watchdog_) watchdog_->enter(s, step);
 }
 
 void Trainer::resume_from(const std::string& dir) {
@@ -357,8 +382,10 @@ void Trainer::resume_fp8(const Checkpoint& ck) {
   fp8->restore(states, where);
 }
 
-std::string Trainer::save_checkpoint() {
+std::string Trainer::save_checkpoint(bool allow_async) {
   LNS_REQUIRE(!cfg_.out_dir.empty(), "saving a checkpoint needs --out_dir");
+  section(Section::Save, optim_->steps_taken());
+  faults_->in_save(optim_->steps_taken());
   RunState st;
   st.step = optim_->steps_taken();
   st.tokens_seen = st.step * cfg_.global_batch * cfg_.seq_len;
@@ -381,10 +408,20 @@ std::string Trainer::save_checkpoint() {
   model_->params().download();  // CUDA: checkpoints read the host mirrors
   optim_->download();
   check_finite_state();  // a non-finite state is never saved
+  if (async_ && allow_async) {
+    const std::string dir = async_->start(model_->params(), *optim_, model_cfg_, grid_->layout, grid_->coords, st, fp8);
+    last_save_stall_s_ = now_seconds() - t0;
+    if (is_root())
+      LOG(INFO) << absl::StrFormat("checkpoint %s: state copied in %.2f s (training stalled that long); writing it "
+                                   "in the background", dir, last_save_stall_s_);
+    return dir;
+  }
+  if (async_) async_->finish();  // at most one save in flight, and this one is synchronous
   const std::string dir = lns::save_checkpoint(cfg_.out_dir, grid_->world(), model_->params(), *optim_,
                                                model_cfg_, grid_->layout, grid_->coords, st, cfg_.keep_checkpoints,
                                                cfg_.checkpoint_test_pause_ms, fp8);
-  if (is_root()) LOG(INFO) << absl::StrFormat("saved checkpoint %s (%.1f s)", dir, now_seconds() - t0);
+  last_save_stall_s_ = now_seconds() - t0;
+  if (is_root()) LOG(INFO) << absl::StrFormat("saved checkpoint %s (%.1f s)", dir, last_save_stall_s_);
   return dir;
 }
 
@@ -492,27 +529,113 @@ std::vector<std::pair<std::string, double>> Trainer::comm_bytes_by_kind(
   return out;
 }
 
+Trainer::Attempt Trainer::attempt_step(int64_t step, bool flip_bit) {
+  Attempt a;
+  a.first_sample = train_sampler_->consumed();
+  // With overlap the data-parallel sums start inside the last backward; reduce()
+  // finishes them (and does everything else).
+  sync_->begin_step(flip_bit);
+  const BatchResult r = run_global_batch({}, cfg_.overlap_grad_reduce);
+  a.loss = r.loss * faults_->loss_factor(a.first_sample, cfg_.global_batch), a.tokens = r.tokens;
+  sync_->reduce();
+  if (Fp8State* fp8 = model_->fp8()) fp8->end_step({&grid_->tp_comm(), &grid_->dp_comm()});
+  a.grad_norm = sync_->global_norm();
+  a.fingerprint = sync_->local_fingerprint();
+  (void)step;
+  return a;
+}
+
+// A suspicious step, run again from the state before it: only the gradients changed,
+// so rewinding the sampler gives the same batch and weights. The same bits blame the
+// batch; other bits a transient fault, and each rank compares its own gradients'
+// fingerprints to say whose differed. Collective (every rank decides the same).
+Trainer::Attempt Trainer::settle_suspicious(int64_t step, Attempt a, std::string why) {
+  const int world = grid_->world_size();
+  for (int reruns = 0, skips = 0; !why.empty();) {
+    train_sampler_->set_consumed(a.first_sample);
+    if (is_root()) LOG(WARNING) << "step " << step << ": " << why << "; running the step again from the state before it";
+    const Attempt b = attempt_step(step, /*flip_bit=*/false);
+    ++reruns;
+    std::vector<double> differs(world, 0.0);
+    differs[grid_->rank] = a.fingerprint != b.fingerprint ? 1 : 0;
+    grid_->world().all_reduce(differs.data(), world, ReduceOp::Sum);
+    const bool same_result = std::memcmp(&a.loss, &b.loss, sizeof(double)) == 0 &&
+                             std::memcmp(&a.grad_norm, &b.grad_norm, sizeof(double)) == 0;
+    std::vector<int> ranks;
+    for (int r = 0; r < world; ++r)
+      if (differs[r] > 0) ranks.push_back(r);
+    nlohmann::json rec = {{"step", step}, {"rerun", ""}, {"why", why}, {"loss", a.loss}, {"grad_norm", a.grad_norm},
+                          {"rerun_loss", b.loss}, {"rerun_grad_norm", b.grad_norm}};
+    if (same_result && ranks.empty()) {
+      // Reproduced bit for bit: the batch is the cause.
+      const int64_t n = cfg_.global_batch;
+      nlohmann::json samples = nlohmann::json::array();
+      std::string brief;
+      for (int64_t i = 0; i < n && i < 1024; ++i) {
+        const int64_t id = train_sampler_->sample_of(a.first_sample + i);
+        samples.push_back(id);
+        if (i < 8) absl::StrAppend(&brief, i ? " " : "", id);
+      }
+      rec["rerun"] = "reproduced", rec["stream_index"] = a.first_sample, rec["samples"] = samples;
+      const bool skip = cfg_.skip_bad_batches;
+      if (is_root())
+        LOG(WARNING) << "step " << step << ": the re-run reproduced it bit for bit: the batch is the cause (training "
+                     << "stream samples " << a.first_sample << ".." << a.first_sample + n - 1 << ", sample ids " << brief
+                     << (n > 8 ? " ..." : "") << ")"
+                     << (skip ? "; skipping it (--skip_bad_batches)" : "; --skip_bad_batches would skip it");
+      rec["skipped"] = skip;
+      fault_records_.push_back(rec);
+      if (!skip) return b;
+      LNS_REQUIRE(++skips <= 16, "step ", step, ": 16 batches in a row were bad and skipped (--skip_bad_batches); ",
+                  "the data or the model is at fault, not single batches");
+      a = attempt_step(step, false);  // the sampler stands after the bad batch: the next one
+      why = guard_->suspicious(a.loss, a.grad_norm);
+      continue;
+    }
+    // Another result: a transient fault (a flipped bit, a faulty device or link).
+    std::string who;
+    for (int r : ranks) absl::StrAppend(&who, who.empty() ? "" : ", ", r);
+    rec["rerun"] = "transient", rec["ranks"] = ranks;
+    if (is_root())
+      LOG(WARNING) << "step " << step << ": the re-run gave another result (loss " << b.loss << ", gradient norm "
+                   << b.grad_norm << "): a transient fault, "
+                   << (ranks.empty() ? std::string("no rank's own gradients differed (the difference arose in a sum "
+                                                   "across ranks or outside the gradients)")
+                                     : "the gradients of rank(s) " + who + " differed between the two runs")
+                   << "; training goes on with the re-run's result";
+    fault_records_.push_back(rec);
+    a = b;
+    why = guard_->suspicious(a.loss, a.grad_norm);
+    if (reruns >= 3) break;  // still suspicious after three runs: judged below like any result
+  }
+  return a;
+}
+
 StepStats Trainer::train_step() {
   run_ln_free_events();  // the schedule is decided from state the checkpoint holds
-  const double t0 = now_seconds();
+  const int64_t step = optim_->steps_taken() + 1;
+  section(Section::Step, step);
+  if (const double extra = faults_->at_step_start(step, stragglers_->last_compute_s()); extra > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(extra));  // --inject_fault slow: as if computing
+  const double t0 = now_seconds(), wait0 = CommActivity::process().wait_seconds();
   const auto comm_before = grid_->comm_counts();
   StepStats s;
   s.lr = schedule_.at(optim_->steps_taken());
-  // With overlap the data-parallel sums start inside the last backward; reduce()
-  // finishes them (and does everything else).
   Fp8State* fp8 = model_->fp8();
   if (fp8) fp8->begin_step();  // drops what evaluation and diagnostics cast since the last step
-  const BatchResult r = run_global_batch({}, cfg_.overlap_grad_reduce);
-  s.loss = r.loss, s.tokens = r.tokens;
-  sync_->reduce();
-  if (fp8) fp8->end_step({&grid_->tp_comm(), &grid_->dp_comm()});
-  s.grad_norm = sync_->global_norm();
+  Attempt a = attempt_step(step, faults_->take_bitflip(step));
+  // FP8's delayed scaling moves its amax history at every step's end: a re-run would move
+  // it twice, so FP8 runs judge the first result as it is.
+  if (std::string why = guard_->suspicious(a.loss, a.grad_norm); !why.empty() && cfg_.rerun_suspicious && !fp8)
+    a = settle_suspicious(step, a, why);
+  s.loss = a.loss, s.tokens = a.tokens, s.grad_norm = a.grad_norm;
   if (cfg_.diag_every > 0 && (optim_->steps_taken() + 1) % cfg_.diag_every == 0)
     last_block_grad_norms_ = block_grad_norms(*grid_, model_->params(), *sync_, model_cfg_.num_layers);
   if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm))  // the same on every rank (all-reduced)
     throw CollectiveError(absl::StrCat("training diverged at step ", optim_->steps_taken() + 1, ": loss ", s.loss,
                                        ", gradient norm ", s.grad_norm, "; nothing was saved. Likely cause: --lr=",
                                        cfg_.lr, " too large (lower it or set --grad_clip), or the data"));
+  guard_->accept(s.loss, s.grad_norm);
   if (ln_free_schedule_) ln_free_schedule_->record_loss(ln_free_, s.loss);
   sync_->scale(clip_factor(s.grad_norm, cfg_.grad_clip));
   optim_->step(static_cast<float>(s.lr));
@@ -520,6 +643,8 @@ StepStats Trainer::train_step() {
   device_synchronize(cfg_.device);  // the step's time includes its queued GPU work
   s.step = optim_->steps_taken();
   s.seconds = now_seconds() - t0;
+  stragglers_->add_step(s.seconds, CommActivity::process().wait_seconds() - wait0);
+  if (watchdog_) watchdog_->step_done(s.seconds);
   if (startup_.first_step == 0) startup_.first_step = s.seconds;
   last_step_comm_ = grid_->comm_counts();
   for (size_t g = 0; g < last_step_comm_.size(); ++g) last_step_comm_[g].second = last_step_comm_[g].second - comm_before[g].second;
@@ -684,6 +809,7 @@ bool Trainer::run() {
   int64_t window_tokens = 0;
   auto do_eval = [&](int64_t step) {
     if (!val_data_) return;
+    section(Section::Eval, step);
     const double t0 = now_seconds();
     const EvalStats e = evaluate();
     if (!is_root()) return;
@@ -701,6 +827,8 @@ bool Trainer::run() {
     window_tokens += tokens_per_step;
     for (const nlohmann::json& r : ln_free_records_) metrics.write(r);
     ln_free_records_.clear();
+    for (const nlohmann::json& r : fault_records_) metrics.write(r);
+    fault_records_.clear();
     if (is_root()) {
       const double tps = tokens_per_step / s.seconds;
       nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"lr", s.lr},
@@ -757,7 +885,12 @@ bool Trainer::run() {
     if (model_->fp8() && (s.step % cfg_.log_every == 0 || s.step == cfg_.steps || s.step == 1))
       metrics.write(fp8_health(s.step));  // collective
     if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step != cfg_.steps) do_eval(s.step);
+    if (stragglers_->due(s.step)) {  // collective
+      const nlohmann::json rec = stragglers_->end_window(grid_->world(), s.step);
+      if (is_root()) metrics.write(rec);
+    }
     if (cfg_.diag_every > 0 && s.step % cfg_.diag_every == 0) {
+      section(Section::Eval, s.step);
       const auto d = diagnostics(/*grads=*/true);
       if (is_root()) {
         nlohmann::json rows = nlohmann::json::array();
@@ -768,6 +901,15 @@ bool Trainer::run() {
         metrics.write({{"step", s.step}, {"diag", rows}});
       }
     }
+    if (async_) {  // collective: commits the save in flight once every rank's file is written
+      section(Section::Save, s.step);
+      const std::string done = async_->poll();
+      if (!done.empty() && is_root()) {
+        LOG(INFO) << absl::StrFormat("checkpoint %s committed (written in the background in %.1f s)", done,
+                                     async_->last_write_s());
+        metrics.write({{"step", s.step}, {"checkpoint_committed", done}, {"save_write_s", async_->last_write_s()}});
+      }
+    }
     // A signal may reach some ranks only; all agree before anyone saves.
     double stop = stop_requested();
     grid_->world().all_reduce(&stop, 1, ReduceOp::Max);
@@ -776,8 +918,12 @@ bool Trainer::run() {
       if (saves) save_checkpoint();
       return true;
     }
-    if (saves && cfg_.save_every > 0 && s.step % cfg_.save_every == 0 && s.step != cfg_.steps)
-      save_checkpoint();
+    if (saves && cfg_.save_every > 0 && s.step % cfg_.save_every == 0 && s.step != cfg_.steps) {
+      const std::string dir = save_checkpoint(/*allow_async=*/true);
+      if (is_root())
+        metrics.write({{"step", s.step}, {"checkpoint", dir}, {"save_stall_s", last_save_stall_s_},
+                       {"async", async_ != nullptr}});
+    }
   }
   do_eval(optim_->steps_taken());
   if (saves) {

@@ -7,6 +7,14 @@
 // then move the data with MPI. Reductions go to rank 0 and back, so every rank gets
 // the same bits (as NCCL's ring gives); their association order is MPI's, not NCCL's.
 //
+// Faults, for the watchdog's tests (docs/resilience.md): LNS_SIM_NCCL_FAULT=KIND@N:rank=R
+// makes the N-th collective this process runs (1-based, over all its communicators) on
+// world rank R never finish, as a wedged GPU or link would: `hang` just waits; `fail`
+// also reports ncclRemoteError from ncclCommGetAsyncError, as NCCL does when a peer or
+// the network fails. ncclCommAbort (which the watchdog calls from its own thread)
+// frees such a collective and any collective waiting for other ranks, as it frees a
+// stuck kernel: it returns without moving data, and the communicator is unusable.
+//
 // The ordering rule: NCCL documents concurrent work on several communicators as
 // unsafe (it can hang), so at most one communicator of a device may have work in
 // flight. A collective that runs while a collective of another communicator, issued
@@ -87,6 +95,8 @@ std::set<State*> g_states;
 struct State {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1, device = 0;
+  std::atomic<bool> aborted{false};               // ncclCommAbort, from any thread
+  std::atomic<int> async_error{int(ncclSuccess)};  // what ncclCommGetAsyncError reports
   uint64_t issued = 0, executed = 0;  // collectives queued / run, in call order
   // Process-wide issue numbers of the collectives queued and not yet run (oldest first).
   std::deque<uint64_t> in_flight;
@@ -193,8 +203,27 @@ int wait_limit_s() {
   return s;
 }
 
-// The ranks must be running the same call: NCCL hangs or mixes data otherwise.
-void agree(const State& s, const Coll& c) {
+// LNS_SIM_NCCL_FAULT (top of the file): {kind ('h'ang or 'f'ail or 0), N} for this rank.
+std::pair<char, uint64_t> injected_fault() {
+  static const std::pair<char, uint64_t> f = [] {
+    const char* v = std::getenv("LNS_SIM_NCCL_FAULT");
+    if (!v || !*v) return std::pair<char, uint64_t>{0, 0};
+    const std::string spec(v);
+    unsigned long long n = 0;
+    int rank = -1, world = 0;
+    char kind[8] = {};
+    if (std::sscanf(spec.c_str(), "%7[a-z]@%llu:rank=%d", kind, &n, &rank) != 3 || n == 0 ||
+        (std::string(kind) != "hang" && std::string(kind) != "fail"))
+      fail("LNS_SIM_NCCL_FAULT='" + spec + "': expected hang@N:rank=R or fail@N:rank=R");
+    MPI_Comm_rank(MPI_COMM_WORLD, &world);
+    return world == rank ? std::pair<char, uint64_t>{kind[0], n} : std::pair<char, uint64_t>{0, 0};
+  }();
+  return f;
+}
+
+// The ranks must be running the same call: NCCL hangs or mixes data otherwise. False
+// when the communicator was aborted while waiting for the others.
+bool agree(const State& s, const Coll& c) {
   const int64_t mine[6] = {int64_t(c.seq), c.kind, int64_t(c.count), c.type, reduces(c.kind) ? c.op : -1,
                            has_root(c.kind) ? c.root : -1};
   std::vector<int64_t> all(6 * s.size);
@@ -206,6 +235,7 @@ void agree(const State& s, const Coll& c) {
   for (int done = 0; !done;) {
     mpi_ok(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
     if (done) break;
+    if (s.aborted) return false;  // the request is left behind: the process is ending
     if (std::chrono::steady_clock::now() > deadline)
       fail(std::string(kNames[c.kind]) + ": collective #" + std::to_string(c.seq) + " waited " +
            std::to_string(wait_limit_s()) + " s for the other ranks of its communicator (a rank that never " +
@@ -215,7 +245,7 @@ void agree(const State& s, const Coll& c) {
   }
   bool same = true;
   for (int r = 1; r < s.size; ++r) same = same && std::memcmp(&all[0], &all[6 * r], sizeof mine) == 0;
-  if (same) return;
+  if (same) return true;
   std::string m = std::string(kNames[c.kind]) + ": ranks disagree on the collective they run (call#, kind, count, " +
                   "datatype, op, root):";
   for (int r = 0; r < s.size; ++r) {
@@ -228,6 +258,16 @@ void agree(const State& s, const Coll& c) {
 // Runs when the stream reaches the collective.
 void execute(State& s, const Coll& c) {
   const char* name = kNames[c.kind];
+  static uint64_t run = 0;  // collectives run by this process (the stream's thread)
+  ++run;
+  if (s.aborted) return;  // an aborted communicator's queued work returns at once
+  if (const auto [kind, n] = injected_fault(); kind && run == n) {
+    if (kind == 'f') s.async_error = int(ncclRemoteError);
+    std::fprintf(stderr, "emulated NCCL: LNS_SIM_NCCL_FAULT: collective %llu (%s) on this rank never finishes\n",
+                 static_cast<unsigned long long>(run), name);
+    while (!s.aborted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return;
+  }
   if (c.seq != s.executed)
     fail(std::string(name) + ": collective #" + std::to_string(c.seq) + " of this communicator runs before #" +
          std::to_string(s.executed) + " (internal: submit() orders them as NCCL does)");
@@ -244,7 +284,7 @@ void execute(State& s, const Coll& c) {
              "(NCCL: work on several communicators at once may hang; order them by stream or event)");
     s.in_flight.pop_front();
   }
-  if (s.size > 1) agree(s, c);
+  if (s.size > 1 && !agree(s, c)) return;
   const Type t = type_of(c.type, name);
   const int n = int(c.count);
   const size_t bytes = c.count * t.size;
@@ -303,6 +343,7 @@ ncclResult_t submit(Kind kind, const void* send, void* recv, size_t count, ncclD
   if (!comm) fail(name + ": null communicator");
   if (comm->destroyed) fail(name + ": communicator used after ncclCommDestroy");
   State& s = *comm->state;
+  if (s.aborted) fail(name + ": communicator used after ncclCommAbort");
   if (lns::sim::current_device() != s.device)
     fail(name + ": communicator of device " + std::to_string(s.device) + " used while device " +
          std::to_string(lns::sim::current_device()) + " is current (the stream belongs to another device)");
@@ -473,11 +514,18 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   comm->state.reset();  // the MPI communicator goes with the last queued collective
   return ncclSuccess;
 }
-ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+// From any thread: the collective in progress returns (execute, agree), the handle
+// and its state stay allocated (the stream's thread may still be inside them) and the
+// communicator refuses further use.
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (!comm) return ncclInvalidArgument;
+  if (comm->state) comm->state->aborted = true;
+  return ncclSuccess;
+}
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   if (!comm || !asyncError) return ncclInvalidArgument;
-  *asyncError = ncclSuccess;
+  *asyncError = comm->state ? ncclResult_t(comm->state->async_error.load()) : ncclSuccess;
   return ncclSuccess;
 }
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
