@@ -73,7 +73,7 @@ void WatchdogConfig::validate() const {
 
 bool heartbeat_fresh(const nlohmann::json& hb, double now_unix, double heartbeat_s) {
   if (!hb.is_object() || !hb.contains("updated_unix") || !hb["updated_unix"].is_number()) return false;
-  return now_unix - hb["updated_unix"].get<double>() <= 3 * heartbeat_s + 5;
+  return now_unix - hb["updated_unix"].get<double>() <= 3 * heartbeat_s + 1;
 }
 
 std::vector<Culprit> find_culprits(const std::vector<nlohmann::json>& hbs, double now, double heartbeat_s) {

@@ -51,8 +51,8 @@ struct WatchdogConfig {
 };
 
 // Whether a heartbeat record is fresh (its writer's thread still runs) at wall time
-// `now`, given the writer's heartbeat period: a few periods of slack for a slow
-// shared filesystem.
+// `now`, given the writer's heartbeat period: written within 3 periods + 1 s (slack for
+// a slow shared filesystem; the section timeouts are far longer).
 bool heartbeat_fresh(const nlohmann::json& hb, double now_unix, double heartbeat_s);
 
 // From every rank's heartbeat (null where a rank has none) at wall time `now`, the

@@ -45,7 +45,7 @@ nlohmann::json beat(int rank, double updated, bool in_op, double ops, int stage 
 
 TEST(Watchdog, NamesAFrozenRankByItsStaleHeartbeat) {
   const double now = 1000;
-  // Rank 2 last wrote 60 s ago with a 5 s period (fresh means within 3 x 5 + 5 = 20 s).
+  // Rank 2 last wrote 60 s ago with a 5 s period (fresh means within 3 x 5 + 1 = 16 s).
   std::vector<nlohmann::json> hb = {beat(0, now - 1, true, 40), beat(1, now - 2, true, 40), beat(2, now - 60, false, 38),
                                     beat(3, now - 1, true, 40)};
   const auto c = find_culprits(hb, now, 5);
@@ -53,8 +53,8 @@ TEST(Watchdog, NamesAFrozenRankByItsStaleHeartbeat) {
   EXPECT_EQ(c[0].rank, 2);
   EXPECT_EQ(c[0].host, "h2");
   EXPECT_NE(c[0].why.find("no heartbeat for 60.0 s"), std::string::npos) << c[0].why;
-  // At 19.9 s it still counts as fresh; then nobody stands out but the one computing.
-  hb[2] = beat(2, now - 19.9, false, 38);
+  // At 15.9 s it still counts as fresh; then nobody stands out but the one computing.
+  hb[2] = beat(2, now - 15.9, false, 38);
   const auto d = find_culprits(hb, now, 5);
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0].rank, 2);

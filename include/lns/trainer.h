@@ -217,6 +217,7 @@ class Trainer {
   std::unique_ptr<AsyncCheckpointer> async_;
   std::vector<nlohmann::json> fault_records_;  // re-runs since the last metrics write
   double last_save_stall_s_ = 0;
+  double last_injected_s_ = 0;  // --inject_fault slow: the last step's added seconds
   // One pass over a global batch: forward/backward, the sums across ranks, the norm.
   struct Attempt {
     uint64_t first_sample = 0;  // the batch's first sample in the training stream

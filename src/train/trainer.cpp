@@ -615,9 +615,11 @@ StepStats Trainer::train_step() {
   run_ln_free_events();  // the schedule is decided from state the checkpoint holds
   const int64_t step = optim_->steps_taken() + 1;
   section(Section::Step, step);
-  if (const double extra = faults_->at_step_start(step, stragglers_->last_compute_s()); extra > 0)
-    std::this_thread::sleep_for(std::chrono::duration<double>(extra));  // --inject_fault slow: as if computing
   const double t0 = now_seconds(), wait0 = CommActivity::process().wait_seconds();
+  // --inject_fault slow: as if computing `factor` times as long as this rank really does.
+  const double extra = faults_->at_step_start(step, stragglers_->last_compute_s() - last_injected_s_);
+  if (extra > 0) std::this_thread::sleep_for(std::chrono::duration<double>(extra));
+  last_injected_s_ = extra;
   const auto comm_before = grid_->comm_counts();
   StepStats s;
   s.lr = schedule_.at(optim_->steps_taken());
