@@ -38,6 +38,7 @@ LAYERS = [
     # Headers whose source file has another name.
     ("include/lns/manifest.h", "checkpoint"),
     ("include/lns/bf16.h", "core"),
+    ("include/lns/exit_status.h", "core"),
     ("include/lns/config.h", "model"),
     ("include/lns/stage.h", "model"),
     ("include/lns/rope.h", "model"),

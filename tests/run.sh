@@ -67,7 +67,7 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   cmake --build "$SIM_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \
         lns_bench_step lns_bench_kernels
   phase_done "emulator build (ASan)"
-  SIM_EXCLUDE='gpu_tiny_run|gpu_nccl_dp2|emulator_counts_match_model|gpu_layouts_one_gpu|gpu_layouts_one_gpu_fires'
+  SIM_EXCLUDE='gpu_tiny_run|gpu_nccl_dp2|emulator_counts_match_model|gpu_layouts_one_gpu|gpu_layouts_one_gpu_fires|gpu_nccl_faults'
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=0 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LNS_SIM_CHECKS=reverse,race,streams \
     ctest --test-dir "$SIM_BUILD_DIR" -L gpu -LE slow \
@@ -82,7 +82,9 @@ if [ "${LNS_CUDA_SIM:-ON}" != "OFF" ]; then
   #    gpu_tiny_run (20 steps in an emulation build, 160 on a GPU: its ctest entry says
   #    so), gpu_nccl_dp2, the emulator-vs-model counts, every parallel layout on one
   #    device against one rank (gpu_layouts_one_gpu, its miniature, and the test that
-  #    its check fires) and the T=4096 fused attention case (label slow).
+  #    its check fires), the NCCL fault paths (gpu_nccl_faults: a hung collective freed
+  #    by the watchdog's ncclCommAbort, an async error) and the T=4096 fused attention
+  #    case (label slow).
   SIM_REL_BUILD_DIR=${SIM_REL_BUILD_DIR:-build-sim-rel}
   cmake -S . -B "$SIM_REL_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DLNS_CUDA_SIM=ON >/dev/null
   cmake --build "$SIM_REL_BUILD_DIR" -j"$(nproc)" --target lns_gpu_tests lns_sim_tests lns_mpi_tests lns_train \

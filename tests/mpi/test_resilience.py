@@ -55,6 +55,9 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMPI_ALLOW
            OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
 
 
+FIGURES = {}  # measured here; written to $LNS_RESILIENCE_RECORD for docs/resilience.md
+
+
 def records(out):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [json.loads(l) for l in f]
@@ -93,6 +96,14 @@ class Resilience(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        path = os.environ.get("LNS_RESILIENCE_RECORD")
+        if path and not cls.failed:
+            rec = {"what": "fault handling on 4 CPU ranks (tp 2 x dp 2), tests/mpi/test_resilience.py",
+                   "date": time.strftime("%Y-%m-%d"), "host_cpus": os.cpu_count(),
+                   "flags": MODEL, "figures": FIGURES}
+            with open(path, "w") as f:
+                json.dump(rec, f, indent=1)
+                f.write("\n")
         if cls.failed:
             print("kept for inspection: " + cls.dir, file=sys.stderr)
         else:
@@ -158,7 +169,40 @@ class Resilience(unittest.TestCase):
         print("hang: detected after %.1f s in the section (whole job incl. restart %.1f s)" % (latency, took),
               file=sys.stderr)
         self.assertLess(latency, 60)
+        FIGURES["hang"] = {"detected_after_s": latency, "reports": len(rs["faults"]), "job_with_restart_s": took,
+                           "fault_step": 6, "resumed_from_step": 4, "steps_redone": 1}
         self.assert_like_reference(out, "hang, restarted")
+
+    def test_sbatch_restarts_then_requeues_and_the_requeued_job_finishes(self):
+        # SLURM stand-ins: `srun` runs the ranks with mpirun, `scontrol` notes its call.
+        # One restart is allowed: the first hang restarts the job step, the second uses
+        # the restarts up and the script requeues the job; the requeued job finishes.
+        shims = os.path.join(self.dir, "slurm_bin")
+        os.makedirs(shims, exist_ok=True)
+        calls = os.path.join(self.dir, "scontrol_calls")
+        with open(os.path.join(shims, "srun"), "w") as f:
+            f.write('#!/usr/bin/env bash\nn=1\nwhile [[ "$1" == --* ]]; do [[ "$1" == --ntasks=* ]] && n=${1#--ntasks=}; '
+                    'shift; done\nexec %s --oversubscribe --bind-to none -np "$n" -x LNS_RESTART_COUNT '
+                    '-x LNS_RESTART_CAUSE -x LNS_RESTART_STATUS "$@"\n' % MPIRUN)
+        with open(os.path.join(shims, "scontrol"), "w") as f:
+            f.write('#!/usr/bin/env bash\necho "$@" >> %s\n' % calls)
+        for n in ("srun", "scontrol"):
+            os.chmod(os.path.join(shims, n), 0o755)
+        out = os.path.join(self.dir, "sbatch")
+        env = dict(ENV, PATH=shims + os.pathsep + os.environ["PATH"], SLURM_SUBMIT_DIR=ROOT, SLURM_NNODES="1",
+                   SLURM_JOB_ID="4242", GPUS_PER_NODE="4", OUT_DIR=out, LNS_TRAIN_BIN=TRAIN,
+                   LNS_RESTART_BACKOFF_S="0", LNS_MAX_RESTARTS="1")
+        cmd = ["bash", os.path.join(ROOT, "launch/slurm/train.sbatch"), os.path.join(self.dir, "model.flags"),
+               "--inject_fault=hang@6:rank=1,hang@10:rank=2"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+        self.assertEqual(r.returncode, 76, r.stderr[-4000:])
+        self.assertIn("restart 1 of 1", r.stderr)
+        self.assertIn("no restarts left in this allocation; requeueing job 4242", r.stdout + r.stderr)
+        with open(calls) as f:
+            self.assertEqual(f.read().split(), ["requeue", "4242"])
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)  # the requeued job
+        self.assertEqual(r.returncode, 0, r.stderr[-4000:])
+        self.assert_like_reference(out, "sbatch: restarted, requeued")
 
     def test_frozen_rank_is_named_by_its_stale_heartbeat(self):
         out = os.path.join(self.dir, "frozen")
@@ -168,6 +212,12 @@ class Resilience(unittest.TestCase):
         self.assertTrue(lines, r.stderr[-4000:])
         self.assertTrue(any(re.search(r"rank 2 \(host [^)]*\): no heartbeat for [0-9.]+ s \(process stopped or dead\)", l)
                             for l in lines), "\n".join(lines))
+        reports = []
+        for n in os.listdir(os.path.join(out, "faults")):
+            if n.startswith("rank_"):
+                with open(os.path.join(out, "faults", n)) as f:
+                    reports.append(json.load(f))
+        FIGURES["frozen"] = {"detected_after_s": max(x["for_s"] for x in reports), "reports": len(reports)}
 
     def test_dead_rank_ends_the_job_and_the_launcher_restarts_it(self):
         out = os.path.join(self.dir, "dead")
@@ -178,6 +228,20 @@ class Resilience(unittest.TestCase):
             self.assertEqual(json.load(f)["restarts"][0]["exit_status"], 137)
         self.assert_like_reference(out, "dead rank, restarted")
 
+    def test_dead_rank_ends_the_job_within_seconds(self):
+        out = os.path.join(self.dir, "dead_direct")
+        p = subprocess.Popen([MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "4", TRAIN, *self.flags,
+                              "--out_dir=" + out, "--inject_fault=exit@5:rank=2"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+        _, err = p.communicate(timeout=180)
+        ended = time.time()
+        self.assertEqual(p.returncode, 137, err[-3000:])
+        marker = [n for n in os.listdir(os.path.join(out, "faults")) if n.startswith("injected_")]
+        self.assertEqual(len(marker), 1, marker)
+        died = os.path.getmtime(os.path.join(out, "faults", marker[0]))  # written just before the SIGKILL
+        FIGURES["dead"] = {"job_ended_after_s": ended - died, "exit_status": 137}
+        self.assertLess(ended - died, 30)
+
     def test_save_that_hangs_is_caught_by_the_save_timeout(self):
         out = os.path.join(self.dir, "save_hang")
         r = self.mpi(out, "--inject_fault=hang_save@8:rank=0", "--timeout_save_s=3", timeout=180)
@@ -185,6 +249,8 @@ class Resilience(unittest.TestCase):
         self.assertRegex(r.stderr, r"made no progress in checkpoint save \(step 8\)")
         with open(os.path.join(out, "checkpoints", "latest")) as f:
             self.assertEqual(f.read().strip(), "step_0000004")  # the one before stays valid
+        with open(os.path.join(out, "faults", "rank_00000.json")) as f:
+            FIGURES["hung_save"] = {"detected_after_s": json.load(f)["for_s"], "timeout_s": 3}
 
     # ---- stragglers ---------------------------------------------------------------------
     def test_slow_rank_is_named_with_its_host(self):
@@ -197,6 +263,9 @@ class Resilience(unittest.TestCase):
         self.assertGreater(min(x["slowdown"] for x in named), 1.2)
         self.assertTrue(all(x["host"] for x in named))
         self.assertRegex(r.stderr, r"straggler: rank 3 \(host \S+\) computes [0-9.]+x the median")
+        first = min(rec["step"] for rec in records(out) if rec.get("stragglers"))
+        FIGURES["slow"] = {"factor": 6, "named_at_step": first, "slow_from_step": 2, "window_steps": 2,
+                           "windows_needed": 2, "slowdown_measured": [x["slowdown"] for x in named][:3]}
         # Slowness is not a fault: the numbers are the uninterrupted run's.
         self.assert_like_reference(out, "slow rank")
 
@@ -211,6 +280,7 @@ class Resilience(unittest.TestCase):
         self.assertEqual(reruns[0]["ranks"], [2])
         self.assertEqual(reruns[0]["step"], 5)
         self.assertIn("the gradients of rank(s) 2 differed between the two runs", r.stderr)
+        FIGURES["bitflip"] = {"why": reruns[0]["why"], "steps_rerun": 1, "rank_named": reruns[0]["ranks"]}
         self.assert_like_reference(out, "bit flip")
 
     def test_bad_batch_is_reproduced_logged_and_skipped(self):
@@ -273,6 +343,8 @@ class Resilience(unittest.TestCase):
         self.assertTrue(4 < committed[0]["step"] <= 8 < committed[1]["step"] <= 12, committed)
         stalls = [x["save_stall_s"] for x in records(out) if "save_stall_s" in x]
         self.assertEqual(len(stalls), 2)
+        FIGURES["async_tiny"] = {"stall_s": stalls,
+                                 "sync_stall_s": [x["save_stall_s"] for x in records(self.ref_dir) if "save_stall_s" in x]}
         # Resume from the asynchronous step-8 checkpoint under another layout (dp 4).
         shutil.rmtree(os.path.join(out, "checkpoints", "step_0000012"))
         with open(os.path.join(out, "checkpoints", "latest"), "w") as f:
