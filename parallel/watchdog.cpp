@@ -133,12 +133,15 @@ Watchdog::Watchdog(const WatchdogConfig& cfg) : cfg_(cfg) {
   cfg_.validate();
   section_start_ = monotonic_seconds();
   progress_unix_ = unix_seconds();
-  if (!cfg_.run_dir.empty()) {
-    std::error_code ec;
-    fs::create_directories(cfg_.run_dir + "/heartbeats", ec);
-    write_heartbeat();
-  }
   thread_ = std::thread([this] { loop(); });
+}
+
+void Watchdog::start_heartbeats() {
+  if (cfg_.run_dir.empty()) return;
+  std::error_code ec;
+  fs::create_directories(cfg_.run_dir + "/heartbeats", ec);
+  beating_ = true;
+  write_heartbeat();
 }
 
 Watchdog::~Watchdog() {
@@ -220,7 +223,7 @@ nlohmann::json Watchdog::heartbeat_record() const {
 }
 
 void Watchdog::write_heartbeat() {
-  if (cfg_.run_dir.empty()) return;
+  if (cfg_.run_dir.empty() || !beating_) return;
   write_small_file(rank_file(cfg_.run_dir + "/heartbeats", cfg_.rank), heartbeat_record().dump() + "\n");
 }
 
@@ -243,7 +246,9 @@ std::string Watchdog::report(double for_s, const std::string& failure) const {
                                            monotonic_seconds() - c.op.since));
   else
     absl::StrAppend(&line, "computing (no communicator call in flight; last: ", CommActivity::describe(c.op), ")");
-  if (cfg_.run_dir.empty()) return line + "; no --out_dir, so no heartbeats of the other ranks";
+  if (cfg_.run_dir.empty() || !beating_)
+    return line + "; no heartbeats of the other ranks (" +
+           (cfg_.run_dir.empty() ? "no --out_dir" : "the run was not accepted yet") + ")";
   std::vector<nlohmann::json> hbs(cfg_.world);
   for (int r = 0; r < cfg_.world; ++r) {
     std::ifstream f(rank_file(cfg_.run_dir + "/heartbeats", r));
@@ -296,7 +301,7 @@ void Watchdog::expire(Section s, double for_s, const std::string& failure) {
   const std::string line = report(for_s, failure);
   LOG(ERROR) << line << "; ending the job with exit status " << status;
   google::FlushLogFiles(google::GLOG_INFO);
-  if (!cfg_.run_dir.empty()) {
+  if (!cfg_.run_dir.empty() && beating_) {
     std::error_code ec;
     fs::create_directories(cfg_.run_dir + "/faults", ec);
     std::lock_guard<std::mutex> l(mu_);

@@ -80,6 +80,10 @@ class Watchdog {
   // step of the process is left out of the median).
   void step_done(double seconds);
   double timeout(Section s) const;
+  // The run directory may change from now on (the run was accepted, docs/training.md):
+  // heartbeats start, and a report is also written to OUT_DIR/faults/. Before, the
+  // watchdog times the sections and reports on the log only.
+  void start_heartbeats();
   // Called by the watchdog's thread on expiry before it ends the process (ncclCommAbort).
   void add_abort_hook(std::function<void()> hook);
   // Polled by the watchdog's thread every tick: "" while healthy, else a transport
@@ -107,6 +111,7 @@ class Watchdog {
   double section_start_ = 0;      // monotonic
   double progress_unix_ = 0;      // wall time of the last enter()
   std::vector<double> step_times_;
+  std::atomic<bool> beating_{false};  // start_heartbeats() was called
   double auto_step_s_ = 0;        // 0 until the warm-up is over
   std::vector<std::function<void()>> hooks_;
   std::vector<std::function<std::string()>> probes_;

@@ -106,6 +106,7 @@ TEST(Watchdog, EndsAStuckProcessWithItsOwnStatusAndReport) {
     WatchdogConfig w;
     w.eval_s = 0.3, w.heartbeat_s = 0.1, w.run_dir = dir, w.host = "testhost";
     Watchdog dog(w);
+    dog.start_heartbeats();
     dog.enter(Section::Eval, 12);
     std::this_thread::sleep_for(std::chrono::seconds(30));
     std::_Exit(0);  // not reached when the watchdog works
@@ -205,7 +206,7 @@ TEST(Stragglers, NamedOnlyAfterEnoughWindowsInARow) {
   auto grid = ProcessGrid::single();
   StragglerConfig cfg;
   cfg.every = 2, cfg.threshold = 0.2, cfg.windows = 2;
-  StragglerDetector d(cfg, *grid, {"host0"});
+  StragglerDetector d(cfg, *grid);
   d.add_step(1.0, 0.25);
   EXPECT_DOUBLE_EQ(d.last_compute_s(), 0.75);  // the step less the time waiting
   EXPECT_FALSE(d.due(1));

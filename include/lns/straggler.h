@@ -32,8 +32,9 @@ std::vector<double> straggler_slowdowns(const std::vector<double>& compute_s, co
 
 class StragglerDetector {
  public:
-  // hosts: every rank's host name (index = world rank), for the report.
-  StragglerDetector(const StragglerConfig& cfg, const ProcessGrid& grid, std::vector<std::string> hosts);
+  // The host names for the report are gathered at the first window (a collective in
+  // the training loop: a constructor must not wait for ranks that may fail to start).
+  StragglerDetector(const StragglerConfig& cfg, const ProcessGrid& grid);
   void add_step(double step_s, double wait_s);  // this rank's step
   double last_compute_s() const { return last_compute_; }
   bool due(int64_t step) const { return cfg_.every > 0 && step % cfg_.every == 0; }

@@ -215,6 +215,7 @@ int run() {
     error = current_exception_message();
   }
   if (!all_ranks_started("lns_train", error)) return 1;
+  if (watchdog) watchdog->start_heartbeats();  // the run directory may change now
 
   if (!dump_step_state_flag().empty()) {
     trainer->dump_step_state(dump_step_state_flag());

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <map>
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lns/errors.h"
@@ -34,15 +36,13 @@ std::vector<double> straggler_slowdowns(const std::vector<double>& compute_s, co
   return out;
 }
 
-StragglerDetector::StragglerDetector(const StragglerConfig& cfg, const ProcessGrid& grid,
-                                     std::vector<std::string> hosts)
-    : cfg_(cfg), rank_(grid.rank), world_(grid.world_size()), hosts_(std::move(hosts)), streak_(world_, 0) {
+StragglerDetector::StragglerDetector(const StragglerConfig& cfg, const ProcessGrid& grid)
+    : cfg_(cfg), rank_(grid.rank), world_(grid.world_size()), streak_(world_, 0) {
   cfg_.validate();
   const Layout& l = grid.layout;
   const bool per_stage = l.tp * l.dp > 1;  // a stage with one rank has no peers of its own
   group_.resize(world_);
   for (int r = 0; r < world_; ++r) group_[r] = per_stage ? l.coords_of(r).pp : 0;
-  hosts_.resize(world_, "?");
 }
 
 void StragglerDetector::add_step(double step_s, double wait_s) {
@@ -52,6 +52,14 @@ void StragglerDetector::add_step(double step_s, double wait_s) {
 }
 
 nlohmann::json StragglerDetector::end_window(Communicator& world, int64_t step) {
+  if (hosts_.empty()) {  // once: every rank's host, on rank 0
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    const std::string mine(host);
+    for (const auto& h : world.gather_bytes(std::vector<char>(mine.begin(), mine.end())))
+      hosts_.emplace_back(h.begin(), h.end());
+    hosts_.resize(world_, "?");
+  }
   std::vector<double> c(world_, 0.0);
   c[rank_] = window_steps_ > 0 ? window_compute_ / window_steps_ : 0.0;  // seconds per step
   world.all_reduce(c.data(), world_, ReduceOp::Sum);

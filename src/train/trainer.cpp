@@ -270,15 +270,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   // Fault handling: the components the loop calls (docs/resilience.md).
   faults_ = std::make_unique<FaultInjector>(cfg_.inject_fault, grid_->rank, cfg_.out_dir);
   guard_ = std::make_unique<StepGuard>(cfg_.spike_factor, cfg_.spike_window);
-  {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    const std::string mine(host);
-    std::vector<std::string> hosts;
-    for (const auto& h : grid_->world().gather_bytes(std::vector<char>(mine.begin(), mine.end())))
-      hosts.emplace_back(h.begin(), h.end());
-    stragglers_ = std::make_unique<StragglerDetector>(cfg_.straggler, *grid_, hosts);
-  }
+  stragglers_ = std::make_unique<StragglerDetector>(cfg_.straggler, *grid_);
   if (cfg_.async_save && !cfg_.out_dir.empty())
     async_ = std::make_unique<AsyncCheckpointer>(cfg_.out_dir, grid_->world(), cfg_.keep_checkpoints,
                                                  cfg_.checkpoint_test_pause_ms);

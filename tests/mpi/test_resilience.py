@@ -364,8 +364,7 @@ class Resilience(unittest.TestCase):
         # synchronous, first waits for it).
         p = subprocess.Popen([MPIRUN, "--oversubscribe", "--bind-to", "none", "-np", "4", TRAIN, *self.flags,
                               "--out_dir=" + out, "--async_save", "--checkpoint_test_pause_ms=4000"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
-                             start_new_session=True)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
         deadline = time.time() + 120
         latest = os.path.join(out, "checkpoints", "latest")
         tmp8 = os.path.join(out, "checkpoints", "step_0000008.tmp")
@@ -378,7 +377,14 @@ class Resilience(unittest.TestCase):
             except OSError:
                 pass
             time.sleep(0.05)
-        os.killpg(p.pid, signal.SIGKILL)
+        # kill -9 every rank (their pids are in their heartbeat files), as a lost node would.
+        for n in os.listdir(os.path.join(out, "heartbeats")):
+            if n.endswith(".json"):
+                with open(os.path.join(out, "heartbeats", n)) as f:
+                    try:
+                        os.kill(json.load(f)["pid"], signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
         p.communicate(timeout=60)
         with open(latest) as f:
             self.assertEqual(f.read().strip(), "step_0000004")
