@@ -239,8 +239,8 @@ class Seq4kPeer(unittest.TestCase):
         py = os.path.join(tmp, "py")
         write_exe(os.path.join(py, "python3"), PYTHON % sys.executable)
         env = call_env(tmp, **dict(dict(BIN_DIR=bin_dir, CONFIGS="1b_lns_seq4k", KERNELS="0", TORCH="1",
-                                        PATH=py + os.pathsep + os.environ["PATH"], STEP_TIMEOUT="2",
-                                        LNS_TEST_PEER_SLEEP="4"), **extra))
+                                        PATH=py + os.pathsep + os.environ["PATH"], STEP_TIMEOUT="1",
+                                        LNS_TEST_PEER_SLEEP="2"), **extra))
         if variants is not None:
             env["VARIANTS"] = variants
         subprocess.run(["bash", SCRIPT], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -249,7 +249,7 @@ class Seq4kPeer(unittest.TestCase):
 
     def test_the_compiled_peer_at_seq_4096_has_its_own_limit(self):
         with tempfile.TemporaryDirectory() as tmp:
-            # its compile (4 s here) outruns STEP_TIMEOUT (2 s) but not its own limit
+            # its compile (2 s here) outruns STEP_TIMEOUT (1 s) but not its own limit
             rec = self.run_call(tmp, "1b_lns_seq4k=cudnn,torch_padded",
                                 TIMEOUT_step_torch_padded_1b_lns_seq4k="30")
         c = rec["configs"]["1b_lns_seq4k"]

@@ -23,7 +23,7 @@ timing, a different set per micro-batch, reused across steps.
 
 --dtype bfloat16 keeps parameters, gradients and optimizer state in bf16
 (pure bf16); --autocast runs float32 parameters under torch.autocast(bfloat16).
-Output: config summary, ms/step (median and mean), tokens/s, GFLOP/s (same
+Output: config summary, ms/step (median, min, max and mean), tokens/s, GFLOP/s (same
 FLOP count as the C++ bench), then `RESULT {json}` on one line. With
 --device cuda also the peak memory (torch.cuda.max_memory_allocated over the
 whole run, GiB) and MFU = flops_per_token x tokens/s / peak, the peak being

@@ -96,7 +96,10 @@
 #                '### done NAME rc=RC seconds=S' lines (RESULT lines inside)
 #   build.log    configure + build output
 #   kernels.json, kernels_torch.json   the kernel benchmarks' figures
+#   <gpu>-<date>.json   the run's record (tools/device/bench_record.py), rewritten after
+#                every step from the bench stage on
 #   summary.md   the table printed at the end (tools/device/summarize.py)
+#   plan.tsv     DRY_RUN=1 only: each step, its limit, its command
 # Exit status: 0 when every stage that ran succeeded, else 1.
 set -uo pipefail
 

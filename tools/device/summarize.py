@@ -13,6 +13,13 @@ Reads (each optional; what is missing shows as "not run"):
   kernels.json        lns_bench_kernels --json
   kernels_torch.json  tools/bench/bench_kernels_torch.py --json
 
+The tests row counts the tests ctest ran (step "test") and those the carried test
+programs ran (step "test_gpu", tools/device/gtest_each.sh's verdict lines). Each lns step
+variant is compared with its config's PyTorch peer (the padded one where it ran), with
+the min-max of its timed steps; a variant whose GPU correctness test (CORRECTNESS) did
+not pass in the same run is marked "(untested)", "(test failed)" or "(test skipped)" and
+has no ratio.
+
 Kernel figures are paired by name. Either file may be {"results": [records]},
 a list of records, or a flat {name: value} mapping; a record is
 {"name", "value", "metric" (GB/s, TFLOP/s, ...), optional "variant"
