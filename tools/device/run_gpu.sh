@@ -172,7 +172,7 @@ want() {
 }
 
 # The run's record, rewritten from what has finished (atomically: a kill leaves the last
-# one whole). Quiet: its path is printed at the end of the bench stage.
+# one whole). Quiet: its path is printed at the end of the run.
 record() {
   [ "$RECORDING" = 1 ] && [ "$DRY_RUN" != 1 ] || return 0
   PYTHONDONTWRITEBYTECODE=1 python3 "$ROOT/tools/device/bench_record.py" "$OUT" --out "$OUT" --update \
