@@ -6,11 +6,17 @@ pipe was fully buffered. Here the program runs with its stdout on a pipe and is 
 (SIGKILL: nothing can flush after it) as soon as its first step line arrives; the
 configuration and backend lines must have arrived before it, and the lines one by one. Then the kernel line
 must name the kernel OPENBLAS_CORETYPE chose, and the generic kernel is warned about
-on a CPU that has better (OpenBLAS moves CPU figures by about 2x).
+on a CPU that has better (OpenBLAS moves CPU figures by about 2x). Last, the RESULT line's
+figure is the median of the timed steps its step lines print (the middle two's mean for
+an even count, as the PyTorch peer's statistics.median), with their min, max and count
+beside it (run_gpu.sh's records keep all four).
 """
+import json
 import os
+import re
 import select
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -69,6 +75,24 @@ def main():
     if warned != better:
         failures.append(f"generic-kernel warning {'missing' if better else 'given'} on a CPU "
                         f"{'with' if better else 'without'} AVX2/AVX-512; got {got}")
+    # The RESULT line against the step lines it summarises: 4 timed steps (an even count)
+    # after 1 warm-up; the step lines print 0.1 ms, so each figure agrees within 0.05 ms.
+    args = [a for a in ARGS if not a.startswith(("--bench_steps", "--bench_warmup"))]
+    r = subprocess.run([BENCH] + args + ["--bench_steps=4", "--bench_warmup=1"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    timed = [float(m) for m in re.findall(r"^step \d+/\d+: ([0-9.]+) ms$", r.stdout, re.M)]
+    result = [json.loads(l[len("RESULT "):]) for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+    if r.returncode != 0 or len(timed) != 4 or len(result) != 1:
+        failures.append(f"--bench_steps=4: rc {r.returncode}, {len(timed)} timed step lines, {len(result)} RESULT "
+                        f"lines; stdout {r.stdout!r}, stderr {r.stderr[-2000:]!r}")
+    else:
+        got = result[0]
+        want = {"median_ms": statistics.median(timed), "min_ms": min(timed), "max_ms": max(timed)}
+        for k, v in want.items():
+            if not isinstance(got.get(k), (int, float)) or abs(got[k] - v) > 0.051:
+                failures.append(f"RESULT {k} {got.get(k)} is not {v:.2f} +- 0.05 from the step lines {timed}")
+        if got.get("steps") != 4:
+            failures.append(f"RESULT steps {got.get('steps')}, expected 4 (the timed steps)")
     for f in failures:
         print("FAIL:", f)
     print("bench output:", "FAIL" if failures else "ok")

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "lns/rng.h"
 #include "lns/stage.h"
 #include "test_util.h"
 
@@ -134,6 +135,36 @@ TEST(Init, InitialWeightsArePinnedBitForBit) {
   }
   std::printf("[ init ] tp=2 shards: %016llx\n", (unsigned long long)fnv1a({&ranks[0]->params(), &ranks[1]->params()}));
   EXPECT_EQ(fnv1a({&ranks[0]->params(), &ranks[1]->params()}), 0x3db8d039af7a687cull);
+}
+
+// fill_normal (lns_bench_kernels' operands: not constants, shaped like weights and
+// activations) is the counter stream's normal_at, scaled and shifted, bit for bit at
+// every index (the odd last one too, whatever the threads); its sample moments are those
+// of normal(mean, std) in f64: n = 200,001 puts the mean's standard error at std / 447
+// and the std's at 0.16% of std; the tolerances are over 6 standard errors.
+TEST(Init, FillNormalIsTheCounterStreamScaled) {
+  const int64_t n = 200001;
+  const uint64_t key = rng_key(1234, "bench.w");
+  for (const auto [mean, std] : {std::pair{0.0f, 0.02f}, std::pair{1.0f, 0.02f}, std::pair{0.0f, 1.0f}}) {
+    std::vector<float> v(n);
+    fill_normal(v.data(), n, mean, std, key);
+    for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{12345}, n - 2, n - 1})
+      EXPECT_EQ(v[i], mean + std * normal_at(key, uint64_t(i))) << "index " << i;
+    double s = 0, s2 = 0;
+    int64_t within = 0;
+    for (float x : v) s += x, s2 += double(x) * x, within += std::fabs(x - mean) <= std;
+    const double m = s / n, sd = std::sqrt(s2 / n - m * m);
+    EXPECT_NEAR(m, mean, 6 * std / std::sqrt(double(n))) << "mean " << mean << " std " << std;
+    EXPECT_NEAR(sd, std, 0.01 * std) << "mean " << mean << " std " << std;
+    // P(|z| <= 1) = 0.6827; the fraction's standard error is 0.001
+    EXPECT_NEAR(double(within) / n, 0.6827, 0.006) << "mean " << mean << " std " << std;
+  }
+  std::vector<float> a(1000), b(1000);
+  fill_normal(a.data(), 1000, 0.0f, 1.0f, rng_key(1234, "bench.x"));
+  fill_normal(b.data(), 1000, 0.0f, 1.0f, rng_key(1234, "bench.y"));
+  int64_t same = 0;
+  for (int i = 0; i < 1000; ++i) same += a[i] == b[i];
+  EXPECT_LT(same, 5) << "two keys gave the same stream";
 }
 
 }  // namespace

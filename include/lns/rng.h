@@ -18,5 +18,9 @@ float normal_at(uint64_t key, uint64_t i);
 // normal_at(key, i) and normal_at(key, i + 1) for an even i, from one Box-Muller draw
 // (the same bits as the two calls, half the work: initialisation draws billions).
 void normal_pair_at(uint64_t key, uint64_t i, float* at_i, float* at_i_plus_1);
+// out[i] = mean + std * normal_at(key, i) for i < n, the threads splitting the pairs: the
+// same numbers whatever the thread count (lns_bench_kernels' operands, hundreds of
+// millions of values).
+void fill_normal(float* out, int64_t n, float mean, float std, uint64_t key);
 
 }  // namespace lns

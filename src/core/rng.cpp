@@ -46,4 +46,14 @@ void normal_pair_at(uint64_t key, uint64_t i, float* at_i, float* at_i_plus_1) {
   *at_i_plus_1 = static_cast<float>(r * std::sin(a));
 }
 
+void fill_normal(float* out, int64_t n, float mean, float std, uint64_t key) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i += 2) {
+    float a, b;
+    normal_pair_at(key, uint64_t(i), &a, &b);
+    out[i] = mean + std * a;
+    if (i + 1 < n) out[i + 1] = mean + std * b;
+  }
+}
+
 }  // namespace lns

@@ -29,13 +29,18 @@
 // Names and byte counts are those of tools/bench/bench_kernels_torch.py, so
 // tools/device/summarize.py pairs the two. Timing: CUDA events around each call,
 // median over --iters calls after --warmup untimed ones.
+// Operands are random and shaped like a trained model's (random_operand below): a constant
+// or short-period operand toggles fewer bits, draws less power and runs faster than real
+// data. --operand_stats prints each operand's mean and standard deviation as the device
+// holds it. --json is rewritten after every figure, so a run cut off keeps what finished.
 //   lns_bench_kernels [--json=PATH] [--flagfile=configs/1b_lns.flags] [--tokens=2048,8192] [--long_seq=4096]
-//                     [--sections=copy,norm,gemm,step_gemm,fp8,attention]
+//                     [--sections=copy,norm,gemm,step_gemm,fp8,attention] [--operand_stats] [--seed=1234]
 #include <cuda_runtime.h>
 #include <gflags/gflags.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -54,6 +59,7 @@
 #include "lns/errors.h"
 #include "lns/model_flags.h"
 #include "lns/ops.h"
+#include "lns/rng.h"
 
 DEFINE_string(json, "", "Also write the figures here as JSON.");
 DEFINE_string(tokens, "", "GEMM M values, comma-separated (default: micro_batch_size*seq_len and 8192).");
@@ -66,8 +72,12 @@ DEFINE_int32(long_seq, 4096, "Sequence length of the batch-1 attention figures (
 DEFINE_string(sections, "copy,norm,gemm,step_gemm,fp8,attention",
               "Which figures to measure: copy, norm, gemm, step_gemm (the step's GEMMs pass by pass, the fused "
               "q/k/v and gate/up shapes, and every candidate cuBLASLt's heuristic gives each), fp8, attention.");
+DEFINE_bool(operand_stats, false,
+            "Print each operand's mean and standard deviation, read back from the device (a check that "
+            "the operands are what they should be; costs a copy of each).");
 DECLARE_int32(micro_batch_size);
 DECLARE_int32(seq_len);
+DECLARE_uint64(seed);
 
 namespace lns {
 namespace {
@@ -94,13 +104,38 @@ double time_ms(const std::function<void()>& f) {
   return ms[ms.size() / 2];
 }
 
-OwnedTensor filled(DType dt, Shape s, float v) {
+// What an operand stands for, and so its values (normal(mean, std)):
+//   Weight      a trained linear's weight: std 0.02 (the configs' --init_std; trained
+//               weights keep about that scale)
+//   Activation  a norm's output, an attention input, a residual or a gradient: unit RMS
+//   Gain        a norm's gain: about 1
+enum class Operand { Weight, Activation, Gain };
+
+void print_operand_stats(const char* what, const OwnedTensor& t) {
+  OwnedTensor f(DType::F32, t.t.shape, Device::CUDA);
+  cast(f, t);
+  std::vector<float> h(static_cast<size_t>(t.t.numel()));
+  copy_tensor(Tensor{h.data(), DType::F32, Device::CPU, t.t.shape}, f);
+  double sum = 0, sq = 0;
+  for (float v : h) sum += v, sq += double(v) * v;
+  const double n = double(h.size()), mean = sum / n;
+  std::printf("operand %s [%lld]: mean %.5f std %.5f\n", what, (long long)t.t.numel(), mean,
+              std::sqrt(std::max(0.0, sq / n - mean * mean)));
+}
+
+// A device tensor of DT filled with normal(mean, std) values from its own stream of the
+// counter-based generator (lns/rng.h) under --seed: the same operands every run.
+OwnedTensor random_operand(DType dt, Shape s, Operand kind, const char* what) {
+  static uint64_t drawn = 0;  // each operand its own stream, in the order they are made
+  const float mean = kind == Operand::Gain ? 1.0f : 0.0f;
+  const float std = kind == Operand::Activation ? 1.0f : 0.02f;
   OwnedTensor t(dt, s, Device::CUDA);
   OwnedTensor f(DType::F32, s, Device::CUDA);
-  std::vector<float> h(s.numel());
-  for (int64_t i = 0; i < s.numel(); ++i) h[i] = v * float((i * 2654435761u) % 1000) / 1000.0f - 0.5f * v;
+  std::vector<float> h(static_cast<size_t>(s.numel()));
+  fill_normal(h.data(), s.numel(), mean, std, rng_key(FLAGS_seed, "lns_bench_kernels." + std::to_string(drawn++)));
   copy_tensor(f, Tensor{h.data(), DType::F32, Device::CPU, s});
   cast(t, f);
+  if (FLAGS_operand_stats) print_operand_stats(what, t);
   return t;
 }
 
@@ -108,10 +143,26 @@ struct Results {
   nlohmann::json records = nlohmann::json::array();
   void add(const std::string& name, const char* metric, double value, double ms, std::vector<int64_t> shape,
            const char* amount_key, double amount) {
-    std::printf("%-36s %10.1f %-8s %10.1f us\n", name.c_str(), value, metric, ms * 1e3);
-    std::fflush(stdout);
     records.push_back({{"name", name}, {"metric", metric}, {"value", value}, {"ms", ms}, {"shape", shape},
                        {amount_key, amount}});
+    save();  // first: a figure printed is one --json holds
+    std::printf("%-36s %10.1f %-8s %10.1f us\n", name.c_str(), value, metric, ms * 1e3);
+    std::fflush(stdout);
+  }
+  // --json after every figure (and again where a figure gains fields), written aside and
+  // renamed over the last: a run killed at its limit leaves the figures that finished.
+  void save() const {
+    if (FLAGS_json.empty()) return;
+    const std::string tmp = FLAGS_json + ".tmp";
+    {
+      std::ofstream f(tmp);
+      LNS_REQUIRE(f.good(), "--json=", FLAGS_json, ": cannot write ", tmp);
+      f << nlohmann::json{{"impl", "lns"}, {"device", current_gpu_description()}, {"results", records}}.dump(2)
+        << "\n";
+      LNS_REQUIRE(f.good(), "--json=", FLAGS_json, ": cannot write ", tmp);
+    }
+    LNS_REQUIRE(std::rename(tmp.c_str(), FLAGS_json.c_str()) == 0, "--json=", FLAGS_json, ": cannot rename ", tmp,
+                " over it");
   }
 };
 
@@ -158,10 +209,13 @@ int run() {
 
   // ---- fused residual + RMSNorm + LNS scale ------------------------------------------
   for (auto [N, C] : on("norm") ? norms : decltype(norms){}) {
-    OwnedTensor res = filled(DType::BF16, {N, C}, 2.0f), delta = filled(DType::BF16, {N, C}, 1.0f),
+    OwnedTensor res = random_operand(DType::BF16, {N, C}, Operand::Activation, "norm res"),
+                delta = random_operand(DType::BF16, {N, C}, Operand::Activation, "norm delta"),
                 out(DType::BF16, Shape{N, C}, Device::CUDA), res_out(DType::BF16, Shape{N, C}, Device::CUDA),
-                dout = filled(DType::BF16, {N, C}, 1.0f), dres = filled(DType::BF16, {N, C}, 1.0f),
-                dx(DType::BF16, Shape{N, C}, Device::CUDA), gain = filled(DType::F32, {C}, 0.1f),
+                dout = random_operand(DType::BF16, {N, C}, Operand::Activation, "norm dout"),
+                dres = random_operand(DType::BF16, {N, C}, Operand::Activation, "norm dres"),
+                dx(DType::BF16, Shape{N, C}, Device::CUDA),
+                gain = random_operand(DType::F32, {C}, Operand::Gain, "norm gain"),
                 dgain(DType::F32, Shape{C}, Device::CUDA), rstd(DType::F32, Shape{N}, Device::CUDA);
     const std::string shape = std::to_string(N) + "x" + std::to_string(C);
     const double bytes = 4.0 * N * C * 2;
@@ -197,7 +251,8 @@ int run() {
   std::printf("GEMM shapes: hidden %lld, intermediate %lld, vocab %lld\n", (long long)C, (long long)F, (long long)V);
   for (int64_t M : on("gemm") ? tokens : decltype(tokens){})
     for (const auto& [name, N, K] : gemms) {
-      OwnedTensor x = filled(DType::BF16, {M, K}, 1.0f), w = filled(DType::BF16, {N, K}, 0.05f),
+      OwnedTensor x = random_operand(DType::BF16, {M, K}, Operand::Activation, "gemm x"),
+                  w = random_operand(DType::BF16, {N, K}, Operand::Weight, "gemm w"),
                   y(DType::BF16, Shape{M, N}, Device::CUDA);
       const double ms = time_ms([&] { linear_forward(y, x, w); });
       const double flop = 2.0 * M * N * K;
@@ -215,8 +270,11 @@ int run() {
         {"qkv_fused", C + 2 * KV, C}, {"gate_up_fused", 2 * Fs, C}};
     if (KV == C) linears.erase(linears.begin() + 1);  // kv is q's shape
     for (const auto& [name, out, in] : linears) {
-      OwnedTensor x = filled(DType::BF16, {M, in}, 1.0f), w = filled(DType::BF16, {out, in}, 0.05f),
-                  y = filled(DType::BF16, {M, out}, 0.1f), dx(DType::BF16, Shape{M, in}, Device::CUDA),
+      // y: the forward's output and the backward's incoming gradient (dy), unit RMS
+      OwnedTensor x = random_operand(DType::BF16, {M, in}, Operand::Activation, "step_gemm x"),
+                  w = random_operand(DType::BF16, {out, in}, Operand::Weight, "step_gemm w"),
+                  y = random_operand(DType::BF16, {M, out}, Operand::Activation, "step_gemm dy"),
+                  dx(DType::BF16, Shape{M, in}, Device::CUDA),
                   dw(DType::F32, Shape{out, in}, Device::CUDA);
       const std::pair<const char*, cuda::GemmArgs> passes[] = {
           {"fwd", cuda::linear_forward_args(y.t.data, DType::BF16, x.t.data, w.t.data, M, in, out)},
@@ -240,6 +298,7 @@ int run() {
                       cuda::gemm_candidates(g), flop / best / 1e9, ms / best);
         r.records.back()["best_candidate"] = best_i;
         r.records.back()["best_candidate_ms"] = best;
+        r.save();
       }
     }
   }
@@ -256,11 +315,16 @@ int run() {
     for (int64_t i = 0; i < rows; ++i) t[size_t(i * kFp8Fields + kFp8Scale)] = t[size_t(i * kFp8Fields + kFp8ScaleInv)] = 1;
     return device_f32(std::move(t), {rows, kFp8Fields});
   };
-  // n E4M3 codes of moderate values (0x30-0x4f: 0.5 to 3.75, both signs), in an f32
-  // tensor (the backend has no byte dtype)
-  const auto codes = [&](int64_t n) {
+  // n E4M3 codes of operands as --fp8 casts them, KIND's values at a per-tensor scale that
+  // puts their 4-sigma point at E4M3's 448 (about what the delayed scale keeps: amax near
+  // the top of the range), in an f32 tensor (the backend has no byte dtype)
+  static uint64_t coded = 0;
+  const auto codes = [&](int64_t n, Operand kind) {
+    const float std = kind == Operand::Weight ? 0.02f : 1.0f, scale = fp8_max(Fp8Format::E4M3) / (4 * std);
+    std::vector<float> v(static_cast<size_t>(n));
+    fill_normal(v.data(), n, 0.0f, std, rng_key(FLAGS_seed, "lns_bench_kernels.fp8." + std::to_string(coded++)));
     std::vector<uint8_t> h(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) h[size_t(i)] = uint8_t(0x30 + (i * 2654435761u) % 32) | (i & 1 ? 0x80 : 0);
+    for (int64_t i = 0; i < n; ++i) h[size_t(i)] = f32_to_fp8(v[size_t(i)] * scale, Fp8Format::E4M3);
     const int64_t nwords = (n + 3) / 4;
     std::vector<float> words(static_cast<size_t>(nwords));
     std::memcpy(words.data(), h.data(), h.size());
@@ -272,7 +336,7 @@ int run() {
   for (int64_t M : on("fp8") ? tokens : decltype(tokens){})
     for (const auto& [name, N, K] : gemms) {
       if (name == "lm_head" || N % 16 || K % 16) continue;  // bf16 under --fp8; FP8 needs multiples of 16
-      const OwnedTensor a = codes(M * K), w = codes(N * K);
+      const OwnedTensor a = codes(M * K, Operand::Activation), w = codes(N * K, Operand::Weight);
       OwnedTensor y(DType::BF16, Shape{M, N}, Device::CUDA);
       const std::string shape = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
       const double flop = 2.0 * M * N * K;
@@ -290,7 +354,7 @@ int run() {
       r.add("gemm_fp8bw_" + name + "_" + shape, "TFLOP/s", flop / ms / 1e9, ms, {M, N, K}, "flops", flop);
     }
   for (auto [N, C] : on("fp8") ? norms : decltype(norms){}) {
-    const OwnedTensor x = filled(DType::BF16, {N, C}, 2.0f), t = table(1);
+    const OwnedTensor x = random_operand(DType::BF16, {N, C}, Operand::Activation, "fp8_cast x"), t = table(1);
     OwnedTensor q(DType::F32, Shape{(N * C + 3) / 4}, Device::CUDA), qT(DType::F32, Shape{(N * C + 3) / 4}, Device::CUDA),
         s(DType::F32, Shape{cuda::gemm_scale_floats(cuda::GemmScale::Vec128, std::max(N, C), std::max(N, C))},
           Device::CUDA);
@@ -329,9 +393,14 @@ int run() {
       if (impl == AttentionImpl::Fused && !fused_attention_takes(D)) continue;
       if (is_cudnn(impl) && !cudnn) continue;
       const Shape qs{B, T, Hq, D}, ks{B, T, Hkv, D};
-      OwnedTensor q = filled(DType::BF16, qs, 0.1f), k = filled(DType::BF16, ks, 0.1f),
-                  v = filled(DType::BF16, ks, 1.0f), out(DType::BF16, qs, Device::CUDA),
-                  dout = filled(DType::BF16, qs, 1.0f), dq(DType::BF16, qs, Device::CUDA),
+      // q and k at unit RMS: scores q.k / sqrt(D) of unit variance, a softmax neither flat
+      // nor one-hot, as in a trained model's attention
+      OwnedTensor q = random_operand(DType::BF16, qs, Operand::Activation, "attention q"),
+                  k = random_operand(DType::BF16, ks, Operand::Activation, "attention k"),
+                  v = random_operand(DType::BF16, ks, Operand::Activation, "attention v"),
+                  out(DType::BF16, qs, Device::CUDA),
+                  dout = random_operand(DType::BF16, qs, Operand::Activation, "attention dout"),
+                  dq(DType::BF16, qs, Device::CUDA),
                   dk(DType::BF16, ks, Device::CUDA), dv(DType::BF16, ks, Device::CUDA),
                   saved(DType::F32, attention_saved_shape(Device::CUDA, B, T, Hq), Device::CUDA);
       const std::string name = std::string("attention_") + attention_impl_name(impl) + "_";
@@ -344,12 +413,7 @@ int run() {
       r.add(name + "bwd_" + shape, "TFLOP/s", 2.5 * flop / ms / 1e9, ms, {B, T, Hq, Hkv, D}, "flops", 2.5 * flop);
     }
 
-  if (!FLAGS_json.empty()) {
-    std::ofstream f(FLAGS_json);
-    LNS_REQUIRE(f.good(), "--json=", FLAGS_json, ": cannot write");
-    f << nlohmann::json{{"impl", "lns"}, {"device", current_gpu_description()}, {"results", r.records}}.dump(2)
-      << "\n";
-  }
+  r.save();  // a run with no figure still writes its (empty) file
   return 0;
 }
 

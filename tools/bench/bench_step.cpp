@@ -119,10 +119,14 @@ int main(int argc, char** argv) {
       row("other device work and host gaps (the rest)", step_ms - covered, 0);
       std::printf("PROFILE %s\n", j.dump().c_str());
     }
+    // The figure is the median of the timed steps (the middle two's mean for an even
+    // count, as Python's statistics.median: bench_step_torch.py's peer), with their min and
+    // max beside it: run_gpu.sh times at least 10, as 3 to 5 cannot tell 1.10x from 1.15x.
     std::sort(ms.begin(), ms.end());
     double mean = 0;
     for (double m : ms) mean += m / ms.size();
-    const double median = ms[ms.size() / 2];
+    const size_t n = ms.size();
+    const double median = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
     const double tokens = double(tc.global_batch) * tc.seq_len;
 #ifdef LNS_CUDA_SIM
     if (gpu) {
@@ -141,22 +145,26 @@ int main(int argc, char** argv) {
       return 0;
     }
 #endif
-    std::printf("step: median %.1f ms, mean %.1f ms over %zu steps | %.0f tokens/s | %.1f GFLOP/s\n",
-                median, mean, ms.size(), tokens / (median / 1e3),
+    std::printf("step: median %.1f ms (min %.1f, max %.1f), mean %.1f ms over %zu steps | %.0f tokens/s | "
+                "%.1f GFLOP/s\n",
+                median, ms.front(), ms.back(), mean, n, tokens / (median / 1e3),
                 double(trainer.flops_per_token()) * tokens / (median / 1e3) / 1e9);
     const double tps = tokens / (median / 1e3);
     if (!gpu) {
-      std::printf("RESULT {\"impl\": \"lns\", \"median_ms\": %.3f, \"mean_ms\": %.3f, \"tokens_per_s\": %.1f}\n",
-                  median, mean, tps);
+      std::printf("RESULT {\"impl\": \"lns\", \"median_ms\": %.3f, \"min_ms\": %.3f, \"max_ms\": %.3f, "
+                  "\"steps\": %zu, \"mean_ms\": %.3f, \"tokens_per_s\": %.1f}\n",
+                  median, ms.front(), ms.back(), n, mean, tps);
     } else {
       const double mfu = double(trainer.flops_per_token()) * tps / (tc.peak_tflops * 1e12);
       const double gib = mem_peak / double(1 << 30);
       std::printf("GPU: peak memory %.2f GiB (device total minus free, over the context) | MFU %.1f%% of %.0f TFLOP/s\n",
                   gib, 100 * mfu, tc.peak_tflops);
-      std::printf("RESULT {\"impl\": \"lns\", \"device\": \"cuda\", \"median_ms\": %.3f, \"mean_ms\": %.3f, "
+      std::printf("RESULT {\"impl\": \"lns\", \"device\": \"cuda\", \"median_ms\": %.3f, \"min_ms\": %.3f, "
+                  "\"max_ms\": %.3f, \"steps\": %zu, \"mean_ms\": %.3f, "
                   "\"tokens_per_s\": %.1f, \"peak_mem_gib\": %.3f, \"mfu\": %.4f, \"peak_tflops\": %.1f, "
                   "\"startup_s\": %.2f, \"startup_weights_s\": %.2f}\n",
-                  median, mean, tps, gib, mfu, tc.peak_tflops, trainer.startup().total(), trainer.startup().weights);
+                  median, ms.front(), ms.back(), n, mean, tps, gib, mfu, tc.peak_tflops, trainer.startup().total(),
+                  trainer.startup().weights);
     }
     return 0;
   });

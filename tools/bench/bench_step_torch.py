@@ -23,7 +23,7 @@ timing, a different set per micro-batch, reused across steps.
 
 --dtype bfloat16 keeps parameters, gradients and optimizer state in bf16
 (pure bf16); --autocast runs float32 parameters under torch.autocast(bfloat16).
-Output: config summary, ms/step (median and mean), tokens/s, GFLOP/s (same
+Output: config summary, ms/step (median, min, max and mean), tokens/s, GFLOP/s (same
 FLOP count as the C++ bench), then `RESULT {json}` on one line. With
 --device cuda also the peak memory (torch.cuda.max_memory_allocated over the
 whole run, GiB) and MFU = flops_per_token x tokens/s / peak, the peak being
@@ -269,12 +269,14 @@ def main(argv=None):
     tokens = G * T
     tps = tokens / (median / 1e3)
     gflops = fpt * tps / 1e9
-    print(f"step: median {median:.1f} ms, mean {mean:.1f} ms over {len(ms)} steps | "
+    print(f"step: median {median:.1f} ms (min {min(ms):.1f}, max {max(ms):.1f}), mean {mean:.1f} ms over "
+          f"{len(ms)} steps | "
           f"{tps:.0f} tokens/s | {gflops:.1f} GFLOP/s | last loss {last_loss:.4f}")
     result = {"impl": "torch", "device": args.device, "dtype": args.dtype, "autocast": args.autocast,
               "compile": args.compile, "threads": torch.get_num_threads(),
               "intermediate_size": cfg["intermediate_size"], "fused_adam": args.fused_adam,
-              "median_ms": round(median, 3), "mean_ms": round(mean, 3),
+              "median_ms": round(median, 3), "min_ms": round(min(ms), 3), "max_ms": round(max(ms), 3),
+              "mean_ms": round(mean, 3),
               "tokens_per_s": round(tps, 1), "gflops": round(gflops, 2), "steps": len(ms),
               "params": n_params, "hidden_size": cfg["hidden_size"], "num_layers": cfg["num_layers"],
               "seq_len": T, "global_batch_size": G, "micro_batch_size": B}

@@ -12,6 +12,11 @@
 #   bash tools/device/pack.sh                      # download (idempotent)
 #   bash tools/device/pack.sh --list               # print the package set only
 #   bash tools/device/pack.sh --binaries build-dir # also copy built lns_* programs
+#   bash tools/device/pack.sh --binaries build-dir --no-debs   # the programs only
+#
+# The programs' commit (git HEAD of the source folder the build was configured from, with
+# "+dirty" where its tracked files differ) goes into the kit as bin/COMMIT; run_gpu.sh
+# records that one, never the git metadata of the tree that travelled with it.
 #
 # Run on a Debian 12 (bookworm) machine with network access to its apt mirror.
 # The set is resolved by apt itself (a simulated install on an empty system,
@@ -60,12 +65,14 @@ EXCLUDE=(
   '^lib(event|hwloc|ibverbs|nl-3|nl-route-3|numa|pmix)-dev$'
 )
 
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 LIST_ONLY=0
+NO_DEBS=0
 BIN_DIR=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --list) LIST_ONLY=1 ;;
+    --no-debs) NO_DEBS=1 ;;
     --binaries) BIN_DIR=${2:?--binaries needs a build directory}; shift ;;
     --binaries=*) BIN_DIR=${1#*=} ;;
     -h|--help) usage 0 ;;
@@ -74,7 +81,39 @@ while [ $# -gt 0 ]; do
   shift
 done
 
+# Optional: prebuilt programs (top-level lns_* executables of a build directory),
+# for a node that should not build; they still need the libraries below. Only what a
+# GPU runs (the CPU-only suites lns_tests and lns_format_tests stay here), stripped, and
+# as one xz archive, bin.tar.xz, that run_gpu.sh unpacks: each program links the whole
+# core library (with cuDNN's frontend, about 5 MB), and ten of them as they are would
+# not fit the 64 MiB a call carries. bin/COMMIT: the commit they were built from.
+pack_binaries() {
+  case "$BIN_DIR" in /*) ;; *) BIN_DIR=$ROOT/$BIN_DIR ;; esac
+  [ -d "$BIN_DIR" ] || { echo "pack.sh: no build directory $BIN_DIR" >&2; exit 1; }
+  local src commit n=0 f
+  src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BIN_DIR/CMakeCache.txt" 2>/dev/null || true)
+  [ -n "$src" ] || { echo "pack.sh: $BIN_DIR/CMakeCache.txt does not name its source folder (CMAKE_HOME_DIRECTORY)" >&2; exit 1; }
+  commit=$(git -C "$src" rev-parse --short HEAD 2>/dev/null) ||
+    { echo "pack.sh: $src (the source of $BIN_DIR) is not a git checkout: no commit to stamp" >&2; exit 1; }
+  git -C "$src" diff --quiet HEAD 2>/dev/null || commit+="+dirty"
+  rm -rf "${DEST:?}/bin" "$DEST/bin.tar.xz"; mkdir -p "$DEST/bin"
+  for f in "$BIN_DIR"/lns_* "$BIN_DIR"/tests/lns_*; do
+    [ -f "$f" ] && [ -x "$f" ] || continue
+    case "$(basename "$f")" in lns_tests|lns_format_tests) continue ;; esac
+    cp -p "$f" "$DEST/bin/"; n=$((n + 1))
+    if command -v strip >/dev/null; then strip --strip-unneeded "$DEST/bin/$(basename "$f")" 2>/dev/null || true; fi
+  done
+  echo "$commit" > "$DEST/bin/COMMIT"
+  (cd "$DEST" && tar cf - bin | xz -T0 -6 > bin.tar.xz) && rm -rf "${DEST:?}/bin"
+  log "packed $n programs of commit $commit from $BIN_DIR into $DEST/bin.tar.xz ($(( $(stat -c %s "$DEST/bin.tar.xz") / 1048576 )) MiB)"
+}
+
 log() { echo "[pack] $*"; }
+if [ "$NO_DEBS" = 1 ]; then
+  [ -n "$BIN_DIR" ] || { echo "pack.sh: --no-debs packs the programs only: give --binaries BUILD_DIR" >&2; exit 2; }
+  pack_binaries
+  exit 0
+fi
 command -v apt-get >/dev/null || { echo "pack.sh: needs apt-get (Debian 12)" >&2; exit 1; }
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -159,25 +198,8 @@ done
   done
 } > MANIFEST
 
-# Optional: prebuilt programs (top-level lns_* executables of a build directory),
-# for a node that should not build; they still need the libraries above. Only what a
-# GPU runs (the CPU-only suites lns_tests and lns_format_tests stay here), stripped, and
-# as one xz archive, bin.tar.xz, that run_gpu.sh unpacks: each program links the whole
-# core library (with cuDNN's frontend, about 5 MB), and ten of them as they are would
-# not fit the 64 MiB a call carries.
 if [ -n "$BIN_DIR" ]; then
-  case "$BIN_DIR" in /*) ;; *) BIN_DIR=$ROOT/$BIN_DIR ;; esac
-  [ -d "$BIN_DIR" ] || { echo "pack.sh: no build directory $BIN_DIR" >&2; exit 1; }
-  rm -rf "${DEST:?}/bin" "$DEST/bin.tar.xz"; mkdir -p "$DEST/bin"
-  n=0
-  for f in "$BIN_DIR"/lns_* "$BIN_DIR"/tests/lns_*; do
-    [ -f "$f" ] && [ -x "$f" ] || continue
-    case "$(basename "$f")" in lns_tests|lns_format_tests) continue ;; esac
-    cp -p "$f" "$DEST/bin/"; n=$((n + 1))
-    if command -v strip >/dev/null; then strip --strip-unneeded "$DEST/bin/$(basename "$f")"; fi
-  done
-  (cd "$DEST" && tar cf - bin | xz -T0 -6 > bin.tar.xz) && rm -rf "${DEST:?}/bin"
-  log "packed $n programs from $BIN_DIR into $DEST/bin.tar.xz ($(( $(stat -c %s "$DEST/bin.tar.xz") / 1048576 )) MiB)"
+  pack_binaries
 elif [ -f "$DEST/bin.tar.xz" ]; then
   log "note: $DEST/bin.tar.xz holds programs of an earlier --binaries run (rm it if stale)"
 fi

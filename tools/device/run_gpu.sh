@@ -7,6 +7,7 @@
 #   STAGES="build test" bash tools/device/run_gpu.sh
 #   STAGES=bench CONFIGS=130m_lns bash tools/device/run_gpu.sh
 #   PRESET=tools/device/lease.env bash tools/device/run_gpu.sh   # what is still unmeasured
+#   DRY_RUN=1 PRESET=tools/device/lease.env bash tools/device/run_gpu.sh   # its plan and time
 #
 # Why: the node has CUDA, CMake, ninja, a compiler and PyTorch, but none of our
 # Debian dependencies and no registry. tools/device/pack.sh (on a Debian 12
@@ -18,9 +19,21 @@
 # update-alternatives links (mpirun, mpicxx, libopenblas.so, ...), which
 # package scripts would make, are made by hand.
 #
-# Stages (STAGES, space-separated; the dependencies are always set up):
+# Stages (STAGES, space-separated; the dependencies are always set up), run in this
+# order, whatever order STAGES names them in; the bench stage comes before the tests, so
+# that a call cut off at its limit keeps its figures:
 #   configure  cmake -S . -B $BUILD_DIR -G Ninja -DLNS_CUDA=ON -DCMAKE_BUILD_TYPE=Release
 #   build      configure + cmake --build $BUILD_DIR -j $JOBS
+#   bench      lns_bench_kernels, bench_kernels_torch.py, and for each of
+#              $CONFIGS lns_bench_step --profile, lns_bench_step --cuda_graphs,
+#              lns_bench_step --attention=cudnn, the FP8 steps and
+#              bench_step_torch.py --compile (at the config's FFN and padded to a
+#              multiple of 64; at seq 4096 the padded one only, unless VARIANTS names
+#              torch); tools/device/bench_record.py rewrites the run's record
+#              <gpu>-<date>.json after every step of the run from here on (the tests'
+#              verdicts too: a step variant's figure counts only where its correctness
+#              test passed in the same record), atomically, so that a call cut off at
+#              its limit leaves a record of what finished
 #   test       ctest --test-dir $BUILD_DIR -L $TEST_LABEL --output-on-failure
 #   multi      tests/gpu/test_layouts_one_gpu.py: every parallel layout over
 #              --comm=mpi on this one GPU (tp2, pp2, dp2 with ZeRO, tp2 with sequence
@@ -28,12 +41,6 @@
 #              --recompute=full) against the one-rank CUDA run, and a resume under
 #              another layout on the GPU and the CPU, and NCCL's collectives at a
 #              world of one rank (issue 29; under 2 minutes)
-#   bench      lns_bench_kernels, bench_kernels_torch.py, and for each of
-#              $CONFIGS lns_bench_step --profile, lns_bench_step --cuda_graphs,
-#              lns_bench_step --attention=cudnn and
-#              bench_step_torch.py --compile (at the config's FFN and padded to a
-#              multiple of 64); then
-#              tools/device/bench_record.py writes the run's record <gpu>-<date>.json
 #   depth      the depth study's grid with --device=cuda (DEPTH_STUDY width64, scale: issue
 #              31's width-512 grid on data/realtext, or fp8: issue 30's FP8-at-depth grid
 #              beside the width-64 bf16 cells, docs/fp8_depth.md; DEPTH_GRID full, DEPTH_JOBS 4,
@@ -55,7 +62,8 @@
 # Other settings (environment): OUT (results folder, default ./gpu-results),
 # BUILD_DIR (build-gpu), JOBS (16), LNS_CUDA (ON), CMAKE_ARGS (extra cmake
 # arguments), TEST_LABEL (gpu), CTEST_ARGS (extra ctest arguments), CONFIGS
-# ("130m_lns 1b_lns 1b_lns_seq4k"), LNS_STEPS (10) and TORCH_STEPS (5) timed steps,
+# ("130m_lns 1b_lns 1b_lns_seq4k"), LNS_STEPS (10) and TORCH_STEPS (10) timed steps
+# (at least 10: each step figure is their median, with their min and max in the record),
 # PROFILE (1; 0 = no per-class profile), GRAPHS (1; 0 = no --cuda_graphs run), FP8 (1; 0 = no
 # --fp8=delayed run), CUDNN (1; 0 = no
 # cuDNN attention run; CUDNN_ATTENTION: cudnn, the default, or cudnn_nondeterministic;
@@ -71,8 +79,16 @@
 # lease's one call), LNS_COMMIT (the commit to record, default git's HEAD), BIN_DIR (where the lns_* programs are: $BUILD_DIR, or
 # .gpu-deps/bin when pack.sh --binaries made it and there is no build),
 # BENCH_LAUNCHER (e.g. "mpirun -np 1"; empty: run directly), STEP_TIMEOUT (seconds
-# a stage step may run, 0 = no limit), LNS_DEPS_PREFIX
-# (/tmp/lns-deps), LNS_DEBS (.gpu-deps/debs).
+# a stage step may run, 0 = no limit), TIMEOUT_<step name> (that step's own limit, over
+# STEP_TIMEOUT: TIMEOUT_step_torch_padded_1b_lns_seq4k=300 gives the compiled peer at seq
+# 4096 time for its compile), LNS_DEPS_PREFIX (/tmp/lns-deps), LNS_GPU_DEPS (the kit,
+# .gpu-deps), LNS_DEBS ($LNS_GPU_DEPS/debs),
+# DRY_RUN (1: run nothing; write the plan, $OUT/plan.tsv, and print its predicted duration
+# from the measured costs, tools/device/predict.py and costs.json; exit status 1 where it
+# does not fit the budget).
+# The commit recorded (env.json, the record) is LNS_COMMIT where set; else, where the
+# programs are the kit's (pack.sh --binaries), the one pack.sh stamped into the kit
+# (bin/COMMIT), never the travelled tree's git; else the tree's.
 #
 # Results in $OUT (few files, as the device tool brings back at most 8):
 #   env.json     date, GPU name and driver, nvcc, glibc, git commit, stages
@@ -80,7 +96,10 @@
 #                '### done NAME rc=RC seconds=S' lines (RESULT lines inside)
 #   build.log    configure + build output
 #   kernels.json, kernels_torch.json   the kernel benchmarks' figures
+#   <gpu>-<date>.json   the run's record (tools/device/bench_record.py), rewritten after
+#                every step from the bench stage on
 #   summary.md   the table printed at the end (tools/device/summarize.py)
+#   plan.tsv     DRY_RUN=1 only: each step, its limit, its command
 # Exit status: 0 when every stage that ran succeeded, else 1.
 set -uo pipefail
 
@@ -97,7 +116,20 @@ if [ -n "${PRESET:-}" ]; then
 fi
 STAGES=${STAGES:-build test multi bench}
 PREFIX=${LNS_DEPS_PREFIX:-/tmp/lns-deps}
-DEBS=${LNS_DEBS:-$ROOT/.gpu-deps/debs}
+KIT=${LNS_GPU_DEPS:-$ROOT/.gpu-deps}
+DEBS=${LNS_DEBS:-$KIT/debs}
+DRY_RUN=${DRY_RUN:-0}
+# Every step figure is the median of at least MIN_STEPS timed steps: 3 to 5 cannot tell
+# 1.10x from 1.15x (issue 44).
+MIN_STEPS=10
+LNS_STEPS=${LNS_STEPS:-10}
+TORCH_STEPS=${TORCH_STEPS:-10}
+for v in LNS_STEPS TORCH_STEPS; do
+  if ! [[ ${!v} =~ ^[0-9]+$ ]] || [ "${!v}" -lt "$MIN_STEPS" ]; then
+    echo "run_gpu.sh: $v=${!v}: expected a whole number >= $MIN_STEPS (a step figure is the median of at least $MIN_STEPS timed steps)" >&2
+    exit 2
+  fi
+done
 OUT=${OUT:-$ROOT/gpu-results}
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 JOBS=${JOBS:-16}
@@ -114,7 +146,13 @@ OUT=$(cd "$OUT" && pwd)
 export OUT
 RUNLOG=$OUT/run.log
 : > "$RUNLOG"
+PLAN=$OUT/plan.tsv
+[ "$DRY_RUN" = 1 ] && : > "$PLAN"
 FAILED=0
+RECORDING=0  # 1 once the bench stage has begun: the record is rewritten after each step
+STEP_RUNNING=0  # 1 while a step runs
+STEP_TMP=$(mktemp -d)  # the running step's output pipe
+trap 'rm -rf "$STEP_TMP"' EXIT
 # PyTorch runs with the node's own library path: no Debian libraries in its way.
 if [ -n "${LD_LIBRARY_PATH+set}" ]; then
   TORCH_ENV=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1)
@@ -133,17 +171,52 @@ want() {
   return 0
 }
 
+# The run's record, rewritten from what has finished (atomically: a kill leaves the last
+# one whole). Quiet: its path is printed at the end of the run.
+record() {
+  [ "$RECORDING" = 1 ] && [ "$DRY_RUN" != 1 ] || return 0
+  PYTHONDONTWRITEBYTECODE=1 python3 "$ROOT/tools/device/bench_record.py" "$OUT" --out "$OUT" --update \
+    >/dev/null || log "record: bench_record.py failed"
+}
+
+# named CFG VARIANT: whether VARIANTS names VARIANT for CFG itself (not by default).
+named() {
+  local e
+  for e in ${VARIANTS:-}; do
+    [[ $e == "$1="* && ",${e#*=}," == *",$2,"* ]] && return 0
+  done
+  return 1
+}
+
 # step NAME LOGFILE CMD...: runs CMD, its output to the terminal and LOGFILE
-# between the markers summarize.py reads; records a failure.
+# between the markers summarize.py reads; records a failure; rewrites the record.
 step() {
   local name=$1 logfile=$2; shift 2
-  local t0=$SECONDS rc
+  local t0=$SECONDS rc limit_var=TIMEOUT_$name
+  # STEP_TIMEOUT (seconds, 0: none): a hung kernel ends its step, not the whole lease;
+  # TIMEOUT_<name>: this step's own (a compile that needs longer).
+  local limit=${!limit_var:-${STEP_TIMEOUT:-0}}
   echo "### step $name: $*" | tee -a "$logfile"
-  # STEP_TIMEOUT (seconds, 0: none): a hung kernel ends its step, not the whole lease.
-  timeout --kill-after=10 "${STEP_TIMEOUT:-0}" "$@" 2>&1 | tee -a "$logfile"
-  rc=${PIPESTATUS[0]}
+  if [ "$DRY_RUN" = 1 ]; then  # the plan: name, limit, command
+    printf '%s\t%s\t%s\n' "$name" "$limit" "$*" >> "$PLAN"
+    rc=0
+  else
+    # In the background with a wait, not a foreground pipeline: a signal to this script
+    # (the call cut off) runs on_signal at once, which passes it on to the step. The step's
+    # timeout leads a process group of its own, which a signal to ours does not reach.
+    rm -f "$STEP_TMP/out" && mkfifo "$STEP_TMP/out"
+    STEP_RUNNING=1
+    tee -a "$logfile" < "$STEP_TMP/out" &
+    local tee_pid=$!
+    timeout --kill-after=10 "$limit" "$@" > "$STEP_TMP/out" 2>&1 &
+    wait "$!"
+    rc=$?
+    STEP_RUNNING=0
+    wait "$tee_pid"
+  fi
   echo "### done $name rc=$rc seconds=$((SECONDS - t0))" | tee -a "$logfile"
   [ "$rc" -eq 0 ] || FAILED=1
+  record
   return "$rc"
 }
 
@@ -295,11 +368,15 @@ write_env() {
   gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
   nvcc_v=$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' | head -1)
   glibc=$(ldd --version 2>/dev/null | head -1 | grep -o '[0-9.]*$')
-  # LNS_COMMIT: the commit the carried binaries were built from, where the copy of the
-  # tree that travelled has other git metadata (the device tool's copy kept the
-  # session's starting commit and so read "62777b0+dirty").
+  # The commit the programs were built from. The kit's (pack.sh --binaries stamps it into
+  # bin/COMMIT) where they are the kit's: the copy of the tree that travelled has other
+  # git metadata (the device tool's copy kept the session's starting commit and so read
+  # "62777b0+dirty"). LNS_COMMIT overrides both.
   if [ -n "${LNS_COMMIT:-}" ]; then
     git_rev=$LNS_COMMIT
+  elif [ "$BIN_DIR" = "$KIT/bin" ]; then
+    git_rev=$(cat "$KIT/bin/COMMIT" 2>/dev/null || xz -dc "$KIT/bin.tar.xz" 2>/dev/null | tar xOf - bin/COMMIT 2>/dev/null)
+    [ -n "$git_rev" ] || git_rev="unknown (the kit's programs carry no bin/COMMIT: pack them again)"
   elif git_rev=$(git rev-parse --short HEAD 2>/dev/null); then
     git diff --quiet HEAD 2>/dev/null || git_rev+="+dirty"
   else
@@ -319,8 +396,35 @@ EOF
 }
 
 # ---- main ------------------------------------------------------------------------------
-setup_deps
+[ "$DRY_RUN" = 1 ] || setup_deps
 setup_env
+
+BIN_DIR=${BIN_DIR:-$BUILD_DIR}
+# Programs that travelled packed (tools/device/pack.sh --binaries: $KIT/bin.tar.xz)
+# and token files (tools/device/pack_data.sh: .gpu-data/*.tar.xz): each unpacked once,
+# where the next calls on this machine find them.
+if [ -f "$KIT/bin.tar.xz" ] && [ "$DRY_RUN" != 1 ]; then
+  sum=$(cksum < "$KIT/bin.tar.xz")
+  if [ "$(cat "$KIT/.unpacked_bin" 2>/dev/null)" != "$sum" ] || [ ! -d "$KIT/bin" ]; then
+    rm -rf "${KIT:?}/bin" && (cd "$KIT" && xz -dc bin.tar.xz | tar xf -) &&
+      echo "$sum" > "$KIT/.unpacked_bin" && log "programs: unpacked $KIT/bin.tar.xz" ||
+      { log "programs: cannot unpack $KIT/bin.tar.xz"; FAILED=1; }
+  fi
+fi
+for a in "$ROOT"/.gpu-data/*.tar.xz; do
+  if [ ! -f "$a" ] || [ "$DRY_RUN" = 1 ]; then continue; fi
+  stamp=$ROOT/data/.unpacked_$(basename "$a" .tar.xz)
+  sum=$(cksum < "$a")
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
+    mkdir -p "$ROOT/data" && (cd "$ROOT" && xz -dc "$a" | tar xf -) && echo "$sum" > "$stamp" &&
+      log "data: unpacked $(basename "$a")" || { log "data: cannot unpack $a"; FAILED=1; }
+  fi
+done
+# The kit's programs where there is no build here and none is made in this call.
+if ! has_stage build && [ ! -x "$BIN_DIR/lns_train" ] && { [ -x "$KIT/bin/lns_train" ] || [ -f "$KIT/bin.tar.xz" ]; }; then
+  BIN_DIR=$KIT/bin
+fi
+
 write_env
 glibc_minor=$(ldd --version 2>/dev/null | head -1 | grep -o '[0-9]*$')
 if [ -n "$glibc_minor" ] && [ "$glibc_minor" -lt 36 ]; then
@@ -349,30 +453,97 @@ if has_stage configure || has_stage build; then
   grep -E '^### (step|done) ' "$OUT/build.log" >> "$RUNLOG"
 fi
 
-BIN_DIR=${BIN_DIR:-$BUILD_DIR}
-# Programs that travelled packed (tools/device/pack.sh --binaries: .gpu-deps/bin.tar.xz)
-# and token files (tools/device/pack_data.sh: .gpu-data/*.tar.xz): each unpacked once,
-# where the next calls on this machine find them.
-if [ -f "$ROOT/.gpu-deps/bin.tar.xz" ]; then
-  sum=$(cksum < "$ROOT/.gpu-deps/bin.tar.xz")
-  if [ "$(cat "$ROOT/.gpu-deps/.unpacked_bin" 2>/dev/null)" != "$sum" ] || [ ! -d "$ROOT/.gpu-deps/bin" ]; then
-    rm -rf "$ROOT/.gpu-deps/bin" && (cd "$ROOT/.gpu-deps" && xz -dc bin.tar.xz | tar xf -) &&
-      echo "$sum" > "$ROOT/.gpu-deps/.unpacked_bin" && log "programs: unpacked .gpu-deps/bin.tar.xz" ||
-      { log "programs: cannot unpack .gpu-deps/bin.tar.xz"; FAILED=1; }
+# A call cut off at its limit by SIGTERM (coreutils timeout's signal) ends its running
+# step and rewrites its record with what finished since the last step (a kernel bench's
+# figures so far); after a SIGKILL the record of the last finished step stays.
+# shellcheck disable=SC2317  # run by the trap below
+on_signal() {
+  # $!: the step's timeout (or its tee, where the signal came before the timeout began),
+  # even where the signal came before step() could note it anywhere
+  if [ "$STEP_RUNNING" = 1 ]; then
+    kill -TERM "$!" 2>/dev/null  # the step's timeout passes it on to the step
+    wait "$!"
   fi
-fi
-for a in "$ROOT"/.gpu-data/*.tar.xz; do
-  [ -f "$a" ] || continue
-  stamp=$ROOT/data/.unpacked_$(basename "$a" .tar.xz)
-  sum=$(cksum < "$a")
-  if [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
-    mkdir -p "$ROOT/data" && (cd "$ROOT" && xz -dc "$a" | tar xf -) && echo "$sum" > "$stamp" &&
-      log "data: unpacked $(basename "$a")" || { log "data: cannot unpack $a"; FAILED=1; }
-  fi
-done
+  log "stopped by a signal"
+  record
+  exit 143
+}
+trap on_signal TERM INT
 
-if [ ! -x "$BIN_DIR/lns_train" ] && [ -x "$ROOT/.gpu-deps/bin/lns_train" ]; then
-  BIN_DIR=$ROOT/.gpu-deps/bin
+if has_stage bench; then
+  RECORDING=1
+  # shellcheck disable=SC2086  # BENCH_LAUNCHER is a command line
+  if [ "${KERNELS:-1}" != 0 ]; then
+    # shellcheck disable=SC2086
+    step kernels "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_kernels" --flagfile=configs/1b_lns.flags \
+      --json="$OUT/kernels.json"
+    # 130M's GEMMs too (hidden 768: 1.65x their bound at 130M against 1.43x at 1B), pass
+    # by pass with the heuristic's candidates and the fused shapes
+    # shellcheck disable=SC2086
+    step kernels_130m_lns "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_kernels" --flagfile=configs/130m_lns.flags \
+      --sections=step_gemm --json="$OUT/kernels_130m_lns.json"
+  fi
+  if [ "${KERNELS_TORCH:-1}" != 0 ]; then
+    step kernels_torch "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_kernels_torch.py \
+      --json "$OUT/kernels_torch.json"
+  fi
+  # Per config: lns (with the per-class profile; PROFILE=0 skips it), then the fair
+  # PyTorch peer, torch.compile + fused AdamW + autocast, at the config's FFN and with
+  # the FFN padded to a multiple of 64 as lns pads it (where that changes the shape;
+  # seq 4096 is compared padded only, unless VARIANTS names its unpadded peer, torch,
+  # to keep the call short: its compile alone took over two minutes on an H100, so it
+  # wants a limit of its own, TIMEOUT_step_torch_padded_1b_lns_seq4k).
+  for cfg in $CONFIGS; do
+    prof=()
+    [ "${PROFILE:-1}" = 0 ] || ! want "$cfg" profile || prof=(--profile)
+    if want "$cfg" lns; then
+      # shellcheck disable=SC2086
+      step "step_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
+        --device=cuda --bench_steps="$LNS_STEPS" --bench_warmup=2 "${prof[@]}"
+    fi
+    if [ "${GRAPHS:-1}" != 0 ] && want "$cfg" graphs; then  # the same step with its micro-batches as CUDA graphs
+      # shellcheck disable=SC2086
+      step "step_graphs_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
+        --device=cuda --bench_steps="$LNS_STEPS" --bench_warmup=2 --cuda_graphs
+    fi
+    if [ "${CUDNN:-1}" != 0 ] && want "$cfg" cudnn; then  # with cuDNN's fused attention (profiled: the fastest bf16 step)
+      # shellcheck disable=SC2086
+      step "step_cudnn_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
+        --device=cuda --bench_steps="$LNS_STEPS" --bench_warmup=2 --attention="${CUDNN_ATTENTION:-cudnn}" \
+        "${prof[@]}"
+    fi
+    # The FP8 steps take the fastest bf16 step's attention (cuDNN where its library is
+    # here), so that their ratio to it is the linears' alone.
+    fp8_attn=()
+    [ "${CUDNN:-1}" != 0 ] && [ -n "${LNS_CUDNN_LIB:-}" ] && [ -f "$LNS_CUDNN_LIB" ] &&
+      fp8_attn=(--attention="${CUDNN_ATTENTION:-cudnn}")
+    if [ "${FP8:-1}" != 0 ] && want "$cfg" fp8; then  # FP8 linears (docs/fp8.md): issue 30's >= 1.3x
+      # (profiled too: its FP8 casts are a row of their own)
+      # shellcheck disable=SC2086
+      step "step_fp8_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
+        --device=cuda --bench_steps="$LNS_STEPS" --bench_warmup=2 --fp8=delayed "${fp8_attn[@]}" "${prof[@]}"
+    fi
+    if [ "${FP8:-1}" != 0 ] && want "$cfg" fp8bw; then  # 1 x 128 / 128 x 128 tile scales (profiled:
+      # on an H200 it was 1.31x slower than bf16, 2026-11-28, and where that goes is not known)
+      # shellcheck disable=SC2086
+      step "step_fp8bw_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
+        --device=cuda --bench_steps="$LNS_STEPS" --bench_warmup=2 --fp8=blockwise "${fp8_attn[@]}" "${prof[@]}"
+    fi
+    [ "${TORCH:-1}" = 0 ] && continue
+    torch_args=(--flagfile="configs/$cfg.flags" --device cuda --autocast --compile --fused_adam
+                --steps "$TORCH_STEPS" --warmup 2)
+    if want "$cfg" torch && { [[ $cfg != *seq4k* ]] || named "$cfg" torch; }; then
+      step "step_torch_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py "${torch_args[@]}"
+    fi
+    ffn=$(sed -n 's/^--intermediate_size=\([0-9]*\).*/\1/p' "configs/$cfg.flags" | tail -1)
+    if [ -n "$ffn" ] && [ $((ffn % 64)) -ne 0 ] && want "$cfg" torch_padded; then
+      step "step_torch_padded_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py \
+        "${torch_args[@]}" --pad_ffn 64
+    fi
+  done
+  # One record of the whole run, $OUT/<gpu>-<date>.json (rewritten after every step from
+  # here on, the tests' verdicts too): commit it as docs/benchmarks/<gpu>-<date>.json
+  # (tools/device/bench_record.py --tables then regenerates the BENCHMARKS tables).
 fi
 
 if has_stage test; then
@@ -402,80 +573,6 @@ if has_stage multi; then
   mpi_tests=$BIN_DIR/tests/lns_mpi_tests
   [ -x "$mpi_tests" ] || mpi_tests=$BIN_DIR/lns_mpi_tests
   step nccl_one_rank "$RUNLOG" mpirun -np 1 "$mpi_tests" --device=cuda --comm=nccl --gtest_filter='NcclOneRank.*'
-fi
-
-if has_stage bench; then
-  # shellcheck disable=SC2086  # BENCH_LAUNCHER is a command line
-  if [ "${KERNELS:-1}" != 0 ]; then
-    # shellcheck disable=SC2086
-    step kernels "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_kernels" --flagfile=configs/1b_lns.flags \
-      --json="$OUT/kernels.json"
-    # 130M's GEMMs too (hidden 768: 1.65x their bound at 130M against 1.43x at 1B), pass
-    # by pass with the heuristic's candidates and the fused shapes
-    # shellcheck disable=SC2086
-    step kernels_130m_lns "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_kernels" --flagfile=configs/130m_lns.flags \
-      --sections=step_gemm --json="$OUT/kernels_130m_lns.json"
-  fi
-  if [ "${KERNELS_TORCH:-1}" != 0 ]; then
-    step kernels_torch "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_kernels_torch.py \
-      --json "$OUT/kernels_torch.json"
-  fi
-  # Per config: lns (with the per-class profile; PROFILE=0 skips it), then the fair
-  # PyTorch peer, torch.compile + fused AdamW + autocast, at the config's FFN and with
-  # the FFN padded to a multiple of 64 as lns pads it (where that changes the shape;
-  # seq 4096 is compared unpadded only, to keep the call short).
-  for cfg in $CONFIGS; do
-    prof=()
-    [ "${PROFILE:-1}" = 0 ] || ! want "$cfg" profile || prof=(--profile)
-    if want "$cfg" lns; then
-      # shellcheck disable=SC2086
-      step "step_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
-        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 "${prof[@]}"
-    fi
-    if [ "${GRAPHS:-1}" != 0 ] && want "$cfg" graphs; then  # the same step with its micro-batches as CUDA graphs
-      # shellcheck disable=SC2086
-      step "step_graphs_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
-        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --cuda_graphs
-    fi
-    if [ "${CUDNN:-1}" != 0 ] && want "$cfg" cudnn; then  # with cuDNN's fused attention (profiled: the fastest bf16 step)
-      # shellcheck disable=SC2086
-      step "step_cudnn_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
-        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --attention="${CUDNN_ATTENTION:-cudnn}" \
-        "${prof[@]}"
-    fi
-    # The FP8 steps take the fastest bf16 step's attention (cuDNN where its library is
-    # here), so that their ratio to it is the linears' alone.
-    fp8_attn=()
-    [ "${CUDNN:-1}" != 0 ] && [ -n "${LNS_CUDNN_LIB:-}" ] && [ -f "$LNS_CUDNN_LIB" ] &&
-      fp8_attn=(--attention="${CUDNN_ATTENTION:-cudnn}")
-    if [ "${FP8:-1}" != 0 ] && want "$cfg" fp8; then  # FP8 linears (docs/fp8.md): issue 30's >= 1.3x
-      # (profiled too: its FP8 casts are a row of their own)
-      # shellcheck disable=SC2086
-      step "step_fp8_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
-        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=delayed "${fp8_attn[@]}" "${prof[@]}"
-    fi
-    if [ "${FP8:-1}" != 0 ] && want "$cfg" fp8bw; then  # 1 x 128 / 128 x 128 tile scales (profiled:
-      # on an H200 it was 1.31x slower than bf16, 2026-11-28, and where that goes is not known)
-      # shellcheck disable=SC2086
-      step "step_fp8bw_$cfg" "$RUNLOG" $BENCH_LAUNCHER "$BIN_DIR/lns_bench_step" --flagfile="configs/$cfg.flags" \
-        --device=cuda --bench_steps="${LNS_STEPS:-10}" --bench_warmup=2 --fp8=blockwise "${fp8_attn[@]}" "${prof[@]}"
-    fi
-    [ "${TORCH:-1}" = 0 ] && continue
-    torch_args=(--flagfile="configs/$cfg.flags" --device cuda --autocast --compile --fused_adam
-                --steps "${TORCH_STEPS:-5}" --warmup 2)
-    if want "$cfg" torch; then
-      step "step_torch_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py "${torch_args[@]}"
-    fi
-    ffn=$(sed -n 's/^--intermediate_size=\([0-9]*\).*/\1/p' "configs/$cfg.flags" | tail -1)
-    if [ -n "$ffn" ] && [ $((ffn % 64)) -ne 0 ] && [[ $cfg != *seq4k* ]] && want "$cfg" torch_padded; then
-      step "step_torch_padded_$cfg" "$RUNLOG" "${TORCH_ENV[@]}" python3 tools/bench/bench_step_torch.py \
-        "${torch_args[@]}" --pad_ffn 64
-    fi
-  done
-  # One record of the whole run, $OUT/<gpu>-<date>.json: commit it as
-  # docs/benchmarks/<gpu>-<date>.json (tools/device/bench_record.py --tables then
-  # regenerates the BENCHMARKS tables from every record).
-  PYTHONDONTWRITEBYTECODE=1 python3 tools/device/bench_record.py "$OUT" --out "$OUT" || FAILED=1
 fi
 
 if has_stage fp8gap; then
@@ -539,6 +636,15 @@ if has_stage depth; then
        -C "$DEPTH_OUT" -T -) || FAILED=1
 fi
 
+if [ "$DRY_RUN" = 1 ]; then  # what the call would run and how long that takes
+  echo
+  PYTHONDONTWRITEBYTECODE=1 python3 "$ROOT/tools/device/predict.py" "$PLAN"
+  exit $?
+fi
+if [ "$RECORDING" = 1 ]; then
+  rec=$(PYTHONDONTWRITEBYTECODE=1 python3 "$ROOT/tools/device/bench_record.py" "$OUT" --out "$OUT" --update) &&
+    log "the run's record: $rec" || FAILED=1
+fi
 echo
 PYTHONDONTWRITEBYTECODE=1 python3 "$ROOT/tools/device/summarize.py" "$OUT" | tee "$OUT/summary.md"
 exit "$FAILED"
