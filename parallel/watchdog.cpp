@@ -150,7 +150,9 @@ Watchdog::~Watchdog() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  // An expiring watchdog ends the process itself; the main thread, unwinding from an
+  // aborted call, must not wait for it but report its own error (and exit the same way).
+  if (thread_.joinable()) expiring_ ? thread_.detach() : thread_.join();
 }
 
 void Watchdog::enter(Section s, int64_t step) {
@@ -297,6 +299,7 @@ void Watchdog::loop() {
 }
 
 void Watchdog::expire(Section s, double for_s, const std::string& failure) {
+  expiring_ = true;
   const int status = failure.empty() ? kExitHang : kExitCommFault;
   const std::string line = report(for_s, failure);
   LOG(ERROR) << line << "; ending the job with exit status " << status;

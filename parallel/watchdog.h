@@ -112,6 +112,7 @@ class Watchdog {
   double progress_unix_ = 0;      // wall time of the last enter()
   std::vector<double> step_times_;
   std::atomic<bool> beating_{false};  // start_heartbeats() was called
+  std::atomic<bool> expiring_{false};  // the thread is ending the process (expire)
   double auto_step_s_ = 0;        // 0 until the warm-up is over
   std::vector<std::function<void()>> hooks_;
   std::vector<std::function<std::string()>> probes_;
