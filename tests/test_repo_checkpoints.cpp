@@ -8,6 +8,10 @@
 // reading of it (docs/model.md). The repository computes its RMSNorm statistics and
 // rotary tables in float32 even in a float64 model, hence tolerances above
 // test_model_golden.cpp's.
+#include <unistd.h>
+
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "lns/hf_llama.h"
@@ -74,6 +78,39 @@ TEST_P(RepoCheckpoint, ImportedModelComputesTheRepositorysLogitsLossAndGradients
   int in_file = 0;  // every parameter of the repository's model is one of ours
   for (const auto& [name, e] : want.entries()) in_file += name.rfind("grad.", 0) == 0;
   EXPECT_EQ(grads, in_file);
+}
+
+// export-repo of an imported repository checkpoint writes what the repository's
+// save_pretrained wrote: the same tensors (its names, 0-dim branch scales, the rotary
+// inv_freq buffers its strict load_state_dict wants), the same values (inv_freq to one
+// float32 ulp: the repository computes it in float32, we round 1 / 10000^(2j/D) once),
+// and config.json naming the same NORM_TYPE and POST_NUM.
+TEST_P(RepoCheckpoint, ExportRepoWritesWhatTheRepositorySaved) {
+  const std::string dir = std::string(LNS_SOURCE_DIR) + "/tests/golden/repo/" + GetParam();
+  const HfDirectory hf(dir, GetParam(), 2);
+  const std::string out = ::testing::TempDir() + "/lns_repo_export_" + std::to_string(::getpid()) + "_" + GetParam();
+  std::filesystem::remove_all(out);
+  export_repo(hf, hf.config(), out, "", 32);
+  const nlohmann::json config = nlohmann::json::parse(slurp(out + "/config.json"));
+  EXPECT_EQ(config.at("lns_repo_norm_type"), GetParam());
+  const RepoNormType r = repo_norm_type_of(hf.config());
+  if (GetParam() == "post_pre" || GetParam() == "scale_post_pre") EXPECT_EQ(r.post_num, 2);
+  SafetensorsReader theirs(dir + "/model.safetensors"), ours(out + "/model.safetensors");
+  std::vector<std::string> a, b;
+  for (const auto& [name, e] : theirs.entries()) a.push_back(name);
+  for (const auto& [name, e] : ours.entries()) b.push_back(name);
+  ASSERT_EQ(a, b);
+  for (const std::string& name : a) {
+    EXPECT_EQ(theirs.entry(name).shape, ours.entry(name).shape) << name;
+    const std::vector<float> x = theirs.read_f32(name), y = ours.read_f32(name);
+    if (name.find("rotary_emb.inv_freq") == std::string::npos) {
+      EXPECT_EQ(x, y) << name;
+      continue;
+    }
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_LE(std::abs(x[i] - y[i]), 1.2e-7 * x[i]) << name << "[" << i << "]";
+  }
+  std::filesystem::remove_all(out);
 }
 
 // The comparison sees a wrong block: the repository's mono_reverse checkpoint run as

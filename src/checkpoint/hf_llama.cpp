@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -213,9 +214,13 @@ namespace {
 
 // The weights of `cfg` (f32, LNS scales folded into the pre-norm gains), `config` as
 // config.json and the tokenizer files, staged and moved into place whole.
+// rope_buffers: also each layer's "self_attn.rotary_emb.inv_freq" [head_dim / 2], which
+// the reference repository's model keeps as a saved buffer and its training script's
+// strict load_state_dict requires: 1 / 10000^(2j / head_dim), rounded once to f32 (its
+// own float32 computation may differ in the last bit).
 std::vector<std::string> write_export(const TensorSource& src, const LlamaConfig& cfg, const std::string& out_dir,
                                       const nlohmann::json& config, const std::vector<fs::path>& tok_files,
-                                      bool overwrite, const std::string& what) {
+                                      bool overwrite, const std::string& what, bool rope_buffers = false) {
   StagedDir out(out_dir, "--out", overwrite, hf_export_inventory, what);
   std::vector<std::string> names = {"model.safetensors", "config.json"};
   for (const fs::path& f : tok_files) names.push_back(f.filename().string());
@@ -227,6 +232,13 @@ std::vector<std::string> write_export(const TensorSource& src, const LlamaConfig
     if (const float s = pre_norm_scale(cfg, p); s != 1.0f)
       for (float& v : t) v *= s;
     w.add_f32(p.name, p.file_shape().to_vector(), t.data());
+  }
+  if (rope_buffers) {
+    const int D = cfg.head_dim();
+    std::vector<float> inv_freq(D / 2);
+    for (int j = 0; j < D / 2; ++j) inv_freq[j] = static_cast<float>(1.0 / std::pow(cfg.rope_theta, 2.0 * j / D));
+    for (int l = 0; l < cfg.num_layers; ++l)
+      w.add_f32(absl::StrCat("model.layers.", l, ".self_attn.rotary_emb.inv_freq"), {D / 2}, inv_freq.data());
   }
   w.set_metadata("format", "pt");
   w.set_metadata(kExportMarker, absl::StrJoin(names, ","));
@@ -315,9 +327,10 @@ LlamaConfig config_for_repo_norm_type(LlamaConfig cfg, const std::string& norm_t
   else if (n == "pre_sandwich") first_seven_pre("sandwich");
   else if (n == "post_pre_post_pre") cfg.norm_scheme = NormScheme::Hybrid, cfg.layer_schemes = "post:3,pre,*";
   else if (n == "pre_post_pre_post" || n == "lns")
-    fail(what, ": NORM_TYPE '", printable(norm_type), "' builds blocks without a forward branch in the repository (",
+    fail(what, ": NORM_TYPE '", printable(norm_type), "' has no forward branch in the repository's model (",
          n == "lns" ? "its switch compares the lower-cased name with 'LNS'" : "no case in LlamaDecoderLayer.forward",
-         "), so its layers are the identity; lns does not run that model (docs/model.md: ",
+         "): it stops with an UnboundLocalError under use_cache, else every block is the identity; lns does not "
+         "run that model (docs/model.md: ",
          n == "lns" ? "--norm_scheme=lns is the paper's LNS" : "--layer_schemes=pre:3,post,* is the pattern its norms are built for",
          ")");
   else
@@ -385,7 +398,7 @@ std::vector<std::string> export_repo(const TensorSource& src, const LlamaConfig&
   config[kRepoNormTypeKey] = r.norm_type;
   config[kRepoPostNumKey] = r.post_num;
   return write_export(src, cfg, out_dir, config, tokenizer_files(tokenizer), overwrite,
-                      "an export-repo output of lns_convert");
+                      "an export-repo output of lns_convert", /*rope_buffers=*/true);
 }
 
 HfDirectory::HfDirectory(const std::string& dir, const std::string& repo_norm_type, int repo_post_num) : dir_(dir) {
@@ -437,7 +450,10 @@ HfDirectory::HfDirectory(const std::string& dir, const std::string& repo_norm_ty
   for (const auto& [name, file] : file_of_) {
     const bool ignorable = cfg_.tie_embeddings && name == "lm_head.weight";
     if (is_weight_name(name) && !ours.count(name) && !ignorable)
-      fail(file, ": has weight '", printable(name), "' that a LLaMA of ", dir, "/config.json does not have");
+      fail(file, ": has weight '", printable(name), "' that a LLaMA of ", dir, "/config.json does not have",
+           repo_norm_type.empty() && !in.has(kRepoNormTypeKey)
+               ? " (a checkpoint of the LayerNorm-Scaling repository's model? name its NORM_TYPE with --repo_norm_type)"
+               : "");
   }
 }
 const SafetensorsReader& HfDirectory::reader(const std::string& file) const {
