@@ -120,7 +120,8 @@ TEST(ScalePostPre, MixLnForwardWithScaledInitInItsPreLnLayers) {
   for (int i = 0; i < a.params().size(); ++i) {
     const ParamInfo& info = a.params().info(i);
     const Tensor x = a.params().param(i), y = b.params().param(b.params().find(info.name));
-    const bool out_proj = info.name.find("o_proj") != std::string::npos || info.name.find("down_proj") != std::string::npos;
+    const bool out_proj =
+        info.name.find("o_proj") != std::string::npos || info.name.find("down_proj") != std::string::npos;
     const bool s = out_proj && info.layer >= spp.post_layers;
     scaled += s;
     for (int64_t j = 0; j < x.numel(); ++j)
@@ -239,7 +240,8 @@ TEST(Mono, LnsTrainRunsBothAndExportHfRefusesThemInOneLine) {
     const RunResult r = run_binary(LNS_TRAIN_BIN, model + " --norm_scheme=" + s);
     EXPECT_EQ(r.code, 0) << s << ": " << r.err;
   }
-  for (NormScheme s : {NormScheme::Mono, NormScheme::MonoReverse, NormScheme::MonoReverseCorrected, NormScheme::Routed}) {
+  for (NormScheme s :
+       {NormScheme::Mono, NormScheme::MonoReverse, NormScheme::MonoReverseCorrected, NormScheme::Routed}) {
     const std::string e = error_of([&] { check_hf_exportable(small_model(s)); });
     EXPECT_NE(e.find("routes blocks between a pre- and a post-norm path"), std::string::npos) << e;
   }

@@ -275,7 +275,8 @@ nlohmann::json folded_config_from(const LlamaConfig& cfg) {
   LNS_REQUIRE(cfg.folded_norms, "export-folded: the model has norms (no folded_norms in its manifest); fold them ",
               "first with lns_convert fold-norms, or use export-hf");
   bool branch_scales = false;  // scale_res_pre_norm layers: r = x + b * F(x), b learned
-  for (int l = 0; l < cfg.num_layers; ++l) branch_scales = branch_scales || block_plan(cfg, l).attn.learned_branch_scale;
+  for (int l = 0; l < cfg.num_layers; ++l)
+    branch_scales = branch_scales || block_plan(cfg, l).attn.learned_branch_scale;
   nlohmann::json folded = hf_size_keys(cfg);
   folded.update({{"model_type", "lns_llama_nonorm"},
                  {"branch_scales", branch_scales},
@@ -331,10 +332,12 @@ LlamaConfig config_for_repo_norm_type(LlamaConfig cfg, const std::string& norm_t
          n == "lns" ? "its switch compares the lower-cased name with 'LNS'" : "no case in LlamaDecoderLayer.forward",
          "): it stops with an UnboundLocalError under use_cache, else every block is the identity; lns does not "
          "run that model (docs/model.md: ",
-         n == "lns" ? "--norm_scheme=lns is the paper's LNS" : "--layer_schemes=pre:3,post,* is the pattern its norms are built for",
+         n == "lns" ? "--norm_scheme=lns is the paper's LNS"
+                    : "--layer_schemes=pre:3,post,* is the pattern its norms are built for",
          ")");
   else
-    fail(what, ": NORM_TYPE '", printable(norm_type), "' is not one the repository runs; expected pre, scale_pre, post, ",
+    fail(what, ": NORM_TYPE '", printable(norm_type),
+         "' is not one the repository runs; expected pre, scale_pre, post, ",
          "deeppost, sandwich, post_pre, scale_post_pre, scale_res_pre_norm, mono, mono_reverse, pre_post, ",
          "pre_sandwich or post_pre_post_pre");
   try {
@@ -349,7 +352,8 @@ RepoNormType repo_norm_type_of(const LlamaConfig& cfg) {
   constexpr const char* refuse = "export-repo: the reference repository's model cannot compute this one: ";
   if (cfg.norm_type != NormType::RMSNorm) fail(refuse, "it has RMSNorm only (--norm_type=layernorm)");
   if (cfg.folded_norms) fail(refuse, "its blocks always normalise (the norms are folded away: folded_norms)");
-  if (cfg.num_kv_heads != cfg.num_heads) fail(refuse, "it has no grouped-query attention (--num_kv_heads != --num_heads)");
+  if (cfg.num_kv_heads != cfg.num_heads)
+    fail(refuse, "it has no grouped-query attention (--num_kv_heads != --num_heads)");
   if (cfg.rope_theta != 10000.0) fail(refuse, "its rotary base is always 10000 (--rope_theta)");
   if (!cfg.layer_depths.empty())
     fail(refuse, "it has no way to say that the layers keep the depths they were trained at (layers were removed)");
@@ -373,12 +377,12 @@ RepoNormType repo_norm_type_of(const LlamaConfig& cfg) {
           same = block_plan(theirs, i).effective == block_plan(cfg, i).effective;
         if (same) return {name, 1};
       }
-      fail(refuse, "--layer_schemes=" + cfg.layer_schemes +
-             " is none of its hybrids (pre_post: pre:7,post; pre_sandwich: pre:7,sandwich; post_pre_post_pre: "
-             "post:3,pre,*)");
+      fail(refuse, "--layer_schemes=", cfg.layer_schemes,
+           " is none of its hybrids (pre_post: pre:7,post; pre_sandwich: pre:7,sandwich; post_pre_post_pre: ",
+           "post:3,pre,*)");
     case NormScheme::LNS:
-      fail(refuse, "its LNS switch is never taken (its blocks are then the identity, docs/model.md); export-hf folds the "
-             "LNS scales into the gains, and the repository runs that model as NORM_TYPE=pre");
+      fail(refuse, "its LNS switch is never taken (its blocks are then the identity, docs/model.md); ",
+           "export-hf folds the LNS scales into the gains, and the repository runs that model as NORM_TYPE=pre");
     case NormScheme::DeepNorm:
     case NormScheme::Routed:
     case NormScheme::DeepPostCorrected:

@@ -38,7 +38,8 @@ float gate_noise(uint64_t seed, int global_layer, uint64_t sample, int k) {
 float lns_scale(int global_layer) { return 1.0f / std::sqrt(static_cast<float>(global_layer + 1)); }
 
 std::string branch_scale_name(int global_layer, int sublayer) {
-  return "model.layers." + std::to_string(global_layer) + (sublayer == 0 ? ".raw_scaling_factor_attn" : ".raw_scaling_factor_mlp");
+  return "model.layers." + std::to_string(global_layer) +
+         (sublayer == 0 ? ".raw_scaling_factor_attn" : ".raw_scaling_factor_mlp");
 }
 
 BlockPlan block_plan(const LlamaConfig& cfg, int global_layer) {

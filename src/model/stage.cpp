@@ -624,7 +624,9 @@ void LlamaStage::init_weights(uint64_t seed) {
     const int64_t n = info.shape.numel();
     if (info.kind == ParamKind::NormGain || info.kind == ParamKind::NormBias ||
         info.kind == ParamKind::BranchScale) {
-      const float v = info.kind == ParamKind::NormBias ? 0.0f : info.kind == ParamKind::BranchScale ? kBranchScaleInit : 1.0f;
+      const float v = info.kind == ParamKind::NormBias      ? 0.0f
+                      : info.kind == ParamKind::BranchScale ? kBranchScaleInit
+                                                            : 1.0f;
       for (int64_t j = 0; j < n; ++j) w[j] = v;
       continue;
     }
