@@ -229,8 +229,8 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   bool routed = false;
   for (int g = 0; g < cfg_.num_layers; ++g) routed = routed || block_plan(cfg_, g).route.has_value();
   LNS_REQUIRE(!tp_.sequence_parallel || !routed,
-              "--sequence_parallel does not run routed blocks (--norm_scheme=routed, mono, mono_reverse or routed in "
-              "--layer_schemes); drop one of them");
+              "--sequence_parallel does not run routed blocks (--norm_scheme=routed, mono, mono_reverse, "
+              "mono_reverse_corrected or routed in --layer_schemes); drop one of them");
   NL_ = tp_.token_shard(N).size;
   const int64_t NL = NL_;
   // Activations in the device's activation dtype; statistics always f32.
