@@ -40,7 +40,7 @@ std::vector<std::string> export_hf(const TensorSource& src, const LlamaConfig& c
 // no Hugging Face form: LlamaForCausalLM always normalises. export-folded writes it for
 // the small PyTorch model tools/reference/llama_nonorm.py instead: model.safetensors
 // (f32, our tensor names) and config.json (folded_config_from: model_type
-// "lns_llama_nonorm", the shapes, rope_theta, residual_scales). out_dir as export_hf's.
+// "lns_llama_nonorm", the shapes, rope_theta, branch_scales). out_dir as export_hf's.
 nlohmann::json folded_config_from(const LlamaConfig& cfg);  // UserError unless cfg.folded_norms
 std::vector<std::string> export_folded(const TensorSource& src, const LlamaConfig& cfg, const std::string& out_dir,
                                        bool overwrite = false);
