@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "lns/block_plan.h"
 #include "lns/checkpoint.h"
 #include "lns/errors.h"
@@ -30,15 +32,16 @@ std::string dir(const std::string& name) {
 }
 
 // A trained checkpoint: 2 steps, so the moments are not zero.
-std::string trained(NormScheme s, const std::string& name) {
+std::string trained(const LlamaConfig& c, const std::string& name) {
   TrainConfig t;
   t.data = "random", t.seq_len = 8, t.micro_batch = 2, t.global_batch = 4, t.steps = 2;
   t.out_dir = dir(name);
-  Trainer tr(small_model(s), t);
+  Trainer tr(c, t);
   tr.train_step();
   tr.train_step();
   return tr.save_checkpoint();
 }
+std::string trained(NormScheme s, const std::string& name) { return trained(small_model(s), name); }
 
 TEST(Convert, ReshardThenMergeEqualsMerge) {
   const Checkpoint ck(trained(NormScheme::LNS, "rs"));
@@ -132,6 +135,79 @@ TEST(Convert, RemoveLayersEqualsSkippingBlocks) {
       EXPECT_FLOAT_EQ(block_plan(removed.config(), 1).attn.pre_scale, 1.0f / std::sqrt(3.0f));
     }
   }
+}
+
+// export-repo writes a model for the reference repository's LlamaForCausalLM (its
+// parameter names, 0-dim branch scales, NORM_TYPE / POST_NUM in config.json); import-hf
+// reads it back: the same scheme and every weight bit for bit, for each of its variants
+// with a parameter or pattern of its own.
+TEST(Convert, RepositoryExportImportRoundTrip) {
+  struct Case {
+    NormScheme scheme;
+    std::string layer_schemes, norm_type;
+    int post_num;
+  };
+  for (const Case& k : {Case{NormScheme::ScaleResPre, "", "scale_res_pre_norm", 1},
+                        Case{NormScheme::MonoReverse, "", "mono_reverse", 1},
+                        Case{NormScheme::ScalePostPre, "", "scale_post_pre", 2},
+                        Case{NormScheme::Hybrid, "post:3,pre,*", "post_pre_post_pre", 1}}) {
+    LlamaConfig c = small_model(k.scheme);
+    c.num_kv_heads = c.num_heads;  // the repository's attention has no GQA
+    c.layer_schemes = k.layer_schemes;
+    const std::string name = norm_scheme_name(k.scheme);
+    const Checkpoint ck(trained(c, "repo_" + name));
+    const std::string out = dir("repo_out_" + name);
+    export_repo(ck, ck.config(), out, "", 256);
+    const nlohmann::json config = nlohmann::json::parse(slurp(out + "/config.json"));
+    EXPECT_EQ(config.at("lns_repo_norm_type"), k.norm_type);
+    EXPECT_EQ(config.at("lns_repo_post_num"), k.post_num);
+    EXPECT_FALSE(config.contains("num_key_value_heads"));
+    const HfDirectory back(out);  // no flag: config.json names the variant
+    EXPECT_EQ(back.config().norm_scheme, k.scheme) << name;
+    EXPECT_EQ(back.config().layer_schemes, k.layer_schemes) << name;
+    if (k.scheme == NormScheme::ScalePostPre) {
+      EXPECT_EQ(back.config().post_layers, 2);
+    }
+    int scalars = 0;
+    for (const ParamInfo& p : LlamaStage::model_params(ck.config())) {
+      EXPECT_EQ(back.logical(p.name, "param"), ck.logical(p.name, "param")) << p.name;  // bit for bit
+      if (p.kind != ParamKind::BranchScale) continue;
+      ++scalars;
+      EXPECT_TRUE(back.logical_shape(p.name).empty()) << p.name << ": the repository's 0-dim parameter";
+      EXPECT_NE(ck.logical(p.name, "param")[0], kBranchScaleInit) << p.name << " did not train";
+    }
+    EXPECT_EQ(scalars, k.scheme == NormScheme::ScaleResPre ? 2 * c.num_layers : 0);
+    // The same directory, imported with the flags a repository checkpoint needs.
+    EXPECT_NE(error_of([&] { HfDirectory d(out, "post", 1); }).find("contradicts"), std::string::npos) << name;
+  }
+}
+
+TEST(Convert, RefusesWhatTheRepositoryCannotRun) {
+  LlamaConfig c = small_model(NormScheme::LNS);
+  c.num_kv_heads = c.num_heads;
+  EXPECT_NE(error_of([&] { repo_norm_type_of(c); }).find("LNS switch is never taken"), std::string::npos);
+  c.norm_scheme = NormScheme::MonoReverseCorrected;
+  EXPECT_NE(error_of([&] { repo_norm_type_of(c); }).find("no --norm_scheme=mono_reverse_corrected"), std::string::npos);
+  c.norm_scheme = NormScheme::Hybrid, c.layer_schemes = "pre,post,*";
+  EXPECT_NE(error_of([&] { repo_norm_type_of(c); }).find("none of its hybrids"), std::string::npos);
+  c = small_model(NormScheme::ScaleResPre);  // GQA
+  EXPECT_NE(error_of([&] { repo_norm_type_of(c); }).find("no grouped-query attention"), std::string::npos);
+  // Names whose blocks the repository leaves without a forward branch, or does not know.
+  for (const char* n : {"pre_post_pre_post", "LNS"})
+    EXPECT_NE(error_of([&] { config_for_repo_norm_type(c, n, 1, "--repo_norm_type"); }).find("identity"),
+              std::string::npos)
+        << n;
+  EXPECT_NE(error_of([&] { config_for_repo_norm_type(c, "pre_lns", 1, "--repo_norm_type"); })
+                .find("--repo_norm_type: NORM_TYPE 'pre_lns' is not one the repository runs"),
+            std::string::npos);
+  // Its names map to ours (NORM_TYPE is lower-cased there; POST_NUM caps at L).
+  EXPECT_EQ(config_for_repo_norm_type(c, "Post_Pre", 9, "x").norm_scheme, NormScheme::Mix);
+  EXPECT_EQ(config_for_repo_norm_type(c, "Post_Pre", 9, "x").post_layers, c.num_layers);
+  EXPECT_EQ(config_for_repo_norm_type(c, "scale_pre", 1, "x").norm_scheme, NormScheme::ScaledInit);
+  EXPECT_EQ(config_for_repo_norm_type(c, "pre_post", 1, "x").norm_scheme, NormScheme::Pre);  // 5 layers < 7
+  c.num_layers = 9;
+  EXPECT_EQ(config_for_repo_norm_type(c, "pre_sandwich", 1, "x").layer_schemes, "pre:7,sandwich");
+  EXPECT_EQ(config_for_repo_norm_type(c, "pre_sandwich", 1, "x").num_kv_heads, c.num_heads);
 }
 
 TEST(Convert, RefusesWhatAPlainLlamaCannotExpress) {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The folded model against an independent PyTorch implementation (docs/ln_free.md):
 
-lns_train --ln_free until every norm is one constant (LNS, RMSNorm), lns_convert
-fold-norms, export-folded; tools/reference/llama_nonorm.py's loss on a token file
+lns_train --ln_free until every norm is one constant (LNS, and scale_res_pre_norm with
+its learned branch scales; RMSNorm), lns_convert fold-norms, export-folded; tools/reference/llama_nonorm.py's loss on a token file
 equals lns_eval's on the folded checkpoint and on the LN-free one (1e-5 relative).
 Exits 77 (ctest: skipped) without torch, like every check that needs PyTorch.
 """
@@ -32,8 +32,8 @@ TRAIN = os.environ.get("LNS_TRAIN_BIN")
 EVAL = os.environ.get("LNS_EVAL_BIN")
 CONVERT = os.environ.get("LNS_CONVERT_BIN")
 MODEL = ["--vocab_size=64", "--hidden_size=32", "--intermediate_size=45", "--num_layers=3", "--num_heads=4",
-         "--num_kv_heads=2", "--seq_len=16", "--micro_batch_size=2", "--global_batch_size=4", "--lr=3e-3",
-         "--norm_scheme=lns"]
+         "--num_kv_heads=2", "--seq_len=16", "--micro_batch_size=2", "--global_batch_size=4", "--lr=3e-3"]
+SCHEMES = ("lns", "scale_res_pre_norm")
 
 
 class FoldReference(unittest.TestCase):
@@ -60,19 +60,24 @@ class FoldReference(unittest.TestCase):
             return json.load(f)["loss"]
 
     def test_reference_loss_equals_lns_eval(self):
-        run = os.path.join(self.dir, "run")
-        self.run_ok(TRAIN, *MODEL, "--data=" + self.data, "--steps=6", "--out_dir=" + run,
+        for scheme in SCHEMES:
+            with self.subTest(scheme=scheme):
+                self.check(scheme)
+
+    def check(self, scheme):
+        run = os.path.join(self.dir, "run_" + scheme)
+        self.run_ok(TRAIN, *MODEL, "--norm_scheme=" + scheme, "--data=" + self.data, "--steps=6", "--out_dir=" + run,
                     "--ln_free=mlp@1,attn_qk@+1,attn_v@+1,final@+1,drop_pos0@+1", "--ln_free_calib_tokens=64")
         ck = os.path.join(run, "checkpoints", "step_0000006")
-        folded, export = os.path.join(self.dir, "folded"), os.path.join(self.dir, "export")
+        folded, export = os.path.join(self.dir, "folded_" + scheme), os.path.join(self.dir, "export_" + scheme)
         self.run_ok(CONVERT, "fold-norms", "--in=" + ck, "--out=" + folded)
         self.run_ok(CONVERT, "export-folded", "--in=" + folded, "--out=" + export)
         cfg, W = llama_nonorm.load(export)
         tokens, _, _ = prepare_data.read_token_file(self.data)
         ref, n = llama_nonorm.eval_loss(cfg, W, tokens, 16, 400)
         self.assertEqual(n, 400)
-        lf, fo = self.lns_eval(ck, "lnfree"), self.lns_eval(folded, "folded")
-        print(f"test_fold_reference: loss torch {ref:.9f}, lns_eval folded {fo:.9f}, LN-free {lf:.9f} "
+        lf, fo = self.lns_eval(ck, "lnfree_" + scheme), self.lns_eval(folded, "folded_" + scheme)
+        print(f"test_fold_reference: {scheme}: loss torch {ref:.9f}, lns_eval folded {fo:.9f}, LN-free {lf:.9f} "
               f"(rel {abs(ref - fo) / abs(fo):.2e}, {abs(fo - lf) / abs(lf):.2e})")
         self.assertAlmostEqual(fo, lf, delta=1e-5 * abs(lf))
         self.assertAlmostEqual(ref, fo, delta=1e-5 * abs(fo))

@@ -79,6 +79,70 @@ TEST(Init, DeepNormXavierWithBeta) {
   expect_std(m, "model.embed_tokens.weight", 0.5);
 }
 
+// The reference repository's rule (modeling_llama.py _init_weights, lines 857-878):
+// std = initializer_range; Xavier-normal (gain * sqrt(2 / (fan_in + fan_out))) on the
+// linears flagged is_deeppost_layer (v, o, gate, up, down: gain (8L)^(+1/4)) or
+// is_deeppost_layer_qk (q, k: gain 1), normal(std / sqrt(2L)) on those flagged
+// is_scaled_layer, normal(std) on the rest. Written here from that rule, for every
+// matrix of every layer.
+void expect_xavier_blocks(const LlamaStage& m, const LlamaConfig& c, double gain) {
+  const double C = c.hidden_size, F = c.intermediate_size, KD = c.kv_dim();
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    expect_std(m, p + "self_attn.q_proj.weight", std::sqrt(2.0 / (C + C)));
+    expect_std(m, p + "self_attn.k_proj.weight", std::sqrt(2.0 / (C + KD)));
+    expect_std(m, p + "self_attn.v_proj.weight", gain * std::sqrt(2.0 / (C + KD)));
+    expect_std(m, p + "self_attn.o_proj.weight", gain * std::sqrt(2.0 / (C + C)));
+    for (const char* w : {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"})
+      expect_std(m, p + w, gain * std::sqrt(2.0 / (C + F)));
+  }
+  expect_std(m, "lm_head.weight", c.init_std);
+  expect_std(m, "model.embed_tokens.weight", c.embed_init_std);
+}
+
+TEST(Init, DeepPostIsTheRepositorysXavierWithThePositiveExponent) {
+  const LlamaConfig c = cfg_for(NormScheme::DeepPost);
+  LlamaStage m(c, StageSpec::whole(c), 1, 4);
+  m.init_weights(7);
+  expect_xavier_blocks(m, c, std::pow(8.0 * c.num_layers, 0.25));  // 2.63 at L = 6
+}
+
+TEST(Init, DeepPostCorrectedUsesDeepNetsGain) {
+  const LlamaConfig c = cfg_for(NormScheme::DeepPostCorrected);
+  LlamaStage m(c, StageSpec::whole(c), 1, 4);
+  m.init_weights(7);
+  expect_xavier_blocks(m, c, std::pow(8.0 * c.num_layers, -0.25));
+}
+
+TEST(Init, ScalePostPreShrinksOutputProjectionsOfItsPreLnLayersOnly) {
+  LlamaConfig c = cfg_for(NormScheme::ScalePostPre);
+  c.post_layers = 2;
+  LlamaStage m(c, StageSpec::whole(c), 1, 4);
+  m.init_weights(7);
+  const double scaled = 0.02 / std::sqrt(2.0 * c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const double out = l < c.post_layers ? 0.02 : scaled;  // is_scaled_layer only at index >= POST_NUM
+    expect_std(m, p + "self_attn.o_proj.weight", out);
+    expect_std(m, p + "mlp.down_proj.weight", out);
+    expect_std(m, p + "self_attn.q_proj.weight", 0.02);
+    expect_std(m, p + "mlp.up_proj.weight", 0.02);
+  }
+}
+
+TEST(Init, ScaleResPreNormBranchScalesStartAtOneThousandth) {
+  LlamaConfig c = cfg_for(NormScheme::ScaleResPre);
+  LlamaStage m(c, StageSpec::whole(c), 1, 4);
+  m.init_weights(7);
+  for (int l = 0; l < c.num_layers; ++l)
+    for (const char* w : {".raw_scaling_factor_attn", ".raw_scaling_factor_mlp"}) {
+      const int i = m.params().find("model.layers." + std::to_string(l) + w);
+      ASSERT_GE(i, 0) << l << w;
+      EXPECT_EQ(m.params().param(i).f32()[0], 0.001f);  // nn.Parameter(torch.tensor(0.001))
+    }
+  expect_std(m, "model.layers.4.self_attn.o_proj.weight", 0.02);
+}
+
 TEST(Init, StagesDrawTheWholeModelsWeightsAndSeedsDiffer) {
   const LlamaConfig c = cfg_for(NormScheme::LNS);
   LlamaStage whole(c, StageSpec::whole(c), 1, 4), part(c, {2, 5, false, false}, 1, 4),

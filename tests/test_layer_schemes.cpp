@@ -107,9 +107,10 @@ TEST(DeepPost, PostLnWithResidualTimesTwoSqrtTwo) {
   EXPECT_FALSE(p.attn.pre_norm.has_value());
 }
 
-TEST(ScalePostPre, MixLnForwardWithScaledInitsInit) {
-  // Same blocks as Mix-LN; o_proj and down_proj drawn from the same streams but
-  // scaled by 1/sqrt(2L), every other tensor identical.
+TEST(ScalePostPre, MixLnForwardWithScaledInitInItsPreLnLayers) {
+  // Same blocks as Mix-LN; o_proj and down_proj of the Pre-LN layers (index >=
+  // post_layers = 2) drawn from the same streams but scaled by 1/sqrt(2L), as the
+  // repository flags them (modeling_llama.py lines 273-279); every other tensor identical.
   const LlamaConfig spp = small_model(NormScheme::ScalePostPre), mix = small_model(NormScheme::Mix);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(block_plan(spp, i).effective, block_plan(mix, i).effective);
   LlamaStage a(spp, StageSpec::whole(spp), 1, 2), b(mix, StageSpec::whole(mix), 1, 2);
@@ -117,14 +118,16 @@ TEST(ScalePostPre, MixLnForwardWithScaledInitsInit) {
   const double k = 1.0 / std::sqrt(2.0 * 5);
   int scaled = 0;
   for (int i = 0; i < a.params().size(); ++i) {
-    const std::string& name = a.params().info(i).name;
-    const Tensor x = a.params().param(i), y = b.params().param(b.params().find(name));
-    const bool s = name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos;
+    const ParamInfo& info = a.params().info(i);
+    const Tensor x = a.params().param(i), y = b.params().param(b.params().find(info.name));
+    const bool out_proj =
+        info.name.find("o_proj") != std::string::npos || info.name.find("down_proj") != std::string::npos;
+    const bool s = out_proj && info.layer >= spp.post_layers;
     scaled += s;
     for (int64_t j = 0; j < x.numel(); ++j)
-      ASSERT_NEAR(x.f32()[j], s ? y.f32()[j] * k : y.f32()[j], 1e-7 * std::abs(y.f32()[j])) << name;
+      ASSERT_NEAR(x.f32()[j], s ? y.f32()[j] * k : y.f32()[j], 1e-7 * std::abs(y.f32()[j])) << info.name;
   }
-  EXPECT_EQ(scaled, 2 * 5);
+  EXPECT_EQ(scaled, 2 * (5 - 2));
 }
 
 // mono / mono_reverse: every 4th layer routed; the routed plan is a Pre-LN path 0 and a
@@ -145,8 +148,22 @@ TEST(Mono, EveryFourthLayerRoutedBetweenPreAndPost) {
   EXPECT_FALSE(r.route->attn.pre_norm.has_value());
   EXPECT_EQ(r.norms(), (std::vector<NormSlot>{NormSlot::InputLayernorm, NormSlot::PostAttentionLayernorm,
                                               NormSlot::PostFeedforwardLayernorm}));
-  c.norm_scheme = NormScheme::MonoReverse;
+  c.norm_scheme = NormScheme::MonoReverseCorrected;
   for (int i = 0; i < 8; ++i) EXPECT_EQ(block_plan(c, i).effective, i % 4 == 3 ? NormScheme::Routed : O) << i;
+  // The repository's mono_reverse: the same routed layers; its others run Post-LN with
+  // post_attention_layernorm applied again to the MLP's input (modeling_llama.py lines
+  // 716-723): h = N_pa(x + Attn(x)), y = N_pf(h + MLP(N_pa(h))).
+  c.norm_scheme = NormScheme::MonoReverse;
+  for (int i = 0; i < 8; ++i) {
+    const BlockPlan p = block_plan(c, i);
+    EXPECT_EQ(p.effective, i % 4 == 3 ? NormScheme::Routed : NormScheme::MonoReverse) << i;
+    if (i % 4 == 3) continue;
+    EXPECT_FALSE(p.attn.pre_norm.has_value()) << i;
+    EXPECT_EQ(p.attn.add_norm, NormSlot::PostAttentionLayernorm) << i;
+    EXPECT_EQ(p.mlp.pre_norm, NormSlot::PostAttentionLayernorm) << i;
+    EXPECT_EQ(p.mlp.add_norm, NormSlot::PostFeedforwardLayernorm) << i;
+    EXPECT_EQ(p.norms(), (std::vector<NormSlot>{NormSlot::PostAttentionLayernorm, NormSlot::PostFeedforwardLayernorm}));
+  }
   // mono is the pattern pre:3,routed,*: the same parameters and logits, bit for bit.
   LlamaConfig mono = small_model(NormScheme::Mono), hyb = small_model(NormScheme::Hybrid);
   hyb.layer_schemes = "pre:3,routed,*";
@@ -158,10 +175,10 @@ TEST(Mono, EveryFourthLayerRoutedBetweenPreAndPost) {
 
 // A hard gate picks one path exactly: with noise that makes every sequence take path 0,
 // mono's logits are Pre-LN's bit for bit (the shared weights are drawn by name, the
-// same), and with path 1 everywhere mono_reverse's are Post-LN's.
+// same), and with path 1 everywhere mono_reverse_corrected's are Post-LN's.
 TEST(Mono, AHardGateRunsExactlyOnePath) {
   for (bool reverse : {false, true}) {
-    const LlamaConfig routed = small_model(reverse ? NormScheme::MonoReverse : NormScheme::Mono);
+    const LlamaConfig routed = small_model(reverse ? NormScheme::MonoReverseCorrected : NormScheme::Mono);
     const LlamaConfig plain = small_model(reverse ? O : P);
     const int64_t B = 2, T = 5;
     std::vector<int32_t> ids(B * T);
@@ -219,11 +236,12 @@ TEST(Mono, LnsTrainRunsBothAndExportHfRefusesThemInOneLine) {
   const std::string model = "--vocab_size=53 --hidden_size=32 --intermediate_size=45 --num_layers=5 "
                             "--num_heads=4 --num_kv_heads=2 --seq_len=8 --micro_batch_size=2 "
                             "--global_batch_size=4 --steps=2";
-  for (const char* s : {"mono", "mono_reverse"}) {
+  for (const char* s : {"mono", "mono_reverse", "mono_reverse_corrected"}) {
     const RunResult r = run_binary(LNS_TRAIN_BIN, model + " --norm_scheme=" + s);
     EXPECT_EQ(r.code, 0) << s << ": " << r.err;
   }
-  for (NormScheme s : {NormScheme::Mono, NormScheme::MonoReverse, NormScheme::Routed}) {
+  for (NormScheme s :
+       {NormScheme::Mono, NormScheme::MonoReverse, NormScheme::MonoReverseCorrected, NormScheme::Routed}) {
     const std::string e = error_of([&] { check_hf_exportable(small_model(s)); });
     EXPECT_NE(e.find("routes blocks between a pre- and a post-norm path"), std::string::npos) << e;
   }
@@ -232,28 +250,49 @@ TEST(Mono, LnsTrainRunsBothAndExportHfRefusesThemInOneLine) {
   EXPECT_NE(error_of([&] { check_hf_exportable(hyb); }).find("layer 3 is routed"), std::string::npos);
 }
 
-TEST(ScaleResPreNorm, StartsAsPreLnWithTwoScalarsPerLayer) {
-  // At init (every residual scale 1) the block is Pre-LN: 1*x + f rounds as x + f.
-  std::vector<std::string> names, pre_names;
-  const LlamaConfig c = small_model(NormScheme::ScaleResPre);
-  EXPECT_EQ(logits_of(c, 9, &names), logits_of(small_model(NormScheme::Pre), 9, &pre_names));
-  LlamaStage m(c, StageSpec::whole(c), 1, 2);
-  m.init_weights(9);
+// scale_res_pre_norm as the repository computes it (modeling_llama.py lines 332-336,
+// 456-473): x + Attn(N(x)) * a_attn, then + MLP(N(x)) * a_mlp, each a learned scalar
+// starting at 0.001, named raw_scaling_factor_attn / _mlp on the layer.
+TEST(ScaleResPreNorm, ScalesTheBranchWithTwoScalarsPerLayerFromOneThousandth) {
+  const LlamaConfig c = small_model(NormScheme::ScaleResPre), pre = small_model(NormScheme::Pre);
+  const int64_t B = 2, T = 5;
+  std::vector<int32_t> ids(B * T);
+  for (int64_t i = 0; i < B * T; ++i) ids[i] = (5 * i + 3) % c.vocab_size;
+  LlamaStage m(c, StageSpec::whole(c), B, T), ref(pre, StageSpec::whole(pre), B, T);
+  m.init_weights(9), ref.init_weights(9);
   int scales = 0;
   for (int i = 0; i < m.params().size(); ++i) {
     const ParamInfo& p = m.params().info(i);
-    if (p.kind != ParamKind::ResidualScale) continue;
+    if (p.kind != ParamKind::BranchScale) {
+      ASSERT_GE(ref.params().find(p.name), 0) << p.name << " is not a Pre-LN parameter";
+      continue;
+    }
     ++scales;
     EXPECT_EQ(p.shape, Shape{1});
+    EXPECT_EQ(p.file_shape(), Shape{}) << "the repository's 0-dim parameter";
     EXPECT_TRUE(p.replicated());
     EXPECT_FALSE(p.decays()) << p.name;
-    EXPECT_EQ(m.params().param(i).f32()[0], 1.0f);
-    EXPECT_TRUE(p.name == absl::StrCat("model.layers.", p.layer, ".self_attn.residual_scale") ||
-                p.name == absl::StrCat("model.layers.", p.layer, ".mlp.residual_scale"))
+    EXPECT_EQ(m.params().param(i).f32()[0], 0.001f);
+    EXPECT_TRUE(p.name == absl::StrCat("model.layers.", p.layer, ".raw_scaling_factor_attn") ||
+                p.name == absl::StrCat("model.layers.", p.layer, ".raw_scaling_factor_mlp"))
         << p.name;
   }
   EXPECT_EQ(scales, 2 * c.num_layers);
-  EXPECT_EQ(names.size(), pre_names.size() + 2 * c.num_layers);
+  EXPECT_EQ(m.params().size(), ref.params().size() + 2 * c.num_layers);
+  auto logits = [&](LlamaStage& s) {
+    const Tensor l = s.forward(view(ids, {B, T}));
+    return std::vector<float>(l.f32(), l.f32() + l.numel());
+  };
+  // At init every block is nearly the identity: the logits are far from Pre-LN's...
+  const std::vector<float> at_init = logits(m), want = logits(ref);
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) diff = std::max(diff, double(std::abs(at_init[i] - want[i]))),
+                                           scale = std::max(scale, double(std::abs(want[i])));
+  EXPECT_GT(diff, 0.05 * scale);
+  // ...and with every scale 1 the block is Pre-LN bit for bit (1 * F + x rounds as x + F).
+  for (int i = 0; i < m.params().size(); ++i)
+    if (m.params().info(i).kind == ParamKind::BranchScale) m.params().param(i).f32()[0] = 1.0f;
+  EXPECT_EQ(logits(m), want);
 }
 
 }  // namespace

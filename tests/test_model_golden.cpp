@@ -1,10 +1,10 @@
 // The whole model against golden files from the PyTorch reference
 // (tools/reference/make_golden.py, computed in float64): logits, loss and the
-// gradient of every parameter, for all seven schemes and both norm types, on a tiny
+// gradient of every parameter, for every scheme and both norm types, on a tiny
 // GQA model with odd sizes (C = 36, F = 45, V = 53). The layernorm cases tie the
 // embeddings. Errors are relative to each tensor's largest entry. Measured worst
-// cases (2026-11-22): logits 7.5e-7, gradients 2.1e-6; tolerances leave ~10x room:
-// logits and loss 5e-6, gradients 2e-5.
+// cases (2026-11-29): logits 8.5e-7, gradients 3.4e-6 (a scale_res_pre_norm branch
+// scale); tolerances leave ~6x room: logits and loss 5e-6, gradients 2e-5.
 #include <nlohmann/json.hpp>
 
 #include "lns/param_io.h"
@@ -81,7 +81,9 @@ INSTANTIATE_TEST_SUITE_P(
                       "rmsnorm_scale_res_pre_norm", "layernorm_deeppost", "layernorm_scale_post_pre",
                       "layernorm_hybrid", "layernorm_scale_res_pre_norm",
                       // the Gumbel-routed blocks, with the reference's noise
-                      "rmsnorm_mono", "rmsnorm_mono_reverse", "layernorm_mono", "layernorm_mono_reverse"),
+                      "rmsnorm_mono", "rmsnorm_mono_reverse", "layernorm_mono", "layernorm_mono_reverse",
+                      // mono_reverse with plain Post-LN layers (the repository's doubled norm corrected)
+                      "rmsnorm_mono_reverse_corrected", "layernorm_mono_reverse_corrected"),
     [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -98,7 +98,9 @@ INSTANTIATE_TEST_SUITE_P(
                       SplitCase{NormScheme::Mix, 2, false},   // split at its edge
                       SplitCase{NormScheme::Mix, 3, true},    // split in the pre range
                       SplitCase{NormScheme::Hybrid, 1, false},
-                      SplitCase{NormScheme::Hybrid, 2, true}));
+                      SplitCase{NormScheme::Hybrid, 2, true},
+                      // the repository's mono_reverse: doubled-norm post layers, then the routed layer 3
+                      SplitCase{NormScheme::MonoReverse, 2, false}));
 
 // Interleaved pipeline: one stage holding the model as three chunks (embedding before
 // the first, head after the last), two micro-batches in flight per chunk in the

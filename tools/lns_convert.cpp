@@ -4,6 +4,8 @@
 //   lns_convert merge         --in=CKPT --out=DIR
 //   lns_convert export-hf     --in=CKPT --out=HFDIR [--tokenizer=FILE|DIR] [--max_position_embeddings=N]
 //   lns_convert import-hf     --in=HFDIR --out=DIR [--tp=T --pp=P] [--norm_scheme=lns]
+//                             [--repo_norm_type=NORM_TYPE [--repo_post_num=N]]
+//   lns_convert export-repo   --in=CKPT --out=DIR [--tokenizer=FILE|DIR] [--max_position_embeddings=N]
 //   lns_convert retrofit      --in=CKPT --out=DIR --norm_scheme=lns [--tp=T --pp=P]
 //   lns_convert remove-layers --in=CKPT --out=DIR --layers=3,7 [--tp=T --pp=P]
 //   lns_convert fold-norms    --in=CKPT --out=DIR [--tp=T --pp=P]
@@ -13,6 +15,11 @@
 // they feed and writes the model without norms (lns/fold_norms.h, docs/ln_free.md);
 // export-folded writes such a model for tools/reference/llama_nonorm.py (export-hf
 // refuses it: a Hugging Face LLaMA always normalises).
+//
+// import-hf --repo_norm_type reads a checkpoint saved by the LayerNorm-Scaling
+// repository's model, run there with NORM_TYPE=<name> and POST_NUM=<N>; export-repo writes
+// one for it (config.json then names both, so import-hf needs no flag for it).
+// docs/model.md lists the names and what each computes.
 //
 // retrofit and import-hf --norm_scheme=lns turn a Pre-LN model into an LNS one with the
 // same weights (lns/retrofit.h): a different function, so they warn and record it in
@@ -30,6 +37,7 @@
 #include <set>
 
 #include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
@@ -51,8 +59,13 @@ DEFINE_bool(overwrite, false,
 DEFINE_int32(dp, 1, "reshard: data-parallel size of the target layout (with dp > 1 the optimizer state is "
                    "sharded over it unless --zero=false).");
 DEFINE_string(layers, "", "remove-layers: 0-based layer indices to remove, e.g. 3,7.");
-DEFINE_string(tokenizer, "", "export-hf: tokenizer file or directory to copy next to the weights.");
-DEFINE_int32(max_position_embeddings, 2048, "export-hf: max_position_embeddings in config.json.");
+DEFINE_string(tokenizer, "", "export-hf, export-repo: tokenizer file or directory to copy next to the weights.");
+DEFINE_int32(max_position_embeddings, 2048, "export-hf, export-repo: max_position_embeddings in config.json.");
+DEFINE_string(repo_norm_type, "",
+              "import-hf: --in was saved by the LayerNorm-Scaling repository's model run with NORM_TYPE=this "
+              "(pre, scale_pre, post, deeppost, sandwich, post_pre, scale_post_pre, scale_res_pre_norm, mono, "
+              "mono_reverse, pre_post, pre_sandwich, post_pre_post_pre); docs/model.md.");
+DEFINE_int32(repo_post_num, 1, "import-hf --repo_norm_type: the repository's POST_NUM (its default is 1).");
 DECLARE_string(pp_layers);
 DECLARE_bool(zero);
 DECLARE_string(norm_scheme);  // retrofit, import-hf: lns (the LNS retrofit)
@@ -151,8 +164,22 @@ int run(const std::string& cmd) {
           lines);
     return 0;
   }
+  if (cmd == "export-repo") {
+    const Checkpoint ck(FLAGS_in);
+    LNS_REQUIRE(ck.run_state().ln_free.norms.empty(), FLAGS_in, ": ", ck.run_state().ln_free.norms.size(),
+                " norms divide by constants (LN-free, docs/ln_free.md); the repository's model always normalises");
+    const RepoNormType r = repo_norm_type_of(ck.config());
+    const auto lines = export_repo(ck, ck.config(), FLAGS_out, FLAGS_tokenizer, FLAGS_max_position_embeddings,
+                                   FLAGS_overwrite);
+    print(absl::StrFormat("exported %s (%s, %d layers) for the LayerNorm-Scaling repository's LlamaForCausalLM to "
+                          "%s; run it there with NORM_TYPE=%s POST_NUM=%d",
+                          FLAGS_in, norm_scheme_name(ck.config().norm_scheme), ck.config().num_layers, FLAGS_out,
+                          r.norm_type, r.post_num),
+          lines);
+    return 0;
+  }
   if (cmd == "import-hf") {
-    const HfDirectory hf(FLAGS_in);
+    const HfDirectory hf(FLAGS_in, FLAGS_repo_norm_type, FLAGS_repo_post_num);
     LlamaConfig cfg = hf.config();
     RunState state;
     const std::string scheme = norm_scheme_flag();
@@ -164,9 +191,13 @@ int run(const std::string& cmd) {
     }
     const auto lines = write_checkpoint_from_source(hf, cfg, target_layout(), FLAGS_pp_layers, state,
                                                     AdamWConfig{}, 0, FLAGS_out, FLAGS_overwrite);
-    print(absl::StrFormat("imported %s (%d layers, hidden %d) to %s; resume or evaluate it with "
-                          "--norm_scheme=%s and its shape flags",
-                          FLAGS_in, cfg.num_layers, cfg.hidden_size, FLAGS_out, norm_scheme_name(cfg.norm_scheme)),
+    std::string scheme_flags = absl::StrCat("--norm_scheme=", norm_scheme_name(cfg.norm_scheme));
+    if (cfg.norm_scheme == NormScheme::Mix || cfg.norm_scheme == NormScheme::ScalePostPre)
+      absl::StrAppend(&scheme_flags, " --post_layers=", cfg.post_layers);
+    if (cfg.norm_scheme == NormScheme::Hybrid) absl::StrAppend(&scheme_flags, " --layer_schemes=", cfg.layer_schemes);
+    print(absl::StrFormat("imported %s (%d layers, hidden %d) to %s; resume or evaluate it with %s and its shape "
+                          "flags",
+                          FLAGS_in, cfg.num_layers, cfg.hidden_size, FLAGS_out, scheme_flags),
           lines);
     return 0;
   }
@@ -213,8 +244,8 @@ int run(const std::string& cmd) {
           lines);
     return 0;
   }
-  fail("unknown subcommand '", cmd, "'; expected reshard, merge, export-hf, import-hf, retrofit, remove-layers, ",
-       "fold-norms or export-folded");
+  fail("unknown subcommand '", cmd, "'; expected reshard, merge, export-hf, export-repo, import-hf, retrofit, ",
+       "remove-layers, fold-norms or export-folded");
 }
 
 }  // namespace
@@ -222,13 +253,14 @@ int run(const std::string& cmd) {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
-      "lns_convert reshard|merge|export-hf|import-hf|retrofit|remove-layers|fold-norms|export-folded --in=... "
+      "lns_convert reshard|merge|export-hf|export-repo|import-hf|retrofit|remove-layers|fold-norms|export-folded "
+      "--in=... "
       "--out=... [flags]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   if (argc != 2) {
-    std::fprintf(stderr, "lns_convert: error: expected one subcommand (reshard, merge, export-hf, "
+    std::fprintf(stderr, "lns_convert: error: expected one subcommand (reshard, merge, export-hf, export-repo, "
                          "import-hf, retrofit, remove-layers, fold-norms, export-folded); see --help\n");
     return 1;
   }

@@ -4,7 +4,7 @@
 //   u  = s * N_pre(x)         if pre_norm,  else u = x
 //   f  = F(u)
 //   f2 = N_out(f)             if out_norm (sandwich), else f
-//   r  = alpha * x + f2       (alpha a learned scalar in scale_res_pre_norm)
+//   r  = alpha * x + b * f2   (b a learned scalar in scale_res_pre_norm, else 1)
 //   y  = N_add(r)             if add_norm (post, deepnorm), else r
 //
 // A scheme is a choice of which norms exist, their names, s and alpha; the block code
@@ -31,9 +31,11 @@ struct SublayerPlan {
   float pre_scale = 1.0f;            // s: 1/sqrt(l) for LNS
   std::optional<NormSlot> out_norm;  // N_out (sandwich)
   float residual_alpha = 1.0f;       // alpha: (2L)^(1/4) for DeepNorm
-  // alpha is instead a learned scalar parameter (scale_res_pre_norm), initialised to 1:
-  // model.layers.{i}.self_attn.residual_scale / mlp.residual_scale, shape [1].
-  bool learnable_alpha = false;
+  // b, the scale of the sublayer's output, is a learned scalar (scale_res_pre_norm, as
+  // the reference repository computes it: x + F(N(x)) * a), initialised to
+  // kBranchScaleInit: model.layers.{i}.raw_scaling_factor_attn / raw_scaling_factor_mlp
+  // (the repository's names; shape [1] here, a 0-dim tensor in its files).
+  bool learned_branch_scale = false;
   std::optional<NormSlot> add_norm;  // N_add (post-LN family)
 };
 
@@ -58,6 +60,12 @@ struct BlockPlan {
 // mono / mono_reverse route the layers of 0-based depth d with (d + 1) % kRouteEvery == 0.
 constexpr int kRouteEvery = 4;
 
+// scale_res_pre_norm's branch scales start here (the repository's nn.Parameter(torch.tensor(0.001))).
+constexpr float kBranchScaleInit = 0.001f;
+// The name of a layer's learned branch scale, sublayer 0 (attention) or 1 (MLP):
+// "model.layers.{i}.raw_scaling_factor_attn" / "..._mlp".
+std::string branch_scale_name(int global_layer, int sublayer);
+
 // The training Gumbel noise of gate entry k (0, 1) of sequence `sample` (its index in
 // the training stream, counted from the start of the run: the same under any parallel
 // layout and after a resume) at routed global layer `global_layer`: -log(-log(u)), u
@@ -69,11 +77,13 @@ float lns_scale(int global_layer);
 BlockPlan block_plan(const LlamaConfig& cfg, int global_layer);
 
 // How a parameter is initialised: normal(0, std). `std` already includes every
-// scheme rule (scaled_init's 1/sqrt(2L), DeepNorm's Xavier gains).
-// ResidualScale: a learnable residual scale [1] (initialised to 1, no weight decay).
+// scheme rule (scaled_init's 1/sqrt(2L), the Xavier gains of deepnorm and deeppost).
+// BranchScale: a learned branch scale [1] (kBranchScaleInit at init, no weight decay).
 // Router: a routed block's router [2, C] (replicated under tensor parallelism, f32 on
 // both devices, normal(--init_std), decays like every matrix).
-enum class ParamKind { Embedding, LmHead, NormGain, NormBias, ResidualScale, Router, Q, K, V, O, Gate, Up, Down };
-float init_std_for(const LlamaConfig& cfg, ParamKind kind, int64_t fan_out, int64_t fan_in);
+enum class ParamKind { Embedding, LmHead, NormGain, NormBias, BranchScale, Router, Q, K, V, O, Gate, Up, Down };
+// `global_layer`: the parameter's layer (ParamInfo::layer), -1 outside the blocks;
+// scale_post_pre scales only its Pre-LN layers' o_proj and down_proj.
+float init_std_for(const LlamaConfig& cfg, ParamKind kind, int64_t fan_out, int64_t fan_in, int global_layer);
 
 }  // namespace lns

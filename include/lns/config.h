@@ -16,20 +16,26 @@ namespace lns {
 
 enum class NormScheme {
   Pre, LNS, Post, Mix, Sandwich, DeepNorm, ScaledInit,
-  // The reference repository's other variants (docs/model.md):
-  DeepPost,      // post with the residual multiplied by a fixed 2*sqrt(2)
-  ScalePostPre,  // Mix-LN with scaled_init's initialisation
+  // The reference repository's other variants, as that repository computes them
+  // (docs/model.md, with its line numbers):
+  DeepPost,      // post with the residual multiplied by a fixed 2*sqrt(2); Xavier gain (8L)^(+1/4)
+  ScalePostPre,  // Mix-LN with scaled_init's initialisation in its Pre-LN layers only
   Hybrid,        // a per-layer pattern of block forms (--layer_schemes, lns/layer_schemes.h)
-  ScaleResPre,   // pre with a learnable residual scale per sublayer: r = a * x + F(N(x))
+  ScaleResPre,   // pre with a learned scale on each sublayer's output: r = x + a * F(N(x)), a = 0.001 at init
   // Gumbel-routed blocks (BlockPlan::route): the block runs as Pre-LN and as Post-LN on
   // the same weights and a per-sequence hard Gumbel-softmax gate picks one.
   Routed,        // every layer routed (a block form, also usable in --layer_schemes)
   Mono,          // pre, with every 4th layer (0-based 3, 7, ...) routed
-  MonoReverse,   // post, with every 4th layer routed
+  MonoReverse,   // post (post_attention_layernorm applied twice, as the repository does), every 4th layer routed
+  // Corrected forms of two repository slips (docs/model.md): their own names, so the
+  // repository's names keep computing what the repository computes.
+  DeepPostCorrected,     // deeppost with DeepNet's Xavier gain (8L)^(-1/4)
+  MonoReverseCorrected,  // mono_reverse whose post layers normalise once (plain Post-LN)
 };
 
 // "pre", "lns", "post", "mix", "sandwich", "deepnorm", "scaled_init", "deeppost",
-// "scale_post_pre", "hybrid", "scale_res_pre_norm", "routed", "mono", "mono_reverse"
+// "scale_post_pre", "hybrid", "scale_res_pre_norm", "routed", "mono", "mono_reverse",
+// "deeppost_corrected", "mono_reverse_corrected"
 const char* norm_scheme_name(NormScheme s);
 // Throws UserError naming `flag` and the accepted values.
 NormScheme parse_norm_scheme(const std::string& s, const std::string& flag = "--norm_scheme");
@@ -54,7 +60,9 @@ struct LlamaConfig {
   float norm_eps = 1e-5f;
   NormType norm_type = NormType::RMSNorm;
   NormScheme norm_scheme = NormScheme::LNS;
-  int post_layers = 0;  // Mix-LN: layers with 0-based index < post_layers are Post-LN
+  // Mix-LN, scale_post_pre: layers with 0-based index < post_layers are Post-LN. 1 by
+  // default, as the reference repository's POST_NUM (docs/model.md).
+  int post_layers = 1;
   std::string layer_schemes;  // hybrid: the per-layer pattern (lns/layer_schemes.h)
   bool tie_embeddings = false;
   float init_std = 0.02f;

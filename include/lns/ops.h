@@ -184,8 +184,10 @@ void axpby(Tensor y, float a, Tensor x, float b);
 // dst[n] = src[n] converted between f32 and bf16 (round to nearest even), same device.
 void cast(Tensor dst, Tensor src);
 
-// ---- learnable residual scale (scale_res_pre_norm) -------------------------------------
+// ---- a learned scalar on one addend (scale_res_pre_norm) ---------------------------------
 // r[N,C] = a * x + f, a = alpha[0] (f32 [1], a parameter on the tensors' device).
+// scale_res_pre_norm scales the sublayer's output, so the stage passes F as x and the
+// residual stream as f: r = b * F + x.
 void scaled_residual_forward(Tensor r, Tensor x, Tensor f, Tensor alpha);
 // dalpha[0] += sum(dr * x) (deterministic order), then dx[N,C] = a * dr. dx may alias dr.
 void scaled_residual_backward(Tensor dx, Tensor dalpha, Tensor dr, Tensor x, Tensor alpha);

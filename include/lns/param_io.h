@@ -8,7 +8,10 @@
 namespace lns {
 
 // True for names that denote model weights ("model.*", "lm_head.*"). Other tensors
-// in a file (a step dump's inputs, logits, grad.*) are not weights and are ignored.
+// in a file (a step dump's inputs, logits, grad.*) are not weights and are ignored, and
+// so is RoPE's "...rotary_emb.inv_freq" buffer, which older Hugging Face LLaMAs and the
+// reference repository's model save beside the weights (its frequencies follow from
+// rope_theta).
 bool is_weight_name(const std::string& name);
 
 // Loads every parameter of `params` (a stage, or a tensor-parallel shard, of the

@@ -41,10 +41,16 @@ struct ParamInfo {
   // CUDA): norm gains and biases, residual scales, routers. ZeRO's gather after each
   // step moves these in f32 beside the bf16 weights (GradientSync::gather_params).
   bool read_in_f32() const {
-    return kind == ParamKind::NormGain || kind == ParamKind::NormBias || kind == ParamKind::ResidualScale ||
+    return kind == ParamKind::NormGain || kind == ParamKind::NormBias || kind == ParamKind::BranchScale ||
            kind == ParamKind::Router;
   }
   bool replicated() const { return split_dim < 0; }
+  // The shape Hugging Face style files (export-hf, export-repo, export-folded) give this
+  // tensor: its logical shape, but [] for a branch scale, which the reference
+  // repository holds as a 0-dim tensor (nn.Parameter(torch.tensor(0.001))); our own
+  // checkpoints keep [1]. A file read by name may hold either.
+  Shape file_shape() const { return kind == ParamKind::BranchScale ? Shape{} : logical; }
+  bool takes_file_shape(const Shape& s) const { return s == logical || s == file_shape(); }
   // The one rule for counting a parameter once across ranks (gradient norm, checkpoint
   // pieces, gathers): a replicated tensor counts on tensor-parallel rank 0 only, the
   // tied copy never (the first stage's embedding is the one that counts).

@@ -1,5 +1,8 @@
 #include "lns/hf_llama.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -32,7 +35,7 @@ void check_hf_exportable(const LlamaConfig& cfg) {
   if (cfg.norm_scheme == NormScheme::Hybrid) {
     for (int i = 0; i < cfg.num_layers; ++i) {
       const NormScheme e = block_plan(cfg, i).effective;
-      if (e != NormScheme::Pre && e != NormScheme::LNS)  // scale_res_pre_norm: learned residual scales
+      if (e != NormScheme::Pre && e != NormScheme::LNS)  // scale_res_pre_norm: learned branch scales
         fail("export-hf: --norm_scheme=hybrid layer ", i, " is ", norm_scheme_name(e),
              "; LlamaForCausalLM expresses pre-norm (pre, lns) blocks only");
     }
@@ -48,6 +51,7 @@ void check_hf_exportable(const LlamaConfig& cfg) {
     case NormScheme::Mix:
     case NormScheme::DeepNorm:
     case NormScheme::DeepPost:
+    case NormScheme::DeepPostCorrected:
     case NormScheme::ScalePostPre:
       fail("export-hf: --norm_scheme=", norm_scheme_name(cfg.norm_scheme),
            " normalizes after the residual add (x = N(alpha*x + F(x))), which LlamaForCausalLM ",
@@ -58,11 +62,12 @@ void check_hf_exportable(const LlamaConfig& cfg) {
            "Gemma 2 has such norms but also scales embeddings and soft-caps logits, so no exact ",
            "format exists");
     case NormScheme::ScaleResPre:
-      fail("export-hf: --norm_scheme=scale_res_pre_norm multiplies each residual by a learned scale, which ",
-           "LlamaForCausalLM cannot express");
+      fail("export-hf: --norm_scheme=scale_res_pre_norm multiplies each sublayer's output by a learned scale, ",
+           "which LlamaForCausalLM cannot express (export-repo writes it for the reference repository's model)");
     case NormScheme::Routed:
     case NormScheme::Mono:
     case NormScheme::MonoReverse:
+    case NormScheme::MonoReverseCorrected:
       fail("export-hf: --norm_scheme=", norm_scheme_name(cfg.norm_scheme),
            " routes blocks between a pre- and a post-norm path with a learned gate, which ",
            "LlamaForCausalLM cannot express");
@@ -151,6 +156,9 @@ float pre_norm_scale(const LlamaConfig& cfg, const ParamInfo& p) {
 }
 
 constexpr const char* kExportMarker = "lns_export_files";
+// export-repo's config.json: the repository's NORM_TYPE and POST_NUM for the model.
+constexpr const char* kRepoNormTypeKey = "lns_repo_norm_type";
+constexpr const char* kRepoPostNumKey = "lns_repo_post_num";
 const char* const kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                                        "special_tokens_map.json"};
 
@@ -206,9 +214,13 @@ namespace {
 
 // The weights of `cfg` (f32, LNS scales folded into the pre-norm gains), `config` as
 // config.json and the tokenizer files, staged and moved into place whole.
+// rope_buffers: also each layer's "self_attn.rotary_emb.inv_freq" [head_dim / 2], which
+// the reference repository's model keeps as a saved buffer and its training script's
+// strict load_state_dict requires: 1 / 10000^(2j / head_dim), rounded once to f32 (its
+// own float32 computation may differ in the last bit).
 std::vector<std::string> write_export(const TensorSource& src, const LlamaConfig& cfg, const std::string& out_dir,
                                       const nlohmann::json& config, const std::vector<fs::path>& tok_files,
-                                      bool overwrite, const std::string& what) {
+                                      bool overwrite, const std::string& what, bool rope_buffers = false) {
   StagedDir out(out_dir, "--out", overwrite, hf_export_inventory, what);
   std::vector<std::string> names = {"model.safetensors", "config.json"};
   for (const fs::path& f : tok_files) names.push_back(f.filename().string());
@@ -219,7 +231,14 @@ std::vector<std::string> write_export(const TensorSource& src, const LlamaConfig
     // the block's depth) moves into its gain, and the model becomes a plain Pre-LN LLaMA.
     if (const float s = pre_norm_scale(cfg, p); s != 1.0f)
       for (float& v : t) v *= s;
-    w.add_f32(p.name, p.logical.to_vector(), t.data());
+    w.add_f32(p.name, p.file_shape().to_vector(), t.data());
+  }
+  if (rope_buffers) {
+    const int D = cfg.head_dim();
+    std::vector<float> inv_freq(D / 2);
+    for (int j = 0; j < D / 2; ++j) inv_freq[j] = static_cast<float>(1.0 / std::pow(cfg.rope_theta, 2.0 * j / D));
+    for (int l = 0; l < cfg.num_layers; ++l)
+      w.add_f32(absl::StrCat("model.layers.", l, ".self_attn.rotary_emb.inv_freq"), {D / 2}, inv_freq.data());
   }
   w.set_metadata("format", "pt");
   w.set_metadata(kExportMarker, absl::StrJoin(names, ","));
@@ -255,11 +274,12 @@ std::vector<std::string> export_hf(const TensorSource& src, const LlamaConfig& c
 nlohmann::json folded_config_from(const LlamaConfig& cfg) {
   LNS_REQUIRE(cfg.folded_norms, "export-folded: the model has norms (no folded_norms in its manifest); fold them ",
               "first with lns_convert fold-norms, or use export-hf");
-  bool residual_scales = false;  // scale_res_pre_norm layers: r = a * x + F(x), a learned
-  for (int l = 0; l < cfg.num_layers; ++l) residual_scales = residual_scales || block_plan(cfg, l).attn.learnable_alpha;
+  bool branch_scales = false;  // scale_res_pre_norm layers: r = x + b * F(x), b learned
+  for (int l = 0; l < cfg.num_layers; ++l)
+    branch_scales = branch_scales || block_plan(cfg, l).attn.learned_branch_scale;
   nlohmann::json folded = hf_size_keys(cfg);
   folded.update({{"model_type", "lns_llama_nonorm"},
-                 {"residual_scales", residual_scales},
+                 {"branch_scales", branch_scales},
                  {"norm_scheme", norm_scheme_name(cfg.norm_scheme)}});
   return folded;
 }
@@ -269,10 +289,140 @@ std::vector<std::string> export_folded(const TensorSource& src, const LlamaConfi
   return write_export(src, cfg, out_dir, folded_config_from(cfg), {}, overwrite, "an export-folded output of lns_convert");
 }
 
-HfDirectory::HfDirectory(const std::string& dir) : dir_(dir) {
+// ---- the reference repository's variants --------------------------------------------
+
+LlamaConfig config_for_repo_norm_type(LlamaConfig cfg, const std::string& norm_type, int post_num,
+                                      const std::string& what) {
+  LNS_REQUIRE(post_num >= 0 && post_num <= kMaxLayers, what, ": POST_NUM ", post_num, " must be in [0, ", kMaxLayers,
+              "]");
+  std::string n = norm_type;  // the repository lower-cases NORM_TYPE (modeling_llama.py line 265)
+  for (char& ch : n) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const int L = cfg.num_layers;
+  // What its model computes, whatever config.json says: RMSNorm, rotary base 10000,
+  // as many key/value heads as query heads.
+  cfg.norm_type = NormType::RMSNorm;
+  cfg.rope_theta = 10000.0;
+  cfg.num_kv_heads = cfg.num_heads;
+  cfg.layer_schemes.clear();
+  cfg.post_layers = std::min(post_num, L);  // POST_NUM >= L: every layer Post-LN there too
+  // pre_post / pre_sandwich: the first 7 layers Pre-LN (a fixed 7 in the repository).
+  const auto first_seven_pre = [&](const char* rest) {
+    if (L <= 7) {
+      cfg.norm_scheme = NormScheme::Pre;
+    } else {
+      cfg.norm_scheme = NormScheme::Hybrid;
+      cfg.layer_schemes = std::string("pre:7,") + rest;
+    }
+  };
+  if (n == "pre") cfg.norm_scheme = NormScheme::Pre;
+  else if (n == "scale_pre") cfg.norm_scheme = NormScheme::ScaledInit;
+  else if (n == "post") cfg.norm_scheme = NormScheme::Post;
+  else if (n == "deeppost") cfg.norm_scheme = NormScheme::DeepPost;
+  else if (n == "sandwich") cfg.norm_scheme = NormScheme::Sandwich;
+  else if (n == "post_pre") cfg.norm_scheme = NormScheme::Mix;
+  else if (n == "scale_post_pre") cfg.norm_scheme = NormScheme::ScalePostPre;
+  else if (n == "scale_res_pre_norm") cfg.norm_scheme = NormScheme::ScaleResPre;
+  else if (n == "mono") cfg.norm_scheme = NormScheme::Mono;
+  else if (n == "mono_reverse") cfg.norm_scheme = NormScheme::MonoReverse;
+  else if (n == "pre_post") first_seven_pre("post");
+  else if (n == "pre_sandwich") first_seven_pre("sandwich");
+  else if (n == "post_pre_post_pre") cfg.norm_scheme = NormScheme::Hybrid, cfg.layer_schemes = "post:3,pre,*";
+  else if (n == "pre_post_pre_post" || n == "lns")
+    fail(what, ": NORM_TYPE '", printable(norm_type), "' has no forward branch in the repository's model (",
+         n == "lns" ? "its switch compares the lower-cased name with 'LNS'" : "no case in LlamaDecoderLayer.forward",
+         "): it stops with an UnboundLocalError under use_cache, else every block is the identity; lns does not "
+         "run that model (docs/model.md: ",
+         n == "lns" ? "--norm_scheme=lns is the paper's LNS"
+                    : "--layer_schemes=pre:3,post,* is the pattern its norms are built for",
+         ")");
+  else
+    fail(what, ": NORM_TYPE '", printable(norm_type),
+         "' is not one the repository runs; expected pre, scale_pre, post, ",
+         "deeppost, sandwich, post_pre, scale_post_pre, scale_res_pre_norm, mono, mono_reverse, pre_post, ",
+         "pre_sandwich or post_pre_post_pre");
+  try {
+    cfg.validate();
+  } catch (const UserError& e) {
+    fail(what, ": ", e.what());
+  }
+  return cfg;
+}
+
+RepoNormType repo_norm_type_of(const LlamaConfig& cfg) {
+  constexpr const char* refuse = "export-repo: the reference repository's model cannot compute this one: ";
+  if (cfg.norm_type != NormType::RMSNorm) fail(refuse, "it has RMSNorm only (--norm_type=layernorm)");
+  if (cfg.folded_norms) fail(refuse, "its blocks always normalise (the norms are folded away: folded_norms)");
+  if (cfg.num_kv_heads != cfg.num_heads)
+    fail(refuse, "it has no grouped-query attention (--num_kv_heads != --num_heads)");
+  if (cfg.rope_theta != 10000.0) fail(refuse, "its rotary base is always 10000 (--rope_theta)");
+  if (!cfg.layer_depths.empty())
+    fail(refuse, "it has no way to say that the layers keep the depths they were trained at (layers were removed)");
+  switch (cfg.norm_scheme) {
+    case NormScheme::Pre: return {"pre", 1};
+    case NormScheme::ScaledInit: return {"scale_pre", 1};
+    case NormScheme::Post: return {"post", 1};
+    case NormScheme::DeepPost: return {"deeppost", 1};
+    case NormScheme::Sandwich: return {"sandwich", 1};
+    case NormScheme::Mix: return {"post_pre", cfg.post_layers};
+    case NormScheme::ScalePostPre: return {"scale_post_pre", cfg.post_layers};
+    case NormScheme::ScaleResPre: return {"scale_res_pre_norm", 1};
+    case NormScheme::Mono: return {"mono", 1};
+    case NormScheme::MonoReverse: return {"mono_reverse", 1};
+    case NormScheme::Hybrid:
+      // A hybrid is exported when its layers run the pattern of one of the repository's.
+      for (const char* name : {"pre_post", "pre_sandwich", "post_pre_post_pre"}) {
+        const LlamaConfig theirs = config_for_repo_norm_type(cfg, name, 1, "export-repo");
+        bool same = true;
+        for (int i = 0; i < cfg.num_layers && same; ++i)
+          same = block_plan(theirs, i).effective == block_plan(cfg, i).effective;
+        if (same) return {name, 1};
+      }
+      fail(refuse, "--layer_schemes=", cfg.layer_schemes,
+           " is none of its hybrids (pre_post: pre:7,post; pre_sandwich: pre:7,sandwich; post_pre_post_pre: ",
+           "post:3,pre,*)");
+    case NormScheme::LNS:
+      fail(refuse, "its LNS switch is never taken (its blocks are then the identity, docs/model.md); ",
+           "export-hf folds the LNS scales into the gains, and the repository runs that model as NORM_TYPE=pre");
+    case NormScheme::DeepNorm:
+    case NormScheme::Routed:
+    case NormScheme::DeepPostCorrected:
+    case NormScheme::MonoReverseCorrected:
+      fail(refuse, "it has no --norm_scheme=", norm_scheme_name(cfg.norm_scheme));
+  }
+  fail(refuse, "unknown scheme");
+}
+
+std::vector<std::string> export_repo(const TensorSource& src, const LlamaConfig& cfg, const std::string& out_dir,
+                                     const std::string& tokenizer, int max_position_embeddings, bool overwrite) {
+  const RepoNormType r = repo_norm_type_of(cfg);
+  LNS_REQUIRE(max_position_embeddings > 0, "--max_position_embeddings must be positive, got ",
+              max_position_embeddings);
+  nlohmann::json config = hf_config_from(cfg, max_position_embeddings);
+  config.erase("num_key_value_heads");  // the repository's attention has none
+  config[kRepoNormTypeKey] = r.norm_type;
+  config[kRepoPostNumKey] = r.post_num;
+  return write_export(src, cfg, out_dir, config, tokenizer_files(tokenizer), overwrite,
+                      "an export-repo output of lns_convert", /*rope_buffers=*/true);
+}
+
+HfDirectory::HfDirectory(const std::string& dir, const std::string& repo_norm_type, int repo_post_num) : dir_(dir) {
   const std::string cpath = dir + "/config.json";
   if (!fs::exists(cpath)) fail(cpath, ": not found; expected a Hugging Face model directory");
-  cfg_ = config_from_hf(parse_json_file(cpath, 16 << 20, "Hugging Face config"), cpath);
+  const nlohmann::json hf = parse_json_file(cpath, 16 << 20, "Hugging Face config");
+  cfg_ = config_from_hf(hf, cpath);
+  // The repository's variant: the flag, or what export-repo wrote into config.json.
+  const JsonIn in(hf, cpath);
+  if (in.has(kRepoNormTypeKey)) {
+    const std::string named = in[kRepoNormTypeKey].string();
+    const int post_num = in.has(kRepoPostNumKey) ? static_cast<int>(in[kRepoPostNumKey].integer(0, kMaxLayers)) : 1;
+    if (!repo_norm_type.empty() && (named != repo_norm_type || post_num != repo_post_num))
+      fail("--repo_norm_type=", printable(repo_norm_type), " --repo_post_num=", repo_post_num, " contradicts ", cpath,
+           ", which says ", kRepoNormTypeKey, " '", printable(named), "', ", kRepoPostNumKey, " ", post_num,
+           "; drop the flags");
+    cfg_ = config_for_repo_norm_type(cfg_, named, post_num, cpath + " " + kRepoNormTypeKey);
+  } else if (!repo_norm_type.empty()) {
+    cfg_ = config_for_repo_norm_type(cfg_, repo_norm_type, repo_post_num, "--repo_norm_type");
+  }
   const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
   if (fs::exists(index)) {
     const nlohmann::json idx = parse_json_file(index, 256 << 20, "safetensors index");
@@ -296,16 +446,18 @@ HfDirectory::HfDirectory(const std::string& dir) : dir_(dir) {
   for (const ParamInfo& p : LlamaStage::model_params(cfg_)) {
     if (!file_of_.count(p.name)) fail(dir, ": missing weight '", p.name, "'");
     const SafetensorEntry& e = reader(file_of_.at(p.name)).entry(p.name);
-    if (Shape(e.shape) != p.logical || !is_float_dtype(e.dtype))
+    if (!p.takes_file_shape(Shape(e.shape)) || !is_float_dtype(e.dtype))
       fail(file_of_.at(p.name), ": weight '", p.name, "' is ", e.dtype, " ", Shape(e.shape).str(), ", ", cpath,
            " implies a float tensor of ", p.logical.str());
     ours.insert(p.name);
   }
   for (const auto& [name, file] : file_of_) {
-    const bool ignorable = name.find("rotary_emb.inv_freq") != std::string::npos ||
-                           (cfg_.tie_embeddings && name == "lm_head.weight");
+    const bool ignorable = cfg_.tie_embeddings && name == "lm_head.weight";
     if (is_weight_name(name) && !ours.count(name) && !ignorable)
-      fail(file, ": has weight '", printable(name), "' that a LLaMA of ", dir, "/config.json does not have");
+      fail(file, ": has weight '", printable(name), "' that a LLaMA of ", dir, "/config.json does not have",
+           repo_norm_type.empty() && !in.has(kRepoNormTypeKey)
+               ? " (a checkpoint of the LayerNorm-Scaling repository's model? name its NORM_TYPE with --repo_norm_type)"
+               : "");
   }
 }
 const SafetensorsReader& HfDirectory::reader(const std::string& file) const {

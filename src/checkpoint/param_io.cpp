@@ -11,7 +11,8 @@
 namespace lns {
 
 bool is_weight_name(const std::string& name) {
-  return absl::StartsWith(name, "model.") || absl::StartsWith(name, "lm_head.");
+  return (absl::StartsWith(name, "model.") || absl::StartsWith(name, "lm_head.")) &&
+         !absl::EndsWith(name, ".rotary_emb.inv_freq");
 }
 
 void load_params(ParamSet& params, const SafetensorsReader& file, const LlamaConfig& cfg) {

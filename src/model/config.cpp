@@ -20,7 +20,9 @@ constexpr std::pair<NormScheme, const char*> kSchemes[] = {
     {NormScheme::ScaledInit, "scaled_init"}, {NormScheme::DeepPost, "deeppost"},
     {NormScheme::ScalePostPre, "scale_post_pre"}, {NormScheme::Hybrid, "hybrid"},
     {NormScheme::ScaleResPre, "scale_res_pre_norm"}, {NormScheme::Routed, "routed"},
-    {NormScheme::Mono, "mono"}, {NormScheme::MonoReverse, "mono_reverse"}};
+    {NormScheme::Mono, "mono"}, {NormScheme::MonoReverse, "mono_reverse"},
+    {NormScheme::DeepPostCorrected, "deeppost_corrected"},
+    {NormScheme::MonoReverseCorrected, "mono_reverse_corrected"}};
 
 }  // namespace
 
@@ -35,7 +37,7 @@ NormScheme parse_norm_scheme(const std::string& s, const std::string& flag) {
     if (s == v) return k;
   fail(flag, "=", printable(s), " is not a normalization scheme; expected one of pre, lns, post, mix, ",
        "sandwich, deepnorm, scaled_init, deeppost, scale_post_pre, hybrid, scale_res_pre_norm, routed, mono, ",
-       "mono_reverse");
+       "mono_reverse, deeppost_corrected, mono_reverse_corrected");
 }
 
 const char* norm_type_name(NormType t) { return t == NormType::RMSNorm ? "rmsnorm" : "layernorm"; }

@@ -26,12 +26,17 @@ DEFINE_string(recompute, "none",
 DEFINE_int32(recompute_layers, 0,
              "--recompute=full: only the first N layers of each pipeline stage recompute; 0 = all.");
 DEFINE_string(norm_scheme, "lns",
-              "pre, lns (LayerNorm Scaling), post, mix (Mix-LN), sandwich, deepnorm, scaled_init, deeppost "
-              "(post, residual x 2*sqrt(2)), scale_post_pre (mix with scaled_init's init) or hybrid "
-              "(per layer, --layer_schemes), scale_res_pre_norm (pre, learnable residual scales), routed "
-              "(Gumbel-gated pre/post paths), mono (pre, every 4th layer routed) or mono_reverse (post, "
-              "every 4th layer routed).");
-DEFINE_int32(post_layers, 0, "Mix-LN: layers with 0-based index below this use Post-LN.");
+              "pre, lns (LayerNorm Scaling), post, mix (Mix-LN), sandwich, deepnorm, scaled_init, or the "
+              "reference repository's variants as it computes them: deeppost (post, residual x 2*sqrt(2), "
+              "Xavier gain (8L)^(1/4)), scale_post_pre (mix, scaled init in its Pre-LN layers), "
+              "scale_res_pre_norm (pre, each sublayer's output times a learned scalar, 0.001 at init), "
+              "mono (pre, every 4th layer Gumbel-routed between pre and post paths), mono_reverse (post "
+              "normalising the MLP input twice, every 4th layer routed); hybrid (per layer, "
+              "--layer_schemes), routed (every layer routed); corrected forms: deeppost_corrected "
+              "(gain (8L)^(-1/4)), mono_reverse_corrected (plain post layers). docs/model.md.");
+DEFINE_int32(post_layers, 1,
+             "mix, scale_post_pre: layers with 0-based index below this use Post-LN (the reference "
+             "repository's POST_NUM, whose default is 1).");
 DEFINE_string(layer_schemes, "",
               "--norm_scheme=hybrid: block form per layer, FORM[:COUNT],...[,*], e.g. pre:7,post or "
               "pre:3,post,* (every 4th layer post); docs/model.md.");

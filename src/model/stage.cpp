@@ -47,7 +47,7 @@ struct LlamaStage::Layer {
   int first_param = -1;  // the layer's first registered parameter (lowest flat offset)
   BlockPlan plan;
   int wq = -1, wk = -1, wv = -1, wo = -1, wg = -1, wu = -1, wd = -1;
-  int res[2] = {-1, -1};  // learnable residual scale of each sublayer (scale_res_pre_norm)
+  int res[2] = {-1, -1};  // learned branch scale of each sublayer (scale_res_pre_norm)
   Sublayer sub[2];  // 0: attention, 1: MLP
   // A routed block (plan.route): the router, and path 1 as a twin Layer with the same
   // weights and route's sublayers (its activations in Slot::LayerActs::alt), so the
@@ -229,8 +229,8 @@ LlamaStage::LlamaStage(const LlamaConfig& cfg, StageSpec spec, int64_t micro_bat
   bool routed = false;
   for (int g = 0; g < cfg_.num_layers; ++g) routed = routed || block_plan(cfg_, g).route.has_value();
   LNS_REQUIRE(!tp_.sequence_parallel || !routed,
-              "--sequence_parallel does not run routed blocks (--norm_scheme=routed, mono, mono_reverse or routed in "
-              "--layer_schemes); drop one of them");
+              "--sequence_parallel does not run routed blocks (--norm_scheme=routed, mono, mono_reverse, "
+              "mono_reverse_corrected or routed in --layer_schemes); drop one of them");
   NL_ = tp_.token_shard(N).size;
   const int64_t NL = NL_;
   // Activations in the device's activation dtype; statistics always f32.
@@ -409,15 +409,15 @@ void LlamaStage::register_params() {
     if (l.plan.route) l.router = p.add(layer_name(g, "router.weight"), {2, C}, ParamKind::Router, g);
     const SublayerPlan* plans[2] = {&l.plan.attn, &l.plan.mlp};
     for (int w = 0; w < 2; ++w) {
-      LNS_CHECK(!plans[w]->learnable_alpha || !plans[w]->add_norm) << "learned alpha on the pre-norm path only";
-      if (plans[w]->learnable_alpha)
-        l.res[w] = p.add(layer_name(g, w == 0 ? "self_attn.residual_scale" : "mlp.residual_scale"), {1},
-                         ParamKind::ResidualScale, g);
+      // The backward writes b * dr into the output-norm scratch (sublayer_backward).
+      LNS_CHECK(!plans[w]->learned_branch_scale || (!plans[w]->add_norm && !plans[w]->out_norm))
+          << "a learned branch scale on a plain pre-norm sublayer only";
+      if (plans[w]->learned_branch_scale) l.res[w] = p.add(branch_scale_name(g, w), {1}, ParamKind::BranchScale, g);
     }
     const auto set_subs = [&](Layer& into, const SublayerPlan& attn, const SublayerPlan& mlp) {
       const SublayerPlan* ps[2] = {&attn, &mlp};
       for (int w = 0; w < 2; ++w) {
-        LNS_CHECK(!ps[w]->learnable_alpha || ps[w] == plans[w]) << "learned alpha not on a routed path";
+        LNS_CHECK(!ps[w]->learned_branch_scale || ps[w] == plans[w]) << "learned branch scale not on a routed path";
         into.sub[w].plan = *ps[w];
         into.sub[w].pre = use(ps[w]->pre_norm, ps[w]->pre_scale);
         into.sub[w].out = use(ps[w]->out_norm, 1.0f);
@@ -623,8 +623,10 @@ void LlamaStage::init_weights(uint64_t seed) {
     float* w = params_.host_param(i).f32();
     const int64_t n = info.shape.numel();
     if (info.kind == ParamKind::NormGain || info.kind == ParamKind::NormBias ||
-        info.kind == ParamKind::ResidualScale) {
-      const float v = info.kind == ParamKind::NormBias ? 0.0f : 1.0f;
+        info.kind == ParamKind::BranchScale) {
+      const float v = info.kind == ParamKind::NormBias      ? 0.0f
+                      : info.kind == ParamKind::BranchScale ? kBranchScaleInit
+                                                            : 1.0f;
       for (int64_t j = 0; j < n; ++j) w[j] = v;
       continue;
     }
@@ -633,7 +635,7 @@ void LlamaStage::init_weights(uint64_t seed) {
     // Every element is a pure function of (key, logical index), so the threads split the
     // rows with no effect on the bits (pinned by Init.InitialWeightsArePinnedBitForBit):
     // a 1B model took about 90 s on one thread, minutes at 7B.
-    const float std = init_std_for(cfg_, info.kind, info.logical[0], info.logical[1]);
+    const float std = init_std_for(cfg_, info.kind, info.logical[0], info.logical[1], info.layer);
     const uint64_t key = rng_key(seed, info.name);
     const int64_t cols = info.shape[1], lcols = info.logical[1], rows = n / cols;
 #pragma omp parallel for schedule(static)
@@ -873,8 +875,8 @@ LlamaStage::Stream LlamaStage::sublayer_forward(Layer& l, int w, Slot& s, Stream
                           params_.param(n.gain), bias, n.scale, cfg_.norm_eps);
     return Stream{a.y};
   }
-  if (l.res[w] >= 0) {  // scale_res_pre_norm: r = a*x + f2 with a learned a, done here
-    scaled_residual_forward(a.r, x, f2, params_.param(l.res[w]));
+  if (l.res[w] >= 0) {  // scale_res_pre_norm: r = x + b*f2 with a learned b, done here
+    scaled_residual_forward(a.r, f2, x, params_.param(l.res[w]));  // the op's r = a*x + f, x <- f2
     return Stream{a.r};
   }
   return Stream{a.r, x, f2, alpha};
@@ -891,6 +893,10 @@ void LlamaStage::sublayer_backward(Layer& l, int w, Slot& s, Tensor dy, Tensor d
     dr = sc.dr;
   }
   Tensor df = dr;
+  if (l.res[w] >= 0) {  // r = x + b*f2: d(b) += sum(dr * f2), d(f2) = b * dr (no N_out here); dr kept for x
+    scaled_residual_backward(sc.df, params_.grad(l.res[w]), dr, a.f, params_.param(l.res[w]));
+    df = sc.df;
+  }
   if (sl.out.active()) {
     norm_bwd(sl.out, s, sc.df, {}, dr, a.f);
     df = sc.df;
@@ -901,9 +907,7 @@ void LlamaStage::sublayer_backward(Layer& l, int w, Slot& s, Tensor dy, Tensor d
     mlp_bwd(l, s, df, sc.du);
   // dx = alpha * dr + d(u)/d(x) . du
   const float alpha = sl.plan.residual_alpha;
-  if (l.res[w] >= 0)  // d(alpha) += sum(dr * x), then dr *= alpha in place
-    scaled_residual_backward(dr, params_.grad(l.res[w]), dr, a.x, params_.param(l.res[w]));
-  else if (alpha != 1.0f)
+  if (alpha != 1.0f)
     axpby(dr, alpha, dr, 0.0f);  // dr is consumed above; scale in place
   if (sl.pre.active()) {
     norm_bwd(sl.pre, s, dx, dr, sc.du, a.x);

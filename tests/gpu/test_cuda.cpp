@@ -339,8 +339,9 @@ TEST_P(SwiGLU, ForwardAndBackwardMatchCpu) {
 }
 INSTANTIATE_TEST_SUITE_P(Sizes, SwiGLU, ::testing::Values(37 * 45, 1024));
 
-// Learnable residual scale (scale_res_pre_norm): r = a*x + f, then dalpha += sum(dr*x)
-// (fixed-grid f64 partial sums: deterministic) and dx = a*dr in place, as the block calls it.
+// A learned scalar on one addend: r = a*x + f, then dalpha += sum(dr*x) (fixed-grid f64
+// partial sums: deterministic) and dx = a*dr, in place and, as scale_res_pre_norm's block
+// calls it (x its sublayer's output F), into another buffer with dr left as it was.
 TEST(ScaledResidual, ForwardAndBackwardMatchCpuAndRepeat) {
   REQUIRE_GPU();
   const int64_t n = 37 * 45;
@@ -357,6 +358,11 @@ TEST(ScaledResidual, ForwardAndBackwardMatchCpuAndRepeat) {
   Dev dr2(dr.host, {n}), dalpha2(std::vector<float>{0.5f}, {1}, DType::F32);
   scaled_residual_backward(dr2, dalpha2, dr2, x, alpha);
   EXPECT_EQ(dalpha2.get(), dalpha.get()) << "not deterministic";
+  Dev dr3(dr.host, {n}), dx3 = zeros({n}), dalpha3(std::vector<float>{0.5f}, {1}, DType::F32);
+  scaled_residual_backward(dx3, dalpha3, dr3, x, alpha);
+  EXPECT_EQ(dx3.get(), dr.get()) << "into another buffer: the same as in place";
+  EXPECT_EQ(dalpha3.get(), dalpha.get());
+  EXPECT_EQ(dr3.get(), dr.host) << "dr is read only when dx is another buffer";
 }
 
 // The routed block's gate and mix (mono, mono_reverse) on B = 3 sequences: the noise
@@ -719,8 +725,8 @@ void gpu_step_matches_cpu_step(const LlamaConfig& c, const char* what,
         << gi.name << ": a gradient in the stored padding is not zero";
     const double e = rel_l2(a, b);
     const ParamKind kind = host.params().info(i).kind;
-    if (kind == ParamKind::ResidualScale || kind == ParamKind::Router) {
-      // A learned residual scale's gradient is one dot product sum(dr * x) over N*C
+    if (kind == ParamKind::BranchScale || kind == ParamKind::Router) {
+      // A learned branch scale's gradient is one dot product sum(dr * F) over N*C
       // terms of both signs, taken from bf16 activations and gradients on the GPU: its
       // relative error is not bounded by kStep (measured under emulation: up to 0.59).
       // A router's gradient comes from the same kind of sum (the gate's, over the
@@ -1022,7 +1028,9 @@ TEST(Padding, GpuCheckpointHasTheCpusBytes) {
 
 INSTANTIATE_TEST_SUITE_P(Schemes, ModelStep,
                          ::testing::Values(NormScheme::Pre, NormScheme::LNS, NormScheme::Post, NormScheme::Sandwich,
-                                           NormScheme::ScaleResPre, NormScheme::Hybrid, NormScheme::Mono),
+                                           NormScheme::ScaleResPre, NormScheme::Hybrid, NormScheme::Mono,
+                                           // post layers that normalise the MLP input twice
+                                           NormScheme::MonoReverse),
                          [](const auto& info) { return std::string(norm_scheme_name(info.param)); });
 
 // LN-free (docs/ln_free.md) through the same stage code on both devices: the divisors

@@ -8,12 +8,12 @@ this model, float32, no norm anywhere (a Hugging Face LLaMA always normalises, s
 cannot load it):
 
     x = embed[ids]                                  # [B, T, C]
-    per layer:  x = a_attn * x + o(attn(rope(q x), rope(k x), v x))   (causal, GQA)
-                x = a_mlp  * x + down(silu(gate x) * up x)
+    per layer:  x = x + b_attn * o(attn(rope(q x), rope(k x), v x))   (causal, GQA)
+                x = x + b_mlp  * down(silu(gate x) * up x)
     logits = x @ lm_head^T                          # [B, T, V]
 
-a_* are 1, or the learned `model.layers.{i}.{self_attn,mlp}.residual_scale` of
-scale_res_pre_norm layers. RoPE is the half-split (rotate_half) layout with
+b_* are 1, or the learned `model.layers.{i}.raw_scaling_factor_{attn,mlp}` of
+scale_res_pre_norm layers (the reference repository's names and form). RoPE is the half-split (rotate_half) layout with
 config.json's rope_theta. Files: DIR/config.json (model_type "lns_llama_nonorm") and
 DIR/model.safetensors (our tensor names, [out, in] like torch.nn.Linear), read here
 with numpy (no safetensors package needed).
@@ -88,11 +88,11 @@ def forward(cfg, W, ids):
         s = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D)
         s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
         ctx = torch.einsum("bhts,bshd->bthd", s.softmax(-1), v).reshape(B, T, Hq * D)
-        a = W.get(p + "self_attn.residual_scale", torch.ones(1))
-        x = a * x + ctx @ W[p + "self_attn.o_proj.weight"].T
+        b = W.get(p + "raw_scaling_factor_attn", torch.ones(()))
+        x = x + (ctx @ W[p + "self_attn.o_proj.weight"].T) * b
         h = F.silu(x @ W[p + "mlp.gate_proj.weight"].T) * (x @ W[p + "mlp.up_proj.weight"].T)
-        a = W.get(p + "mlp.residual_scale", torch.ones(1))
-        x = a * x + h @ W[p + "mlp.down_proj.weight"].T
+        b = W.get(p + "raw_scaling_factor_mlp", torch.ones(()))
+        x = x + (h @ W[p + "mlp.down_proj.weight"].T) * b
     return x @ W["lm_head.weight"].T
 
 

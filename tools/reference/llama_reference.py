@@ -11,6 +11,7 @@ Config keys (a plain dict):
     norm_scheme : "pre" | "lns" | "post" | "mix" | "sandwich" | "deepnorm" | "scaled_init"
                   | "deeppost" | "scale_post_pre" | "hybrid" | "scale_res_pre_norm"
                   | "routed" | "mono" | "mono_reverse"
+                  | "deeppost_corrected" | "mono_reverse_corrected"
     post_layers : int (mix / scale_post_pre: blocks with index < post_layers are post-norm)
     layer_schemes : str (hybrid only, optional key otherwise): the per-layer pattern
                   FORM[:COUNT],...[,*] of include/lns/layer_schemes.h
@@ -21,8 +22,16 @@ Sublayer (attention, then MLP) of block i, l = i + 1:
     u  = s * N_pre(x)      if the scheme has a pre-norm, else x
     f  = F(u)
     f2 = N_out(f)          sandwich only, else f
-    r  = alpha * x + f2
+    r  = alpha * x + b * f2   b: scale_res_pre_norm's learned scalar
+                              (model.layers.{i}.raw_scaling_factor_attn / _mlp, 0-dim), else 1
     y  = N_add(r)          post / deepnorm / mix post-layers, else r
+
+The reference repository's variants are written from its model file
+(lmsdss/LayerNorm-Scaling, peft_pretraining/modeling_llama.py at commit 33c3899;
+docs/model.md has the line numbers): scale_res_pre_norm scales the sublayer's output,
+not the residual; mono_reverse's post layers normalise the MLP's input with
+post_attention_layernorm a second time (N_pre = N_add of the attention sublayer);
+mono_reverse_corrected is the same with plain Post-LN layers.
 
 Routed blocks (form "routed"; mono / mono_reverse use it every 4th layer,
 0-based layers 3, 7, ...): the block's input x runs through the whole block twice
@@ -51,6 +60,10 @@ NORM_SCHEMES = ("pre", "lns", "post", "mix", "sandwich", "deepnorm", "scaled_ini
 EXTRA_SCHEMES = ("deeppost", "scale_post_pre", "hybrid", "scale_res_pre_norm")
 # The Gumbel-routed blocks (added after EXTRA_SCHEMES so no earlier golden seed moves).
 ROUTED_SCHEMES = ("mono", "mono_reverse")
+# Corrected forms of the repository's slips (after ROUTED_SCHEMES, for the same reason):
+# deeppost_corrected differs from deeppost in its init only, so it has no golden file.
+CORRECTED_SCHEMES = ("mono_reverse_corrected",)
+OTHER_SCHEMES = ("deeppost_corrected", "routed")
 BLOCK_FORMS = ("pre", "lns", "post", "deeppost", "sandwich", "scale_res_pre_norm", "routed")
 ROUTE_EVERY = 4  # mono / mono_reverse: 0-based layers 3, 7, 11, ... are routed
 GUMBEL_TAU = 1.0
@@ -68,7 +81,7 @@ def check_config(cfg):
         raise ValueError(f"config is missing keys: {missing}")
     if cfg["norm_type"] not in NORM_TYPES:
         raise ValueError(f"bad norm_type {cfg['norm_type']!r}")
-    if cfg["norm_scheme"] not in NORM_SCHEMES + EXTRA_SCHEMES + ROUTED_SCHEMES + ("routed",):
+    if cfg["norm_scheme"] not in NORM_SCHEMES + EXTRA_SCHEMES + ROUTED_SCHEMES + CORRECTED_SCHEMES + OTHER_SCHEMES:
         raise ValueError(f"bad norm_scheme {cfg['norm_scheme']!r}")
     if cfg["hidden_size"] % cfg["num_heads"]:
         raise ValueError("hidden_size must be divisible by num_heads")
@@ -131,30 +144,35 @@ def block_plan(cfg, i):
         scheme = "post" if i < cfg["post_layers"] else "pre"
     if scheme == "hybrid":
         scheme = layer_forms(cfg["layer_schemes"], L)[i]
-    if scheme in ROUTED_SCHEMES:
+    if scheme in ROUTED_SCHEMES + CORRECTED_SCHEMES:
         if (i + 1) % ROUTE_EVERY == 0:
             scheme = "routed"
         else:
-            scheme = "pre" if scheme == "mono" else "post"
+            scheme = {"mono": "pre", "mono_reverse": "mono_reverse_post",
+                      "mono_reverse_corrected": "post"}[scheme]
     if scheme == "routed":  # path 0 a Pre-LN block, path 1 a Post-LN block, same weights
         pre = block_plan(dict(cfg, norm_scheme="pre"), i)
         post = block_plan(dict(cfg, norm_scheme="post"), i)
         return {"attn": pre["attn"], "mlp": pre["mlp"], "alt": post, "router": "router.weight"}
 
     s, alpha = 1.0, 1.0
-    res = scheme == "scale_res_pre_norm"  # r = a * x + f, a a learned scalar per sublayer
+    res = scheme == "scale_res_pre_norm"  # r = x + b * f, b a learned scalar per sublayer
     if scheme in ("pre", "scaled_init", "lns", "scale_res_pre_norm"):
         attn = dict(pre="input_layernorm", out=None, add=None)
         mlp = dict(pre="post_attention_layernorm", out=None, add=None)
         if scheme == "lns":
             s = 1.0 / math.sqrt(l)
-    elif scheme in ("post", "deepnorm", "deeppost"):
+    elif scheme in ("post", "deepnorm", "deeppost", "deeppost_corrected"):
         attn = dict(pre=None, out=None, add="post_attention_layernorm")
         mlp = dict(pre=None, out=None, add="post_feedforward_layernorm")
         if scheme == "deepnorm":
             alpha = (2.0 * L) ** 0.25
-        if scheme == "deeppost":
+        if scheme in ("deeppost", "deeppost_corrected"):
             alpha = 2.0 * math.sqrt(2.0)
+    elif scheme == "mono_reverse_post":
+        # the repository's: h = N_pa(x + Attn(x)); y = N_pf(h + MLP(N_pa(h)))
+        attn = dict(pre=None, out=None, add="post_attention_layernorm")
+        mlp = dict(pre="post_attention_layernorm", out=None, add="post_feedforward_layernorm")
     elif scheme == "sandwich":
         attn = dict(pre="input_layernorm", out="post_attention_layernorm", add=None)
         mlp = dict(pre="pre_feedforward_layernorm", out="post_feedforward_layernorm", add=None)
@@ -163,8 +181,8 @@ def block_plan(cfg, i):
     for sub in (attn, mlp):
         sub["s"] = s
         sub["alpha"] = alpha
-    attn["res"] = "self_attn.residual_scale" if res else None
-    mlp["res"] = "mlp.residual_scale" if res else None
+    attn["res"] = "raw_scaling_factor_attn" if res else None
+    mlp["res"] = "raw_scaling_factor_mlp" if res else None
     return {"attn": attn, "mlp": mlp}
 
 
@@ -192,21 +210,20 @@ def weight_shapes(cfg):
     shapes = {"model.embed_tokens.weight": (V, C)}
     for i in range(cfg["num_layers"]):
         p = f"model.layers.{i}."
+        plan = block_plan(cfg, i)
+        for sub in ("attn", "mlp"):  # the block's own parameters come first (nn.Module order)
+            if plan[sub]["res"]:
+                shapes[p + plan[sub]["res"]] = ()  # 0-dim, as the repository's nn.Parameter
         for n in block_norm_names(cfg, i):
             shapes[p + n + ".weight"] = (C,)
             if ln:
                 shapes[p + n + ".bias"] = (C,)
-        plan = block_plan(cfg, i)
         if plan.get("router"):
             shapes[p + plan["router"]] = (2, C)
-        if plan["attn"]["res"]:  # each residual scale first in its sublayer's module
-            shapes[p + plan["attn"]["res"]] = (1,)
         shapes[p + "self_attn.q_proj.weight"] = (Hq * D, C)
         shapes[p + "self_attn.k_proj.weight"] = (Hkv * D, C)
         shapes[p + "self_attn.v_proj.weight"] = (Hkv * D, C)
         shapes[p + "self_attn.o_proj.weight"] = (C, Hq * D)
-        if plan["mlp"]["res"]:
-            shapes[p + plan["mlp"]["res"]] = (1,)
         shapes[p + "mlp.gate_proj.weight"] = (I, C)
         shapes[p + "mlp.up_proj.weight"] = (I, C)
         shapes[p + "mlp.down_proj.weight"] = (C, I)
@@ -249,7 +266,7 @@ def load_weights(cfg, tensors, requires_grad=True):
 def init_weights(cfg, generator=None):
     """Random float32 weights (the golden-file init):
     linear: N(0, 1/fan_in); embedding: N(0, 1); lm_head: N(0, 1/C);
-    norm gains and residual scales: 1 + 0.2 N(0,1); layernorm biases: 0.1 N(0,1).
+    norm gains and branch scales: 1 + 0.2 N(0,1); layernorm biases: 0.1 N(0,1).
     """
     C = cfg["hidden_size"]
     f32 = torch.float32
@@ -260,7 +277,7 @@ def init_weights(cfg, generator=None):
             w = z
         elif name == "lm_head.weight":
             w = z * (1.0 / math.sqrt(C))
-        elif name.endswith("norm.weight") or name.endswith("residual_scale"):
+        elif name.endswith("norm.weight") or ".raw_scaling_factor_" in name:
             w = 1.0 + 0.2 * z
         elif name.endswith("norm.bias"):
             w = 0.1 * z
@@ -347,7 +364,7 @@ def sublayer(cfg, W, p, plan, fn, x):
     if plan["out"]:
         f = norm(cfg, W, p + plan["out"], f)
     if plan.get("res"):
-        r = W[p + plan["res"]] * x + f
+        r = x + f * W[p + plan["res"]]
     else:
         r = plan["alpha"] * x + f if plan["alpha"] != 1.0 else x + f
     if plan["add"]:

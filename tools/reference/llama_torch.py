@@ -13,6 +13,7 @@ Parameter names (named_parameters()) are exactly the Hugging Face names the
 reference, the golden files and the C++ code use, in the same order as
 llama_reference.weight_shapes(cfg):
     model.embed_tokens.weight
+    model.layers.{i}.raw_scaling_factor_{attn,mlp} (scale_res_pre_norm; 0-dim)
     model.layers.{i}.<norm>.weight / .bias        (only the norms block i uses)
     model.layers.{i}.self_attn.{q,k,v,o}_proj.weight
     model.layers.{i}.mlp.{gate,up,down}_proj.weight
@@ -159,20 +160,20 @@ class Block(nn.Module):
                                        dtype, device))
         self.self_attn = Attention(cfg, dtype, device)
         self.mlp = MLP(cfg, dtype, device)
-        # scale_res_pre_norm: one learned residual scale per sublayer, a parameter of the
-        # sublayer's module (self_attn.residual_scale, mlp.residual_scale), as in C++.
-        for sub, mod in (("attn", self.self_attn), ("mlp", self.mlp)):
+        # scale_res_pre_norm: one learned scalar on each sublayer's output, a 0-dim
+        # parameter of the block, named as the reference repository names it.
+        for sub in ("attn", "mlp"):
             if self.plan[sub]["res"]:
-                mod.residual_scale = nn.Parameter(torch.ones(1, dtype=dtype, device=device))
+                setattr(self, self.plan[sub]["res"], nn.Parameter(torch.ones((), dtype=dtype, device=device)))
 
     def _sublayer(self, plan, fn, x, *args):
-        # u = s N_pre(x); f = F(u); f2 = N_out(f); r = alpha x + f2; y = N_add(r)
+        # u = s N_pre(x); f = F(u); f2 = N_out(f); r = alpha x + b f2; y = N_add(r)
         u = getattr(self, plan["pre"])(x, plan["s"]) if plan["pre"] else x
         f = fn(u, *args)
         if plan["out"]:
             f = getattr(self, plan["out"])(f)
         if plan["res"]:
-            r = fn.residual_scale * x + f
+            r = x + f * getattr(self, plan["res"])
         else:
             r = f + x if plan["alpha"] == 1.0 else torch.add(f, x, alpha=plan["alpha"])
         if plan["add"]:
@@ -203,9 +204,11 @@ class LlamaModel(nn.Module):
     on demand). Optional init_std / embed_init_std (default 0.02) drive
     reset_parameters(), the C++ init (src/model/block_plan.cpp init_std_for):
     embedding N(0, embed_init_std); other matrices N(0, init_std), except
-    scaled_init o_proj/down_proj N(0, init_std / sqrt(2L)) and deepnorm block
-    matrices Xavier-normal with gain 1 (q, k) or (8L)^-1/4 (v, o, gate, up, down);
-    norm gains 1, biases 0.
+    o_proj/down_proj N(0, init_std / sqrt(2L)) in scaled_init and in scale_post_pre's
+    Pre-LN layers (index >= post_layers), and the block matrices of deepnorm and
+    deeppost_corrected Xavier-normal with gain 1 (q, k) or (8L)^-1/4 (v, o, gate, up,
+    down), of deeppost with (8L)^+1/4 (the reference repository's exponent);
+    norm gains 1, biases 0, branch scales 0.001.
     """
 
     def __init__(self, cfg, dtype=torch.float32, device="cpu", seed=None):
@@ -259,17 +262,20 @@ class LlamaModel(nn.Module):
             if name.endswith("norm.bias"):
                 p.zero_()
                 continue
-            if name.endswith("residual_scale"):
-                p.fill_(1.0)
+            if ".raw_scaling_factor_" in name:
+                p.fill_(0.001)
                 continue
             fan_out, fan_in = p.shape
             kind = name.rsplit(".", 2)[-2]                # q_proj, ..., embed_tokens, lm_head
+            layer = int(name.split(".")[2]) if name.startswith("model.layers.") else -1
+            xavier = {"deepnorm": -0.25, "deeppost_corrected": -0.25, "deeppost": 0.25}.get(scheme)
             if kind == "embed_tokens":
                 std = embed_std
-            elif scheme == "deepnorm" and kind.endswith("_proj"):
-                gain = 1.0 if kind in ("q_proj", "k_proj") else (8.0 * L) ** -0.25
+            elif xavier is not None and kind.endswith("_proj"):
+                gain = 1.0 if kind in ("q_proj", "k_proj") else (8.0 * L) ** xavier
                 std = gain * math.sqrt(2.0 / (fan_in + fan_out))
-            elif scheme in ("scaled_init", "scale_post_pre") and kind in ("o_proj", "down_proj"):
+            elif kind in ("o_proj", "down_proj") and (
+                    scheme == "scaled_init" or (scheme == "scale_post_pre" and layer >= cfg["post_layers"])):
                 std = init_std / math.sqrt(2.0 * L)
             else:
                 std = init_std

@@ -31,7 +31,7 @@ NUM_IGNORED = 3  # target positions set to -100
 
 def case_config(norm_type, norm_scheme):
     layernorm = norm_type == "layernorm"
-    routed = norm_scheme in ref.ROUTED_SCHEMES
+    routed = norm_scheme in ref.ROUTED_SCHEMES + ref.CORRECTED_SCHEMES
     return {
         "vocab_size": 53,
         "hidden_size": 36,
@@ -59,7 +59,7 @@ def cases():
     """(seed index, norm_type, norm_scheme): the seven schemes first, then the extra
     ones, so that adding a scheme never changes an existing file's seed."""
     idx = 0
-    for schemes in (ref.NORM_SCHEMES, ref.EXTRA_SCHEMES, ref.ROUTED_SCHEMES):
+    for schemes in (ref.NORM_SCHEMES, ref.EXTRA_SCHEMES, ref.ROUTED_SCHEMES, ref.CORRECTED_SCHEMES):
         for norm_type in ref.NORM_TYPES:
             for norm_scheme in schemes:
                 yield idx, norm_type, norm_scheme
@@ -168,12 +168,12 @@ def main():
                     "model.layers.1.self_attn.k_proj.weight",
                     "model.layers.2.mlp.down_proj.weight",
                     "model.norm.weight"]
-        fd_names += [n for n in W if n.startswith("model.layers.0.") and ("norm" in n or "residual_scale" in n)]
+        fd_names += [n for n in W if n.startswith("model.layers.0.") and ("norm" in n or "raw_scaling_factor" in n)]
         # The routed layer: every norm and the shared weights, both paths. Not the
         # router: the hard gate makes the loss piecewise constant in it (its gradient is
         # the straight-through estimate, checked against autograd of the same formula).
         fd_names += [n for n in W if n.startswith("model.layers.3.") and ("norm" in n or "proj" in n)
-                     and norm_scheme in ref.ROUTED_SCHEMES]
+                     and norm_scheme in ref.ROUTED_SCHEMES + ref.CORRECTED_SCHEMES]
         if norm_type == "layernorm":
             fd_names.append("model.norm.bias")
         else:
