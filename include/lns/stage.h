@@ -215,6 +215,9 @@ class LlamaStage {
   LlamaStage(const LlamaConfig& cfg, StageSpec spec, TensorParallel tp, ParamsOnly);
   void init_dims();
   void register_params();
+  // The activation buffers (src/model/stage_buffers.cpp): every chunk's slots, the
+  // workspace and the scratch gradients, planned once.
+  void plan_buffers(const std::vector<int>& chunk_slots);
   void bind_layer_acts(int local, Slot& slot);
   // Binds one path's activations (the layer's, or a routed block's twin's) by `mode`.
   void bind_path_acts(const Layer& path, RecomputeMode mode, Slot& slot);

@@ -25,9 +25,11 @@
 
 namespace lns {
 
-class AsyncCheckpointer;
 class Checkpoint;
+class CheckpointManager;
 class FaultInjector;
+class Metrics;
+class StepLog;
 
 struct TrainConfig {
   std::string data = "random";  // token file, Megatron prefix, or "random"
@@ -187,7 +189,6 @@ class Trainer {
   BatchResult run_global_batch(const std::function<void(int, Tensor)>& on_logits, bool overlap = false);
   void resume_from(const std::string& dir);
   void check_finite_state();  // collective; CollectiveError naming the cause
-  nlohmann::json fp8_health(int64_t step);  // collective; the metrics record on rank 0
   void resume_fp8(const Checkpoint& ck);
 
   LlamaConfig model_cfg_;
@@ -214,7 +215,7 @@ class Trainer {
   std::unique_ptr<FaultInjector> faults_;
   std::unique_ptr<StragglerDetector> stragglers_;
   std::unique_ptr<StepGuard> guard_;
-  std::unique_ptr<AsyncCheckpointer> async_;
+  std::unique_ptr<CheckpointManager> checkpoints_;
   std::vector<nlohmann::json> fault_records_;  // re-runs since the last metrics write
   double last_save_stall_s_ = 0;
   double last_injected_s_ = 0;  // --inject_fault slow: the last step's added seconds
@@ -229,6 +230,12 @@ class Trainer {
   // The re-run of a suspicious attempt (StepGuard); returns the attempt to go on with.
   Attempt settle_suspicious(int64_t step, Attempt a, std::string why);
   void section(Section s, int64_t step);  // watchdog_->enter when there is one
+  // run()'s parts: the loop keeps the order, these do the work (docs/training.md).
+  void open_metrics(Metrics& metrics);
+  void log_plan() const;
+  void report_step(const StepStats& s, bool first, StepLog& log, Metrics& metrics, double start);
+  void run_eval(int64_t step, Metrics& metrics, double start);
+  void between_steps(const StepStats& s, const StepLog& log, Metrics& metrics, double start);
   std::vector<ConversionRecord> conversions_;  // the resumed checkpoint's, written again
   std::unique_ptr<LnFreeSchedule> ln_free_schedule_;  // null without --ln_free
   LnFreeState ln_free_;

@@ -16,11 +16,12 @@
 #include <thread>
 
 #include "lns/activation_memory.h"
-#include "lns/async_checkpoint.h"
 #include "lns/checkpoint.h"
+#include "lns/checkpoint_manager.h"
 #include "lns/device.h"
 #include "lns/errors.h"
 #include "lns/fault_injection.h"
+#include "lns/fp8_health.h"
 #include "lns/fp8_state.h"
 #include "lns/gather.h"
 #include "lns/model_layout.h"
@@ -28,6 +29,7 @@
 #include "lns/param_io.h"
 #include "lns/run_dir.h"
 #include "lns/safetensors.h"
+#include "lns/step_log.h"
 #include "parallel/comm_activity.h"
 
 namespace lns {
@@ -58,24 +60,6 @@ double seconds_since_process_start() {
     }
   return 0;
 }
-
-// Appends one JSON object per line; flushed so a crash loses at most the last line.
-class MetricsLog {
- public:
-  explicit MetricsLog(const std::string& path) {
-    if (path.empty()) return;
-    out_.open(path, std::ios::app);
-    if (!out_) fail(path, ": cannot open metrics file for writing");
-  }
-  void write(const nlohmann::json& j) {
-    if (!out_.is_open()) return;
-    out_ << j.dump() << '\n';
-    out_.flush();
-  }
-
- private:
-  std::ofstream out_;
-};
 
 std::atomic<int> g_stop_signal{0};
 
@@ -271,9 +255,9 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   faults_ = std::make_unique<FaultInjector>(cfg_.inject_fault, grid_->rank, cfg_.out_dir);
   guard_ = std::make_unique<StepGuard>(cfg_.spike_factor, cfg_.spike_window);
   stragglers_ = std::make_unique<StragglerDetector>(cfg_.straggler, *grid_);
-  if (cfg_.async_save && !cfg_.out_dir.empty())
-    async_ = std::make_unique<AsyncCheckpointer>(cfg_.out_dir, grid_->world(), cfg_.keep_checkpoints,
-                                                 cfg_.checkpoint_test_pause_ms);
+  checkpoints_ = std::make_unique<CheckpointManager>(cfg_.out_dir, grid_->world(), cfg_.save_every, cfg_.steps,
+                                                     cfg_.keep_checkpoints, cfg_.async_save,
+                                                     cfg_.checkpoint_test_pause_ms);
   if (!cfg_.resume.empty()) {
     section(Section::Load, 0);
     std::vector<std::string> notes;
@@ -400,20 +384,14 @@ std::string Trainer::save_checkpoint(bool allow_async) {
   model_->params().download();  // CUDA: checkpoints read the host mirrors
   optim_->download();
   check_finite_state();  // a non-finite state is never saved
-  if (async_ && allow_async) {
-    const std::string dir = async_->start(model_->params(), *optim_, model_cfg_, grid_->layout, grid_->coords, st, fp8);
-    last_save_stall_s_ = now_seconds() - t0;
-    if (is_root())
-      LOG(INFO) << absl::StrFormat("checkpoint %s: state copied in %.2f s (training stalled that long); writing it "
-                                   "in the background", dir, last_save_stall_s_);
-    return dir;
-  }
-  if (async_) async_->finish();  // at most one save in flight, and this one is synchronous
-  const std::string dir = lns::save_checkpoint(cfg_.out_dir, grid_->world(), model_->params(), *optim_,
-                                               model_cfg_, grid_->layout, grid_->coords, st, cfg_.keep_checkpoints,
-                                               cfg_.checkpoint_test_pause_ms, fp8);
+  const bool background = allow_async && checkpoints_->async();
+  const std::string dir = checkpoints_->save(
+      {model_->params(), *optim_, model_cfg_, grid_->layout, grid_->coords, st, fp8}, background);
   last_save_stall_s_ = now_seconds() - t0;
-  if (is_root()) LOG(INFO) << absl::StrFormat("saved checkpoint %s (%.1f s)", dir, last_save_stall_s_);
+  if (is_root())
+    LOG(INFO) << (background ? absl::StrFormat("checkpoint %s: state copied in %.2f s (training stalled that long); "
+                                               "writing it in the background", dir, last_save_stall_s_)
+                             : absl::StrFormat("saved checkpoint %s (%.1f s)", dir, last_save_stall_s_));
   return dir;
 }
 
@@ -681,40 +659,6 @@ void Trainer::check_finite_state() {
 // The FP8 health of the step's every linear (all stages, gathered on rank 0): one log
 // line with the worst tensors, and on rank 0 the metrics record (one row per layer and
 // tensor, for plots against depth). Collective over the world.
-nlohmann::json Trainer::fp8_health(int64_t step) {
-  constexpr int kPer = kFp8BlockLinears * 3, kVals = 6;
-  const int L = model_cfg_.num_layers;
-  std::vector<double> v(static_cast<size_t>(L) * kPer * kVals, 0.0);
-  if (grid_->coords.tp == 0 && grid_->coords.dp == 0) {  // end_step reduced over tp and dp already
-    const std::vector<Fp8Health>& hs = model_->fp8()->last_health();
-    for (const Fp8Health& h : hs) {
-      LNS_CHECK(h.layer >= 0 && h.layer < L && h.linear >= 0 && h.linear < kFp8BlockLinears) << h.name;
-      double* o = v.data() + (static_cast<size_t>(h.layer) * kPer + h.linear * 3 + h.tensor) * kVals;
-      o[0] = h.amax, o[1] = h.scale, o[2] = h.saturated, o[3] = h.flushed, o[4] = h.nonfinite, o[5] = h.elements;
-    }
-  }
-  grid_->world().all_reduce(v.data(), static_cast<int>(v.size()), ReduceOp::Sum);
-  if (!is_root()) return nullptr;
-  nlohmann::json rows = nlohmann::json::array();
-  struct Worst { double frac = 0; std::string name; } sat, flush;
-  double nonfinite = 0;
-  for (int l = 0; l < L; ++l)
-    for (int k = 0; k < kPer; ++k) {
-      const double* o = v.data() + (static_cast<size_t>(l) * kPer + k) * kVals;
-      if (o[5] <= 0) continue;
-      const std::string name = absl::StrCat("layers.", l, ".", fp8_block_linear_name(k / 3), ".", fp8_role_name(k % 3));
-      const double fs = o[2] / o[5], ff = o[3] / o[5];
-      if (fs > sat.frac || sat.name.empty()) sat = {fs, name};
-      if (ff > flush.frac || flush.name.empty()) flush = {ff, name};
-      nonfinite += o[4];
-      rows.push_back({{"layer", l}, {"linear", fp8_block_linear_name(k / 3)}, {"tensor", fp8_role_name(k % 3)},
-                      {"amax", o[0]}, {"scale", o[1]}, {"saturated", fs}, {"flushed", ff}, {"nonfinite", o[4]}});
-    }
-  LOG(INFO) << absl::StrFormat("fp8 step %d: most saturated %.3g%% (%s) | most flushed %.3g%% (%s) | %.0f non-finite",
-                               step, 100 * sat.frac, sat.name, 100 * flush.frac, flush.name, nonfinite);
-  return {{"step", step}, {"fp8", rows}};
-}
-
 EvalStats Trainer::evaluate() { return evaluator_ ? evaluator_->evaluate() : EvalStats{}; }
 
 std::vector<LayerDiagnostics> Trainer::diagnostics(bool grads) {
@@ -769,158 +713,147 @@ void Trainer::dump_step_state(const std::string& path) {
   LOG(INFO) << "first batch: loss " << loss << "; wrote step state to " << path;
 }
 
-bool Trainer::run() {
-  const std::string metrics_path = cfg_.out_dir.empty() ? "" : cfg_.out_dir + "/metrics.jsonl";
-  if (is_root() && !metrics_path.empty()) {
-    // One record per step: those after the checkpoint are about to be redone.
-    const int64_t from = std::max<int64_t>(resumed_step_, 0);
-    if (const int64_t dropped = truncate_metrics(metrics_path, from); dropped > 0)
-      LOG(INFO) << "metrics.jsonl: dropped " << dropped << " record(s) after step " << from
-                << " (the checkpoint this run continues from)";
-  }
-  if (resumed_step_ >= cfg_.steps) {
-    if (is_root()) LOG(INFO) << "nothing to do: resumed at step " << resumed_step_ << ", --steps=" << cfg_.steps;
-    return false;
-  }
-  MetricsLog metrics(is_root() ? metrics_path : "");
-  const int64_t tokens_per_step = cfg_.global_batch * cfg_.seq_len;
-  const double flops_per_step = double(flops_per_token()) * tokens_per_step;
-  if (is_root())
-    LOG(INFO) << absl::StrFormat(
-        "training %d steps of %d sequences x %d tokens (%d micro-batches of %d per data-parallel "
-        "rank), %.1f GFLOP per step",
-        cfg_.steps, cfg_.global_batch, cfg_.seq_len, num_micro_, cfg_.micro_batch,
-        flops_per_step / 1e9);
-  if (is_root() && grid_->layout.pp > 1) {
+// Where this run's records go: metrics.jsonl on rank 0, cut back to the resumed
+// checkpoint's step first (one record per step: those after it are about to be redone).
+void Trainer::open_metrics(Metrics& metrics) {
+  if (!is_root() || cfg_.out_dir.empty()) return;
+  const std::string path = cfg_.out_dir + "/metrics.jsonl";
+  const int64_t from = std::max<int64_t>(resumed_step_, 0);
+  if (const int64_t dropped = truncate_metrics(path, from); dropped > 0)
+    LOG(INFO) << "metrics.jsonl: dropped " << dropped << " record(s) after step " << from
+              << " (the checkpoint this run continues from)";
+  metrics.add(make_jsonl_sink(path));
+}
+
+void Trainer::log_plan() const {
+  if (!is_root()) return;
+  LOG(INFO) << absl::StrFormat(
+      "training %d steps of %d sequences x %d tokens (%d micro-batches of %d per data-parallel "
+      "rank), %.1f GFLOP per step",
+      cfg_.steps, cfg_.global_batch, cfg_.seq_len, num_micro_, cfg_.micro_batch,
+      double(flops_per_token()) * cfg_.global_batch * cfg_.seq_len / 1e9);
+  if (grid_->layout.pp > 1) {
     const Layout& l = grid_->layout;
     LOG(INFO) << absl::StrFormat(
         "pipeline: %s over %d stages x %d micro-batches: idle fraction (bubble) (P-1)/(V*M) = %.3f",
         l.virtual_stages > 1 ? absl::StrFormat("interleaved 1F1B, %d chunks per stage,", l.virtual_stages) : "1F1B",
         l.pp, num_micro_, pipeline_bubble(num_micro_, l.pp, l.virtual_stages));
   }
+}
+
+// The step's record and training line (StepLog), and what only the trainer knows: the
+// records queued during the step (LN-free events, re-runs), LN-free progress, the
+// bytes of step 1, the memory peak at the first and last step (a collective).
+void Trainer::report_step(const StepStats& s, bool first, StepLog& log, Metrics& metrics, double start) {
+  for (const nlohmann::json& r : ln_free_records_) metrics.write(r);
+  ln_free_records_.clear();
+  for (const nlohmann::json& r : fault_records_) metrics.write(r);
+  fault_records_.clear();
+  log.add(s);
+  if (is_root()) {
+    const auto comm = comm_bytes_by_kind(last_step_comm_);
+    nlohmann::json j = log.record(s, now_seconds(), first ? &startup_ : nullptr, comm);
+    if (ln_free_schedule_)
+      j["ln_free_fixed"] = ln_free_.norms.size(), j["ln_free_next_event"] = ln_free_.progress.next_event;
+    if (s.step == 1 && !comm.empty()) {
+      std::string line;
+      double total = 0;
+      for (const auto& [kind, bytes] : comm) absl::StrAppend(&line, " | ", kind, " ", absl::StrFormat("%.0f", bytes)), total += bytes;
+      LOG(INFO) << absl::StrFormat("bytes sent by rank 0 in step 1: %.0f", total) << line
+                << " (ring model, docs/parallelism.md)";
+    }
+    metrics.write(j);
+  }
+  if (!log.line_due(s.step)) return;
+  std::string extra;
+  if (ln_free_schedule_)
+    extra = absl::StrFormat(" | ln_free %d/%d events, %d norms fixed", ln_free_.progress.next_event,
+                            ln_free_schedule_->events().size(), ln_free_.norms.size());
+  const std::string line = log.line(s, now_seconds(), extra);
+  if (is_root()) LOG(INFO) << line;
+  if (s.step == 1 || s.step == cfg_.steps) {  // all ranks: the peak is a collective max
+    const double peak = peak_memory_bytes();
+    if (is_root())
+      LOG(INFO) << absl::StrFormat("memory: peak %.2f MiB held by lns buffers on the busiest rank (%s)",
+                                   peak / 1048576.0, cfg_.device == Device::CPU ? "host allocator" : "device high-water mark");
+  }
+}
+
+// Validation (every --eval_every steps and at the end), on the log and in the metrics.
+void Trainer::run_eval(int64_t step, Metrics& metrics, double start) {
+  if (!val_data_) return;
+  section(Section::Eval, step);
+  const double t0 = now_seconds();
+  const EvalStats e = evaluate();
+  if (!is_root()) return;
+  LOG(INFO) << absl::StrFormat("eval  step %6d | val_loss %.4f | val_ppl %.2f | %d tokens | %.1f s",
+                               step, e.loss, e.ppl, e.tokens, now_seconds() - t0);
+  metrics.write({{"step", step}, {"val_loss", e.loss}, {"val_ppl", e.ppl},
+                 {"val_tokens", e.tokens}, {"elapsed_s", now_seconds() - start}});
+}
+
+// What runs between steps on its own schedule: FP8 health, validation, straggler
+// windows, depth diagnostics. Collective.
+void Trainer::between_steps(const StepStats& s, const StepLog& log, Metrics& metrics, double start) {
+  if (model_->fp8() && log.line_due(s.step))
+    metrics.write(fp8_health_record(*grid_, *model_->fp8(), model_cfg_.num_layers, s.step));
+  if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step != cfg_.steps) run_eval(s.step, metrics, start);
+  if (stragglers_->due(s.step)) {
+    const nlohmann::json rec = stragglers_->end_window(grid_->world(), s.step);
+    if (is_root()) metrics.write(rec);
+  }
+  if (cfg_.diag_every > 0 && s.step % cfg_.diag_every == 0) {
+    section(Section::Eval, s.step);
+    const auto d = diagnostics(/*grads=*/true);
+    if (is_root()) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const LayerDiagnostics& l : d)
+        rows.push_back({{"layer", l.layer}, {"variance", l.variance}, {"mean_norm", l.mean_norm},
+                        {"angular_distance", l.angular}, {"angular_distance_last", l.angular_last},
+                        {"grad_norm", l.grad_norm}});
+      metrics.write({{"step", s.step}, {"diag", rows}});
+    }
+  }
+}
+
+bool Trainer::run() {
+  Metrics metrics;
+  open_metrics(metrics);
+  if (resumed_step_ >= cfg_.steps) {
+    if (is_root()) LOG(INFO) << "nothing to do: resumed at step " << resumed_step_ << ", --steps=" << cfg_.steps;
+    return false;
+  }
+  log_plan();
   const double start = now_seconds();
-  double window_time = 0;
-  int64_t window_tokens = 0;
-  auto do_eval = [&](int64_t step) {
-    if (!val_data_) return;
-    section(Section::Eval, step);
-    const double t0 = now_seconds();
-    const EvalStats e = evaluate();
-    if (!is_root()) return;
-    LOG(INFO) << absl::StrFormat("eval  step %6d | val_loss %.4f | val_ppl %.2f | %d tokens | %.1f s",
-                                 step, e.loss, e.ppl, e.tokens, now_seconds() - t0);
-    metrics.write({{"step", step}, {"val_loss", e.loss}, {"val_ppl", e.ppl},
-                   {"val_tokens", e.tokens}, {"elapsed_s", now_seconds() - start}});
-  };
-  const bool saves = !cfg_.out_dir.empty();
-  bool first = true;
-  while (optim_->steps_taken() < cfg_.steps) {
+  StepLog log({cfg_.steps, cfg_.log_every, cfg_.global_batch * cfg_.seq_len, flops_per_token(), cfg_.peak_tflops,
+               grid_->world_size()},
+              start);
+  for (bool first = true; optim_->steps_taken() < cfg_.steps; first = false) {
     const StepStats s = train_step();
     if (first && is_root()) LOG(INFO) << startup_.line();
-    window_time += s.seconds;
-    window_tokens += tokens_per_step;
-    for (const nlohmann::json& r : ln_free_records_) metrics.write(r);
-    ln_free_records_.clear();
-    for (const nlohmann::json& r : fault_records_) metrics.write(r);
-    fault_records_.clear();
-    if (is_root()) {
-      const double tps = tokens_per_step / s.seconds;
-      nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"lr", s.lr},
-                          {"grad_norm", s.grad_norm}, {"tokens_per_s", tps},
-                          {"step_time_s", s.seconds}, {"elapsed_s", now_seconds() - start},
-                          {"tokens", s.step * tokens_per_step}};
-      if (ln_free_schedule_)
-        j["ln_free_fixed"] = ln_free_.norms.size(), j["ln_free_next_event"] = ln_free_.progress.next_event;
-      if (first) {
-        const StartupTimes& u = startup_;
-        j["startup_s"] = {{"total", u.total()}, {"process", u.process}, {"data", u.data}, {"buffers", u.buffers},
-                          {"weights", u.weights}, {"setup", u.setup}, {"first_step", u.first_step}};
-      }
-      if (cfg_.peak_tflops > 0)
-        j["mfu"] = flops_per_step / s.seconds / (cfg_.peak_tflops * 1e12 * grid_->world_size());
-      const auto comm = comm_bytes_by_kind(last_step_comm_);
-      if (!comm.empty()) {
-        nlohmann::json c = nlohmann::json::object();
-        for (const auto& [kind, bytes] : comm) c[kind] = bytes;
-        j["comm_bytes"] = c;
-      }
-      if (s.step == 1 && !comm.empty()) {
-        std::string line;
-        double total = 0;
-        for (const auto& [kind, bytes] : comm) absl::StrAppend(&line, " | ", kind, " ", absl::StrFormat("%.0f", bytes)), total += bytes;
-        LOG(INFO) << absl::StrFormat("bytes sent by rank 0 in step 1: %.0f", total) << line
-                  << " (ring model, docs/parallelism.md)";
-      }
-      metrics.write(j);
-    }
-    first = false;
-    if (s.step % cfg_.log_every == 0 || s.step == cfg_.steps || s.step == 1) {
-      const double avg_tps = window_tokens / window_time;
-      std::string mfu;
-      if (cfg_.peak_tflops > 0)
-        mfu = absl::StrFormat(" | MFU %.1f%%", 100.0 * avg_tps * flops_per_token() /
-                                                   (cfg_.peak_tflops * 1e12 * grid_->world_size()));
-      if (ln_free_schedule_)
-        absl::StrAppend(&mfu, absl::StrFormat(" | ln_free %d/%d events, %d norms fixed", ln_free_.progress.next_event,
-                                              ln_free_schedule_->events().size(), ln_free_.norms.size()));
-      if (is_root())
-        LOG(INFO) << absl::StrFormat(
-            "step %6d/%d | loss %.4f | lr %.3e | grad_norm %.3f | %.0f tok/s%s | %.1f s", s.step,
-            cfg_.steps, s.loss, s.lr, s.grad_norm, avg_tps, mfu, now_seconds() - start);
-      if (s.step == 1 || s.step == cfg_.steps) {  // all ranks: the peak is a collective max
-        const double peak = peak_memory_bytes();
-        if (is_root())
-          LOG(INFO) << absl::StrFormat("memory: peak %.2f MiB held by lns buffers on the busiest rank (%s)",
-                                       peak / 1048576.0, cfg_.device == Device::CPU ? "host allocator" : "device high-water mark");
-      }
-      window_time = 0;
-      window_tokens = 0;
-    }
-    if (model_->fp8() && (s.step % cfg_.log_every == 0 || s.step == cfg_.steps || s.step == 1))
-      metrics.write(fp8_health(s.step));  // collective
-    if (cfg_.eval_every > 0 && s.step % cfg_.eval_every == 0 && s.step != cfg_.steps) do_eval(s.step);
-    if (stragglers_->due(s.step)) {  // collective
-      const nlohmann::json rec = stragglers_->end_window(grid_->world(), s.step);
-      if (is_root()) metrics.write(rec);
-    }
-    if (cfg_.diag_every > 0 && s.step % cfg_.diag_every == 0) {
-      section(Section::Eval, s.step);
-      const auto d = diagnostics(/*grads=*/true);
-      if (is_root()) {
-        nlohmann::json rows = nlohmann::json::array();
-        for (const LayerDiagnostics& l : d)
-          rows.push_back({{"layer", l.layer}, {"variance", l.variance}, {"mean_norm", l.mean_norm},
-                          {"angular_distance", l.angular}, {"angular_distance_last", l.angular_last},
-                          {"grad_norm", l.grad_norm}});
-        metrics.write({{"step", s.step}, {"diag", rows}});
-      }
-    }
-    if (async_) {  // collective: commits the save in flight once every rank's file is written
+    report_step(s, first, log, metrics, start);
+    between_steps(s, log, metrics, start);
+    if (checkpoints_->async()) {  // collective: commits the save in flight once every rank's file is written
       section(Section::Save, s.step);
-      const std::string done = async_->poll();
-      if (!done.empty() && is_root()) {
-        LOG(INFO) << absl::StrFormat("checkpoint %s committed (written in the background in %.1f s)", done,
-                                     async_->last_write_s());
-        metrics.write({{"step", s.step}, {"checkpoint_committed", done}, {"save_write_s", async_->last_write_s()}});
-      }
+      checkpoints_->poll(s.step, metrics, is_root());
     }
     // A signal may reach some ranks only; all agree before anyone saves.
     double stop = stop_requested();
     grid_->world().all_reduce(&stop, 1, ReduceOp::Max);
     if (stop > 0) {
       if (is_root()) LOG(WARNING) << "received signal " << int(stop) << ": saving and stopping at step " << s.step;
-      if (saves) save_checkpoint();
+      if (checkpoints_->saves()) save_checkpoint();
       return true;
     }
-    if (saves && cfg_.save_every > 0 && s.step % cfg_.save_every == 0 && s.step != cfg_.steps) {
+    if (checkpoints_->due(s.step)) {
       const std::string dir = save_checkpoint(/*allow_async=*/true);
       if (is_root())
         metrics.write({{"step", s.step}, {"checkpoint", dir}, {"save_stall_s", last_save_stall_s_},
-                       {"async", async_ != nullptr}});
+                       {"async", checkpoints_->async()}});
     }
   }
-  do_eval(optim_->steps_taken());
-  if (saves) {
+  run_eval(optim_->steps_taken(), metrics, start);
+  if (checkpoints_->saves()) {
     save_checkpoint();
   } else {  // nothing is saved, but a run that ends non-finite still fails
     gather_master_weights();
