@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from flags import get_bool, get_int, parse_flag
 from memory_model import layer_regions
-from step_model import ModelShape, shape_from_flags
+from model_shape import ModelShape, shape_from_flags
 
 
 def ring(p):

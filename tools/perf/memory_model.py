@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from devices import device  # noqa: E402
 from flags import get_bool, get_int, parse_flag  # noqa: E402
+from model_shape import shape_from_flags  # noqa: E402
 
 BF16, F32, I32 = 2, 4, 4
 MODES = ("none", "selective", "full")
@@ -144,7 +145,7 @@ class Account:
 
 def activation_account(s, tp, first, last, has_embedding, has_head, slots, mode="none",
                        recompute_layers=0, dev="cuda", align=None, sp=False):
-    """src/model/activation_memory.cpp, term by term. s: step_model.ModelShape. align:
+    """src/model/activation_memory.cpp, term by term. s: model_shape.ModelShape. align:
     the device's padding of FFN and vocabulary shards (default: lns's, 64 on CUDA).
     sp: --sequence_parallel (with tp > 1): the split regions (norms, residual stream,
     norm statistics, h0, the final norm) hold NL = N / tp tokens (Layout::sequence_shard),
@@ -291,7 +292,6 @@ def choose(s, world, gpu, gpus_per_node=8, reserve_gib=4.0, zero=True, sp=False)
 
 
 def main(argv):
-    from step_model import shape_from_flags
     flags = {}
     try:
         for a in argv:
