@@ -1,9 +1,12 @@
 """The shape of a LLaMA model as the perf models take it (tools/perf: step_model.py,
 memory_model.py, comm_model.py), from lns_train's flags. Its own module so that the
-models import it, and each other, one way only (tests/test_tool_imports.py).
+models import it, and each other, one way only (tests/test_tool_imports.py). What a
+scheme puts in a block comes from lns_train's block plan (block_plan.py), never from
+the scheme's name here.
 """
 from dataclasses import dataclass
 
+import block_plan
 from flags import get_bool, get_int
 
 
@@ -22,6 +25,7 @@ class ModelShape:
     norm_type: str = "rmsnorm"
     post_layers: int = 0
     tied: bool = False
+    layer_schemes: str = ""  # --norm_scheme=hybrid's per-layer forms
 
     @property
     def D(self):
@@ -43,12 +47,18 @@ class ModelShape:
         per_layer = 2 * self.C * self.QD + 2 * self.C * self.KD + 3 * self.C * self.F
         return self.L * per_layer + self.V * self.C
 
+    def norm(self):
+        """Elements of one norm: its gain (and a LayerNorm's bias)."""
+        return self.C * (2 if self.norm_type == "layernorm" else 1)
+
+    def block_norms(self, first=0, last=None):
+        """Norms the blocks first..last-1 own (their block plans'), final norm not included."""
+        layers = block_plan.of_shape(self)
+        return sum(len(l.norms) for l in layers[first:self.L if last is None else last])
+
     def norm_params(self):
         """Norm gains (and LayerNorm biases), final norm included: what kernels read in f32."""
-        norms_per_layer = {"pre": 2, "lns": 2, "scaled_init": 2, "post": 2, "deepnorm": 2,
-                           "sandwich": 4, "mix": 2}[self.scheme]
-        norm = self.C * (2 if self.norm_type == "layernorm" else 1)
-        return self.L * norms_per_layer * norm + norm
+        return (self.block_norms() + 1) * self.norm()
 
     def params(self):
         """Every parameter (logical, unpadded): the size of the flat buffers."""
@@ -62,13 +72,10 @@ class ModelShape:
         return 6 * self.matmul_params() + 12 * self.L * self.C * self.T
 
 
-SCHEMES = ("pre", "lns", "scaled_init", "post", "deepnorm", "sandwich", "mix")
-
-
 def shape_from_flags(flags, micro_batch=None):
+    """The shape of these flags; ValueError naming a flag where lns_train would refuse them
+    (the scheme's: lns_train's own words) or where the perf models cannot model them."""
     scheme = flags.get("norm_scheme", "lns")
-    if scheme not in SCHEMES:
-        raise ValueError(f"--norm_scheme: expected one of {', '.join(SCHEMES)}, got '{scheme}'")
     norm_type = flags.get("norm_type", "rmsnorm")
     if norm_type not in ("rmsnorm", "layernorm"):
         raise ValueError(f"--norm_type: expected rmsnorm or layernorm, got '{norm_type}'")
@@ -80,9 +87,10 @@ def shape_from_flags(flags, micro_batch=None):
         B=micro_batch if micro_batch else get_int(flags, "micro_batch_size", 8, hi=1 << 20),
         global_batch=get_int(flags, "global_batch_size", 512, hi=1 << 30), scheme=scheme,
         norm_type=norm_type, post_layers=get_int(flags, "post_layers", 0, lo=0),
-        tied=get_bool(flags, "tie_embeddings"))
+        tied=get_bool(flags, "tie_embeddings"), layer_schemes=flags.get("layer_schemes", ""))
     if s.C % s.Hq:
         raise ValueError(f"--num_heads: must divide --hidden_size ({s.C}), got {s.Hq}")
     if s.Hq % s.Hkv:
         raise ValueError(f"--num_kv_heads: must divide --num_heads ({s.Hq}), got {s.Hkv}")
+    block_plan.of_shape(s)  # the scheme: lns_train's check, and what the models can model
     return s

@@ -31,10 +31,12 @@ Assumptions (each one is a parameter):
 CUDA code of this tree does, and must be updated together with it.
 """
 from dataclasses import dataclass, field, replace
+
+import block_plan
 from memory_model import activation_account
 # The model's shape lives in model_shape.py (memory_model.py reads it too); named here as
 # well, where the tools and tests around this model ask for it.
-from model_shape import SCHEMES, ModelShape, shape_from_flags  # noqa: F401
+from model_shape import ModelShape, shape_from_flags  # noqa: F401
 
 BF16, F32, I32 = 2, 4, 4
 
@@ -155,18 +157,6 @@ class _Builder:
         self.gemm(name + ".dw", fo, fi, N, a=1, b=1, c=F32, accumulate=True, fp8=True)
 
 
-def _sublayer_norms(s: ModelShape, layer):
-    """(pre, out, add) norms of the attention and MLP sublayers: model/block_plan.cpp."""
-    scheme = s.scheme
-    if scheme == "mix":
-        scheme = "post" if layer < s.post_layers else "pre"
-    if scheme in ("post", "deepnorm"):
-        return (False, False, True)
-    if scheme == "sandwich":
-        return (True, True, False)
-    return (True, False, False)
-
-
 def micro_batch_kernels(s: ModelShape, impl: Impl):
     """The kernels of one micro-batch's forward and backward, in launch order."""
     b = _Builder(s, impl)
@@ -262,9 +252,10 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
     b.phase, b.part = "fwd", "embedding"
     b.mem("embedding", 2 * BF16 * N * C + I32 * N)
     pending = False  # a residual add waiting to be fused into the next norm
+    plan = block_plan.of_shape(s)  # each layer's norms and residual, as lns_train plans them
     for layer in range(L):
-        pre, out_norm, add = _sublayer_norms(s, layer)
-        for sub_fwd in (attention_fwd, mlp_fwd):
+        for sub_fwd, sub in zip((attention_fwd, mlp_fwd), plan[layer].sublayers):
+            pre, out_norm, add = sub.norms()
             if pre:
                 b.part = "norm"
                 if pending:
@@ -300,9 +291,9 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
     b.part = "norm"
     b.mem("norm_bwd", norm_bwd(False), launches=2)
     for layer in reversed(range(L)):
-        pre, out_norm, add = _sublayer_norms(s, layer)
-        alpha_scale = s.scheme == "deepnorm"
-        for sub_bwd in (mlp_bwd, attention_bwd):
+        for sub_bwd, sub in zip((mlp_bwd, attention_bwd), reversed(plan[layer].sublayers)):
+            pre, out_norm, add = sub.norms()
+            alpha_scale = sub.residual_alpha != 1.0  # dr scaled in place (LlamaStage::sublayer_backward)
             b.part = "norm"
             if add:
                 b.mem("norm_bwd", norm_bwd(False), launches=2)
