@@ -76,6 +76,14 @@ float gate_noise(uint64_t seed, int global_layer, uint64_t sample, int k);
 float lns_scale(int global_layer);
 BlockPlan block_plan(const LlamaConfig& cfg, int global_layer);
 
+// Every layer's plan as JSON (src/model/block_plan_json.cpp; lns_train --print_block_plan):
+// {"norm_scheme", "num_layers", "post_layers", "layer_schemes", "folded_norms", "layers": [
+//  {"layer", "depth", "scheme" (the effective one), "norms" (the slots it owns), "attn",
+//   "mlp" (each a SublayerPlan: "pre_norm", "pre_scale", "out_norm", "residual_alpha",
+//   "learned_branch_scale", "add_norm"; a slot is its name or null), "route" (null, or
+//   path 1's {"attn", "mlp"})}, ...]}. What tools/perf's models read.
+nlohmann::json block_plans_json(const LlamaConfig& cfg);
+
 // How a parameter is initialised: normal(0, std). `std` already includes every
 // scheme rule (scaled_init's 1/sqrt(2L), the Xavier gains of deepnorm and deeppost).
 // BranchScale: a learned branch scale [1] (kBranchScaleInit at init, no weight decay).

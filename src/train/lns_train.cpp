@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "lns/block_plan.h"
 #include "lns/cpu_info.h"
 #include "lns/errors.h"
 #include "lns/exit_status.h"
@@ -30,6 +31,9 @@
 
 DECLARE_int32(exit_code_on_signal);
 DECLARE_string(out_dir);
+DEFINE_bool(print_block_plan, false,
+            "Print every layer's block plan (its scheme, the norms it owns, their LNS scales, its residual) "
+            "as JSON from the model flags and exit, starting nothing: what tools/perf's models read.");
 
 namespace lns {
 namespace {
@@ -245,6 +249,15 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage("lns_train --flagfile=configs/tiny_lns.flags [--flag=value ...]");
   for (int i = 0; i < argc; ++i) absl::StrAppend(&lns::g_command_line, i ? " " : "", argv[i]);
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_print_block_plan) {  // a question about the model flags: no MPI, no logs, no run directory
+    try {
+      std::printf("%s\n", lns::block_plans_json(lns::config_from_flags()).dump(1).c_str());
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "lns_train: error: %s\n", e.what());
+      return 1;
+    }
+  }
   FLAGS_logtostderr = true;
   if (!FLAGS_out_dir.empty()) {  // every rank's log also goes to OUT_DIR/logs/
     std::error_code ec;

@@ -34,7 +34,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from depth_study import cost, run_name  # noqa: E402  (the cost model of the ETA, in block-steps; run names)
+from depth_grid import cost, run_name  # noqa: E402  (the cost model of the ETA, in block-steps; run names)
 
 
 class ReportError(Exception):
@@ -409,7 +409,7 @@ def build_report(runs, prior=()):
         if g not in best or c["mean"] < best[g]["mean"]:
             best[g] = dict(layers=k[0], scheme=k[1], steps=k[3], embed_std=k[4], lr=k[2], mean=c["mean"],
                            n=c["n"], tried=sorted(kk[2] for kk in cells if (kk[0], kk[1], kk[3], kk[4]) == g))
-    # Wall time per block-step (steps x (blocks + head), depth_study.cost) of the runs that
+    # Wall time per block-step (steps x (blocks + head), depth_grid.cost) of the runs that
     # finished, for the projected time of the cells still missing.
     timed = [r for r in runs if isinstance(r.get("seconds"), (int, float))]
     timing = dict(runs=len(timed), seconds=sum(r["seconds"] for r in timed),

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from flags import get_bool, get_int, parse_flag
 from memory_model import layer_regions
-from step_model import ModelShape, shape_from_flags
+from model_shape import ModelShape, shape_from_flags
 
 
 def ring(p):
@@ -32,11 +32,6 @@ def ring(p):
 
 def ceil_div(a, b):
     return (a + b - 1) // b
-
-
-def norms_per_layer(s: ModelShape):
-    """The norms a block owns (block_plan): sandwich four, every other scheme two."""
-    return 4 if s.scheme == "sandwich" else 2
 
 
 @dataclass
@@ -64,12 +59,12 @@ def stage_params(s: ModelShape, lay: Layout, stage):
     alignment padding between tensors left out). Replicated: the norms'."""
     first, last = stage_layers(s, lay.pp, stage)
     t = lay.tp
-    norm = s.C * (2 if s.norm_type == "layernorm" else 1)
+    norm = s.norm()
     F = ceil_div(s.F, t)
     V = ceil_div(s.V, t)
     per_layer = s.C * (s.QD // t) * 2 + s.C * (s.KD // t) * 2 + 3 * s.C * F
     split = (last - first) * per_layer
-    replicated = (last - first) * norms_per_layer(s) * norm
+    replicated = s.block_norms(first, last) * norm  # the norms the stage's block plans own
     if stage == 0:
         split += V * s.C
     if stage == lay.pp - 1:

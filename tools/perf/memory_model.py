@@ -31,8 +31,10 @@ from dataclasses import dataclass, replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import block_plan  # noqa: E402
 from devices import device  # noqa: E402
 from flags import get_bool, get_int, parse_flag  # noqa: E402
+from model_shape import shape_from_flags  # noqa: E402
 
 BF16, F32, I32 = 2, 4, 4
 MODES = ("none", "selective", "full")
@@ -46,15 +48,9 @@ def shard(n, parts, align=1):
 
 
 def sublayer_norms(s, layer):
-    """(pre, out, add) of the attention and MLP sublayers: src/model/block_plan.cpp."""
-    scheme = s.scheme
-    if scheme in ("mix", "scale_post_pre"):
-        scheme = "post" if layer < s.post_layers else "pre"
-    if scheme in ("post", "deepnorm", "deeppost"):
-        return (False, False, True)
-    if scheme == "sandwich":
-        return (True, True, False)
-    return (True, False, False)
+    """((pre, out, add) of the attention sublayer, the same of the MLP's): which norms
+    each sublayer of global layer `layer` has, from its block plan (block_plan.py)."""
+    return tuple(sub.norms() for sub in block_plan.of_shape(s)[layer].sublayers)
 
 
 def layer_recompute(mode, recompute_layers, local):
@@ -111,10 +107,11 @@ def terms(s, tp, dev="cuda", align=None, sp=False):
                  a=a, C=C, QD=QD, KD=KD, F=F, V=V)
 
 
-def split_regions(t, norms):
+def split_regions(t, forms):
     """Bytes a kept (not full) layer holds between the tensor-parallel linears: per
-    sublayer f, r and one [NL, C] per norm (u / f2 / y), and the norms' statistics."""
-    return 2 * ((2 + norms) * t.NC + norms * t.stat)
+    sublayer f, r and one [NL, C] per norm (u / f2 / y), and the norms' statistics.
+    forms: each sublayer's (pre, out, add) (sublayer_norms)."""
+    return sum((2 + sum(f)) * t.NC + sum(f) * t.stat for f in forms)
 
 
 def layer_regions(s, tp, layer, dev="cuda", align=None, sp=False):
@@ -124,7 +121,7 @@ def layer_regions(s, tp, layer, dev="cuda", align=None, sp=False):
     up and the SwiGLU product). Their sum is activation_account's per-layer bytes; the
     communication model (comm_model.py) reports the two apart."""
     t = terms(s, tp, dev, align, sp)
-    return split_regions(t, sum(sublayer_norms(s, layer))), t.qkv_gate_up + t.core
+    return split_regions(t, sublayer_norms(s, layer)), t.qkv_gate_up + t.core
 
 
 @dataclass
@@ -144,7 +141,7 @@ class Account:
 
 def activation_account(s, tp, first, last, has_embedding, has_head, slots, mode="none",
                        recompute_layers=0, dev="cuda", align=None, sp=False):
-    """src/model/activation_memory.cpp, term by term. s: step_model.ModelShape. align:
+    """src/model/activation_memory.cpp, term by term. s: model_shape.ModelShape. align:
     the device's padding of FFN and vocabulary shards (default: lns's, 64 on CUDA).
     sp: --sequence_parallel (with tp > 1): the split regions (norms, residual stream,
     norm statistics, h0, the final norm) hold NL = N / tp tokens (Layout::sequence_shard),
@@ -157,17 +154,17 @@ def activation_account(s, tp, first, last, has_embedding, has_head, slots, mode=
     u, f2, add, stats = [False] * 2, [False] * 2, [False] * 2, [False] * 6
     for g in range(first, last):
         m = layer_recompute(mode, recompute_layers, g - first)
-        pre, out, ad = sublayer_norms(s, g)  # both sublayers have the same form
+        forms = sublayer_norms(s, g)
         if m == "full":
             kept, any_full = NC, True
-            for k in range(2):
+            for k, (pre, out, ad) in enumerate(forms):
                 u[k] |= pre
                 f2[k] |= out
                 add[k] |= ad
                 for j, has in enumerate((pre, out, ad)):
                     stats[3 * k + j] |= has
         else:
-            kept = split_regions(t, pre + out + ad) + qkv_gate_up + (core if m == "none" else 0)
+            kept = split_regions(t, forms) + qkv_gate_up + (core if m == "none" else 0)
             any_sel |= m == "selective"
         layers.append((g, m, kept))
     ws = core if (any_sel or any_full) else 0
@@ -188,10 +185,9 @@ def stage_params(s, tp, first, last, has_embedding, has_head):
     """Parameters one rank of a stage stores (its tensor-parallel shard, padded)."""
     D = s.C // s.Hq
     QD, KD, F, V = s.Hq // tp * D, s.Hkv // tp * D, shard(s.F, tp, 64), shard(s.V, tp, 64)
-    norm = s.C * (2 if s.norm_type == "layernorm" else 1)
-    norms = {"sandwich": 4}.get(s.scheme, 2)
-    per_layer = 2 * s.C * QD + 2 * s.C * KD + 3 * s.C * F + norms * norm
-    p = (last - first) * per_layer
+    norm = s.norm()
+    per_layer = 2 * s.C * QD + 2 * s.C * KD + 3 * s.C * F
+    p = (last - first) * per_layer + s.block_norms(first, last) * norm
     if has_embedding:
         p += V * s.C
     if has_head:
@@ -291,7 +287,6 @@ def choose(s, world, gpu, gpus_per_node=8, reserve_gib=4.0, zero=True, sp=False)
 
 
 def main(argv):
-    from step_model import shape_from_flags
     flags = {}
     try:
         for a in argv:

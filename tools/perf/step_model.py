@@ -31,8 +31,12 @@ Assumptions (each one is a parameter):
 CUDA code of this tree does, and must be updated together with it.
 """
 from dataclasses import dataclass, field, replace
-from flags import get_bool, get_int
+
+import block_plan
 from memory_model import activation_account
+# The model's shape lives in model_shape.py (memory_model.py reads it too); named here as
+# well, where the tools and tests around this model ask for it.
+from model_shape import ModelShape, shape_from_flags  # noqa: F401
 
 BF16, F32, I32 = 2, 4, 4
 
@@ -63,87 +67,6 @@ IMPLS = {"before": BEFORE, "nozero": NOZERO, "present": PRESENT, "fused": FUSED}
 
 def pad64(n):
     return (n + 63) // 64 * 64
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    V: int
-    C: int
-    L: int
-    Hq: int
-    Hkv: int
-    F: int
-    T: int
-    B: int
-    global_batch: int
-    scheme: str = "lns"
-    norm_type: str = "rmsnorm"
-    post_layers: int = 0
-    tied: bool = False
-
-    @property
-    def D(self):
-        return self.C // self.Hq
-
-    @property
-    def QD(self):
-        return self.Hq * self.D
-
-    @property
-    def KD(self):
-        return self.Hkv * self.D
-
-    @property
-    def N(self):
-        return self.B * self.T
-
-    def matmul_params(self):
-        per_layer = 2 * self.C * self.QD + 2 * self.C * self.KD + 3 * self.C * self.F
-        return self.L * per_layer + self.V * self.C
-
-    def norm_params(self):
-        """Norm gains (and LayerNorm biases), final norm included: what kernels read in f32."""
-        norms_per_layer = {"pre": 2, "lns": 2, "scaled_init": 2, "post": 2, "deepnorm": 2,
-                           "sandwich": 4, "mix": 2}[self.scheme]
-        norm = self.C * (2 if self.norm_type == "layernorm" else 1)
-        return self.L * norms_per_layer * norm + norm
-
-    def params(self):
-        """Every parameter (logical, unpadded): the size of the flat buffers."""
-        embed = self.V * self.C
-        head = 0 if self.tied else self.V * self.C
-        per_layer = 2 * self.C * self.QD + 2 * self.C * self.KD + 3 * self.C * self.F
-        return embed + head + self.L * per_layer + self.norm_params()
-
-    def flops_per_token(self):
-        """Trainer::flops_per_token: 6 x matmul params + 12 L C T (what MFU counts)."""
-        return 6 * self.matmul_params() + 12 * self.L * self.C * self.T
-
-
-SCHEMES = ("pre", "lns", "scaled_init", "post", "deepnorm", "sandwich", "mix")
-
-
-def shape_from_flags(flags, micro_batch=None):
-    scheme = flags.get("norm_scheme", "lns")
-    if scheme not in SCHEMES:
-        raise ValueError(f"--norm_scheme: expected one of {', '.join(SCHEMES)}, got '{scheme}'")
-    norm_type = flags.get("norm_type", "rmsnorm")
-    if norm_type not in ("rmsnorm", "layernorm"):
-        raise ValueError(f"--norm_type: expected rmsnorm or layernorm, got '{norm_type}'")
-    s = ModelShape(
-        V=get_int(flags, "vocab_size", 32000), C=get_int(flags, "hidden_size", 768),
-        L=get_int(flags, "num_layers", 12), Hq=get_int(flags, "num_heads", 12),
-        Hkv=get_int(flags, "num_kv_heads", 12), F=get_int(flags, "intermediate_size", 2048),
-        T=get_int(flags, "seq_len", 256, hi=1 << 20),
-        B=micro_batch if micro_batch else get_int(flags, "micro_batch_size", 8, hi=1 << 20),
-        global_batch=get_int(flags, "global_batch_size", 512, hi=1 << 30), scheme=scheme,
-        norm_type=norm_type, post_layers=get_int(flags, "post_layers", 0, lo=0),
-        tied=get_bool(flags, "tie_embeddings"))
-    if s.C % s.Hq:
-        raise ValueError(f"--num_heads: must divide --hidden_size ({s.C}), got {s.Hq}")
-    if s.Hq % s.Hkv:
-        raise ValueError(f"--num_kv_heads: must divide --num_heads ({s.Hq}), got {s.Hkv}")
-    return s
 
 
 @dataclass
@@ -232,18 +155,6 @@ class _Builder:
         if self.impl.fp8 == "blockwise":
             self.fp8_cast(name + ".dyT8", N * fo, N * fo)
         self.gemm(name + ".dw", fo, fi, N, a=1, b=1, c=F32, accumulate=True, fp8=True)
-
-
-def _sublayer_norms(s: ModelShape, layer):
-    """(pre, out, add) norms of the attention and MLP sublayers: model/block_plan.cpp."""
-    scheme = s.scheme
-    if scheme == "mix":
-        scheme = "post" if layer < s.post_layers else "pre"
-    if scheme in ("post", "deepnorm"):
-        return (False, False, True)
-    if scheme == "sandwich":
-        return (True, True, False)
-    return (True, False, False)
 
 
 def micro_batch_kernels(s: ModelShape, impl: Impl):
@@ -341,9 +252,10 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
     b.phase, b.part = "fwd", "embedding"
     b.mem("embedding", 2 * BF16 * N * C + I32 * N)
     pending = False  # a residual add waiting to be fused into the next norm
+    plan = block_plan.of_shape(s)  # each layer's norms and residual, as lns_train plans them
     for layer in range(L):
-        pre, out_norm, add = _sublayer_norms(s, layer)
-        for sub_fwd in (attention_fwd, mlp_fwd):
+        for sub_fwd, sub in zip((attention_fwd, mlp_fwd), plan[layer].sublayers):
+            pre, out_norm, add = sub.norms()
             if pre:
                 b.part = "norm"
                 if pending:
@@ -379,9 +291,9 @@ def micro_batch_kernels(s: ModelShape, impl: Impl):
     b.part = "norm"
     b.mem("norm_bwd", norm_bwd(False), launches=2)
     for layer in reversed(range(L)):
-        pre, out_norm, add = _sublayer_norms(s, layer)
-        alpha_scale = s.scheme == "deepnorm"
-        for sub_bwd in (mlp_bwd, attention_bwd):
+        for sub_bwd, sub in zip((mlp_bwd, attention_bwd), reversed(plan[layer].sublayers)):
+            pre, out_norm, add = sub.norms()
+            alpha_scale = sub.residual_alpha != 1.0  # dr scaled in place (LlamaStage::sublayer_backward)
             b.part = "norm"
             if add:
                 b.mem("norm_bwd", norm_bwd(False), launches=2)
