@@ -54,10 +54,24 @@ DEFINE_string(inject_fault, "",
 namespace lns {
 
 WatchdogConfig watchdog_config_from_flags() {
+  // The SIMT emulator runs a "GPU" step hundreds of times slower than a GPU: timeouts
+  // left at their defaults are stretched there, so that a slow CI machine is not a hang.
+#ifdef LNS_CUDA_SIM
+  constexpr double kStretch = 20;
+#else
+  constexpr double kStretch = 1;
+#endif
+  auto timeout = [&](const char* name, double v) {
+    return gflags::GetCommandLineFlagInfoOrDie(name).is_default ? v * kStretch : v;
+  };
   WatchdogConfig w;
-  w.setup_s = FLAGS_timeout_setup_s, w.step_s = FLAGS_timeout_step_s, w.save_s = FLAGS_timeout_save_s;
-  w.load_s = FLAGS_timeout_load_s, w.eval_s = FLAGS_timeout_eval_s;
-  w.auto_factor = FLAGS_timeout_step_auto_factor, w.auto_floor_s = FLAGS_timeout_step_floor_s;
+  w.setup_s = timeout("timeout_setup_s", FLAGS_timeout_setup_s);
+  w.step_s = timeout("timeout_step_s", FLAGS_timeout_step_s);
+  w.save_s = timeout("timeout_save_s", FLAGS_timeout_save_s);
+  w.load_s = timeout("timeout_load_s", FLAGS_timeout_load_s);
+  w.eval_s = timeout("timeout_eval_s", FLAGS_timeout_eval_s);
+  w.auto_factor = FLAGS_timeout_step_auto_factor;
+  w.auto_floor_s = timeout("timeout_step_floor_s", FLAGS_timeout_step_floor_s);
   w.auto_warmup = FLAGS_timeout_step_warmup;
   w.heartbeat_s = FLAGS_heartbeat_s;
   w.validate();
