@@ -11,12 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import unittest
 import zipfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 TOOL = os.path.join(ROOT, "tools", "experiments", "real_corpus.py")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kept_folder  # noqa: E402  (a failed test keeps its folder and shows its runs' logs)
 try:
     import tokenizers  # noqa: F401
     HAVE_TOKENIZERS = True
@@ -133,9 +134,9 @@ def run(*args):
 
 
 @unittest.skipUnless(HAVE_TOKENIZERS and shutil.which("dpkg-deb"), "needs the tokenizers package and dpkg-deb")
-class RealCorpus(unittest.TestCase):
+class RealCorpus(kept_folder.KeptFolderTest):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="lns_real_corpus_")
+        self.dir = self.work
         self.cache = os.path.join(self.dir, "cache")
         os.makedirs(os.path.join(self.cache, "pkg"))
         make_deb(self.dir, os.path.join(self.cache, "pkg"))
@@ -147,9 +148,6 @@ class RealCorpus(unittest.TestCase):
     def write_sources(self, obj):
         with open(self.sources, "w") as f:
             json.dump(obj, f)
-
-    def tearDown(self):
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     def build(self, *extra):
         return run("--sources", self.sources, "--cache", self.cache, "--offline", "--out", self.out, "--vocab", "300",
