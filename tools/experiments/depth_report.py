@@ -156,6 +156,8 @@ def read_run(d):
     if ev.get("num_layers") != L:
         raise ReportError("%s: num_layers %r, cell.json says %d" % (where, ev.get("num_layers"), L))
     run["loss"] = finite(ev.get("loss"), where + ": loss")
+    # which validation tokens the loss is over: the first ones, or spread over the file
+    run["eval"] = dict(tokens=ev.get("tokens"), spread=bool(ev.get("eval_spread", False)))
     drops = {r["layer"]: finite(r["relative_drop"], where + ": relative_drop") for r in ev["sweep"]["layers"]}
     diag = {r["layer"]: r for r in ev["diag"]}
     if sorted(drops) != list(range(L)) or sorted(diag) != list(range(L)):

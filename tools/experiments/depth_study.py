@@ -53,9 +53,13 @@ STEPS = 400
 # BASE). w512: 8 heads of 64, SwiGLU 8/3 x 512 rounded up to a multiple of 64, 512 tokens
 # a sequence, 128 sequences a step: 65,536 tokens a step, 800 steps = 52.4M tokens.
 # mini: the same grid in seconds on the CPU, for CI.
+# eval_spread: the evaluated sequences spread evenly over the whole validation file
+# (lns_train/lns_eval --eval_spread): real_corpus.py writes it in source order, and its
+# first 131,072 tokens are 91% dictionaries (issue 45).
 SHAPES = {
-    "w512": dict(hidden=512, heads=8, intermediate=1408, seq=512, batch=128, micro=32, eval_tokens=131072),
-    "mini": dict(hidden=32, heads=2, intermediate=96, seq=32, batch=4, micro=4, eval_tokens=512),
+    "w512": dict(hidden=512, heads=8, intermediate=1408, seq=512, batch=128, micro=32, eval_tokens=131072,
+                 eval_spread=True),
+    "mini": dict(hidden=32, heads=2, intermediate=96, seq=32, batch=4, micro=4, eval_tokens=512, eval_spread=True),
 }
 SCALE_STEPS = {"w512": 800, "mini": 6}
 # Each study's data, vocabulary, run folder and record folders (per device: bf16 GPU runs
@@ -287,6 +291,8 @@ def train_flags(c, run_dir, args):
              "--exit_code_on_signal=143"]  # a run stopped by a signal is not finished
     if c.get("fp8"):
         flags.append("--fp8=%s" % c["fp8"])
+    if b.get("eval_spread"):
+        flags.append("--eval_spread")
     if scheme == "mix":
         flags += ["--norm_scheme=mix", "--post_layers=%d" % max(1, c["layers"] // 4)]  # the paper's 25%
     elif scheme == "lns_scaled_init":
@@ -306,7 +312,8 @@ def eval_flags(run_dir, args, c=None):
     micro = b["micro"] if c and c.get("shape") else 8
     return ["--data=%s.val.tok" % args.data, "--seq_len=%d" % b["seq"], "--micro_batch_size=%d" % micro,
             "--eval_tokens=%d" % (eval_tokens(c, args) if c else args.eval_tokens), "--drop_layers=sweep", "--diag",
-            "--out=%s" % os.path.join(run_dir, "eval"), "--plot=false", "--device=%s" % args.device]
+            "--out=%s" % os.path.join(run_dir, "eval"), "--plot=false", "--device=%s" % args.device] + \
+        (["--eval_spread"] if c and b.get("eval_spread") else [])
 
 
 def script_for(c, run_dir, args):
