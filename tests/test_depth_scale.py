@@ -127,16 +127,32 @@ class ScaleMiniEndToEnd(kept_folder.KeptFolderTest):
         with open(os.path.join(rec, depth_study.run_name(cells[-1]) + ".json")) as f:
             some = json.load(f)
         self.assertEqual(len(some["drop_pct"]), cells[-1]["layers"])
+        # evaluated with --eval_spread (issue 45), as the record says; this miniature's validation file
+        # holds 320 target positions, fewer than the 512 asked, so all of it is read once
+        self.assertEqual(some["eval"], {"tokens": 320, "spread": True})
+        # the budget's parameter count (study_budget.py) against the checkpoints' own tensors
+        import glob
+        import study_budget
+        for c in cells:
+            if c["scheme"] in ("pre", "mix") and c["seed"] == 1:
+                ck = sorted(glob.glob(os.path.join(out, depth_study.run_name(c), "checkpoints", "step_*")))[-1]
+                with open(os.path.join(ck, "manifest.json")) as f:
+                    tensors = [t for t in json.load(f)["tensors"] if t["kind"] == "param"]
+                n = sum(math.prod(t["logical"]) for t in {t["tensor"]: t for t in tensors}.values())
+                self.assertEqual(study_budget.cell_budget(c, depth_study.SHAPES["mini"], 300)["params"], n,
+                                 depth_study.run_name(c))
         # the same command again has nothing to do
         r = subprocess.run(cmd + ["--list"], capture_output=True, text=True)
         self.assertIn("24 cells, 0 to run", r.stdout)
 
 
-def write_record(folder, cell, loss, drop, variance):
+def write_record(folder, cell, loss, drop, variance, spread=True):
     os.makedirs(folder, exist_ok=True)
     L = cell["layers"]
     rec = dict(cell=cell, status="ok", loss=loss, drop_pct=drop, angular=[0.1] * L, variance=variance,
                curve=[[1, loss + 1.0]], device="cuda", seconds=1.0, jobs=1)
+    if cell.get("shape"):  # which validation tokens: spread over the file (depth_study's width-512 shapes)
+        rec["eval"] = dict(tokens=131072, spread=spread)
     with open(os.path.join(folder, depth_study.run_name(cell) + ".json"), "w") as f:
         json.dump(rec, f)
 
@@ -186,20 +202,41 @@ class ScaleDoc(kept_folder.KeptFolderTest):
         self.assertIn("| 2 | 10.25000 | 10.24600 | -0.00400 (0.039%) | 1.5000 / 1.4960 |", page)
         self.assertNotIn("\nold\n", page)
         self.assertTrue(page.endswith("<!-- depth_scale:end -->\nafter\n"))
-        # Q1: 3.75 - 4.1 = -0.35; the ranges [3.7, 3.8] and [4.0, 4.2] are apart
+        # Q1: 3.75 - 4.1 = -0.35; Welch: variances 0.01 and 0.0025 over 3 seeds each, so
+        # se = sqrt(0.0125 / 3) = 0.0645, t = -5.42, df = (0.0125/3)^2 / ((0.01/3)^2/2 + (0.0025/3)^2/2) = 50/17
+        import study_stats
+        t, df = -0.35 / math.sqrt(0.0125 / 3), 50.0 / 17.0
+        p = study_stats.fmt_p(study_stats.t_sf2(t, df))
         self.assertIn("| 12 | 0.002 | 4.1000 ± 0.1000 (3) | 0.004 | 3.7500 ± 0.0500 (3) | -0.3500 | 0.0645 | "
-                      "-0.3500 (3), yes | **beyond the spread** |", page)
-        # Q2: the deep half costs 1.0% under Pre-LN and 3.0% under LNS on every seed
-        self.assertIn("| 12 | 1.00 ± 0.00 (3) | 3.00 ± 0.00 (3) | +2.00 | **beyond the spread** | "
+                      "t = -5.42, df 2.9 | -0.3500 (3), yes | **significant** (p = %s) |" % p, page)
+        # Q2: the deep half costs 1.0% under Pre-LN and 3.0% under LNS on every seed (no spread)
+        self.assertIn("| 12 | 1.00 ± 0.00 (3) | 3.00 ± 0.00 (3) | +2.00 | **significant** (p = <0.001) | "
                       "50.00 ± 0.00 (3) | 40.00 ± 0.00 (3) |", page)
         # Q3: variance growth 10 against 2
-        self.assertIn("| 12 | 10.00 ± 0.00 (3) | 2.00 ± 0.00 (3) | **beyond the spread** |", page)
-        # Q4: both widths in one line each
-        self.assertIn("| Q1 loss, LNS against Pre-LN | LNS lower at 0 of 1 depths (0 beyond the spread); one "
-                      "depth, no trend yet (12: +0.100) | LNS lower at 1 of 1 depths (1 beyond the spread); one "
-                      "depth, no trend yet (12: -0.350) |", page)
-        self.assertIn("costs more under LNS at 1 of 1 depths (12: +2.00% apart)", page)
-        self.assertIn("| 12 | 10.00 (1) | 12.00 (1) | +2.00 | one seed |", page)
+        self.assertIn("| 12 | 10.00 ± 0.00 (3) | 2.00 ± 0.00 (3) | **significant** (p = <0.001) |", page)
+        # Q4: both widths in one line each; one depth: no trend to state
+        self.assertIn("| Q1 loss, LNS against Pre-LN | LNS lower at 0 of 1 depths (0 significant, Welch p < 0.05); "
+                      "fewer than 2 depths with both schemes at their best rate, no trend yet (gaps 12: +0.100) | "
+                      "LNS lower at 1 of 1 depths (1 significant, Welch p < 0.05); fewer than 2 depths with both "
+                      "schemes at their best rate, no trend yet (gaps 12: -0.350) |", page)
+        self.assertIn("costs more under LNS at 1 of 1 depths (12: +2.00%, p = <0.001)", page)
+        self.assertIn("| 12 | 10.00 (1) | 12.00 (1) | +2.00 | one seed: no test |", page)
+        # the evaluation sample and the budget, from the records and the cells
+        self.assertIn("- width 512: 131,072 tokens spread over the whole validation file (8 records).", page)
+        self.assertIn("- width 64: not recorded in 2 records", page)
+        # width 512, 12 blocks: 32768 x 512 x 2 + 512 + 12 x (4 x 512^2 + 3 x 512 x 1408 + 2 x 512)
+        # = 33,554,944 + 12 x 3,212,288 = 72,102,400 parameters; 800 x 128 x 512 = 52,428,800 tokens
+        self.assertIn("| width 512, vocabulary 32768 | 12 | 800 | 72,102,400 | 52,428,800 | 0.73 |", page)
+        self.assertIn("| the paper's 130m (`configs/130m_lns.flags`) | | | 134,105,856 | 2,621,440,000 | 19.5 |",
+                      page)
+        # a width-512 record evaluated on the first tokens only is refused in one line
+        write_record(w512, c("pre", 4, 2e-3, "w512"), 4.0, [1.0] * L, [1.0] * L, spread=False)
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "experiments", "depth_scale_doc.py"),
+                            "--width64", w64, "--scale", w512, "--doc", doc], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+        self.assertIn("w512_L12_pre_lr2e-03_s800_seed4.json: evaluated on the first validation tokens", r.stderr)
+        os.remove(os.path.join(w512, "w512_L12_pre_lr2e-03_s800_seed4.json"))
         # a page without the markers is refused in one line and left as it was
         bad = os.path.join(tmp, "bad.md")
         with open(bad, "w") as f:

@@ -85,7 +85,11 @@ class Fp8Doc(kept_folder.KeptFolderTest):
         doc = os.path.join(tmp, "page.md")
         with open(doc, "w") as f:
             f.write("# P\n<!-- fp8_depth:begin -->\nold\n<!-- fp8_depth:end -->\nafter\n")
-        self.assertEqual(fp8_depth_doc.main(["--fp8", f8, "--baseline", base, "--doc", doc,
+        # the other precision's runs of two baselines: bf16 - f32 = +0.003 and -0.004
+        other = os.path.join(tmp, "other")
+        write_record(other, cell(4, "pre", 1), 5.0 + 0.003)
+        write_record(other, cell(4, "pre", 2), 5.1 - 0.004)
+        self.assertEqual(fp8_depth_doc.main(["--fp8", f8, "--baseline", base, "--doc", doc, "--noise", other,
                                              "--plots", os.path.join(tmp, "img")]), 0)
         with open(doc) as f:
             page = f.read()
@@ -93,16 +97,25 @@ class Fp8Doc(kept_folder.KeptFolderTest):
         self.assertTrue(page.endswith("<!-- fp8_depth:end -->\nafter\n"))
         # 8 blocks Pre-LN: without 5.25 ± 0.0707, with 5.31 ± 0.0849, gap 0.06 ± 0.0141
         self.assertIn("| 8 | Pre-LN | 5.2500 ± 0.0707 (2) | 5.3100 ± 0.0849 (2) | 0.0600 ± 0.0141 (2) |", page)
-        self.assertIn("- Pre-LN: the gap grows from 4 to 8 blocks (+0.0150 to +0.0600, beyond the spread).", page)
-        self.assertIn("- LNS: the gap does not grow from 4 to 8 blocks (+0.0200 to +0.0150, within the spread).",
+        # the trend: gaps 0.015 (se 0.0070711 / sqrt 2 = 0.005) and 0.06 (se 0.01) at log2 depth 2 and 3:
+        # slope 0.045 per doubling, se sqrt(0.005^2 + 0.01^2) = 0.01118, t = 4.02, two depths: normal
+        self.assertIn("- Pre-LN: the gap's slope on log2(depth) is significant: +0.0450 ± 0.0112 per doubling of the "
+                      "depth (t = 4.02, normal, p = <0.001; 2 depths) (gaps 4: +0.0150, 8: +0.0600).", page)
+        # LNS at 8 blocks has no spread (0.015 twice): no trend to state
+        self.assertIn("- LNS: fewer than 2 depths with a spread over seeds, no trend (gaps 4: +0.0200, 8: +0.0150).",
                       page)
+        # the noise reference: rms of +0.003 and -0.004 = 0.0035, beside the FP8 gaps' rms sqrt((0.01^2 + 0.02^2) / 2)
+        self.assertIn("| 4 | Pre-LN | 0.0158 (2) | 0.0035 (2) | +0.0030, -0.0040 |", page)
+        self.assertIn("| 8 | LNS | 0.0150 (2) | not run | — |", page)
         # x saturated: seeds 0.1% and 0.2%: 0.150 ± 0.071; dy deep / shallow half 0.400 / 0.000
         self.assertIn("| 8 | LNS | 0.150 ± 0.071 (2) | 0.000 ± 0.000 (2) | 0.000 ± 0.000 (2) | 0.000 ± 0.000 (2) | "
                       "0.200 ± 0.000 (2) | 0.000 ± 0.000 (2) | 0.15 ± 0.07 (2) | "
                       "0.400 ± 0.000 (2) / 0.000 ± 0.000 (2) | 0 |", page)
-        # Q3 at 8 blocks: LNS 0.015 against Pre-LN 0.06, ranges [0.015, 0.015] and [0.05, 0.07] apart
-        self.assertIn("| 8 | LNS | 0.0150 ± 0.0000 (2) | 0.0600 ± 0.0141 (2) | -0.0450 | **beyond the spread** |",
-                      page)
+        # Q3 at 8 blocks: LNS 0.015 (no spread) against Pre-LN 0.05, 0.07: Welch se = sqrt(0.0002 / 2) = 0.01,
+        # t = -4.5, df 1; two-sided p at df 1 = 1 - (2 / pi) atan(4.5) = 0.139: the ranges are apart, and yet
+        # the difference is not significant
+        self.assertIn("| 8 | LNS | 0.0150 ± 0.0000 (2) | 0.0600 ± 0.0141 (2) | -0.0450 ± 0.0100 | t = -4.50, df 1.0 | "
+                      "not significant (p = 0.14) |", page)
         for fig in ("gap", "amax", "health"):
             self.assertTrue(os.path.exists(os.path.join(tmp, "img", "fp8_depth_%s.png" % fig)))
         # an FP8 record without its health is refused in one line
