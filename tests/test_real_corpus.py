@@ -198,6 +198,39 @@ class RealCorpus(kept_folder.KeptFolderTest):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("present", r.stdout)
 
+    def test_checksums_are_checked_by_a_rebuild(self):
+        import hashlib
+        r = self.build()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rec_path = self.out + ".sources.json"
+        rec = load(rec_path)
+        deb = os.path.join(self.cache, "pkg", "lns-fake-docs_1.2-3_all.deb")
+        by = {s["name"]: s for s in rec["sources"]}
+        with open(deb, "rb") as f:
+            self.assertEqual(by["text"]["package_sha256"], hashlib.sha256(f.read()).hexdigest())
+        self.assertEqual(by["text"]["package_file"], "lns-fake-docs_1.2-3_all.deb")
+        self.assertEqual([x["path"] for x in by["text"]["licence_files"]], ["usr/share/doc/lns-fake-docs/copyright"])
+        with open(self.out + ".val.tok", "rb") as f:
+            self.assertEqual(rec["outputs_sha256"][".val.tok"], hashlib.sha256(f.read()).hexdigest())
+        self.assertEqual(sorted(rec["outputs_sha256"]), [".docs.jsonl", ".tokenizer.json", ".train.tok", ".val.tok"])
+        # a rebuild from the same packages, elsewhere, has the same bytes
+        self.out = os.path.join(self.dir, "again", "mini")
+        r = self.build("--check", rec_path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("every package, used file and output has the recorded sha256", r.stdout)
+        # a package whose text changed: named in one line
+        with gzip.open(os.path.join(self.dir, "debroot/usr/share/doc/lns-fake-docs/txt/c.txt.gz"), "at") as f:
+            f.write("\n\nOne more paragraph that was not there when the record was written, long enough.\n")
+        subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-b", os.path.join(self.dir, "debroot"), deb],
+                       check=True, capture_output=True)
+        shutil.rmtree(os.path.join(self.cache, "x"))
+        self.out = os.path.join(self.dir, "third", "mini")
+        r = self.build("--check", rec_path)
+        self.assertEqual(r.returncode, 1)
+        last = r.stderr.strip().splitlines()[-1]  # after the per-source progress lines: one error line
+        self.assertTrue(last.startswith("real_corpus: --check=%s: source html: package_sha256 differs" % rec_path),
+                        r.stderr)  # the first source of that package
+
     def test_bad_input_is_one_line(self):
         bad = dict(SOURCES)
         bad["sources"] = [dict(SOURCES["sources"][0], format="pdf")]

@@ -23,8 +23,14 @@ short goes on):
                decides, by document index), then prepare_data writes OUT.train.tok,
                OUT.val.tok and OUT.json
   6. record    OUT.sources.json: per source its package, version, licence (from the
-               source list, beside the names in the package's copyright file), files,
-               documents, bytes and tokens; --doc writes the table into docs/data.md
+               source list, beside the names in the package's copyright file, and that
+               file's path and sha256 in the package), files, documents, bytes and
+               tokens; the sha256 of each package file and of the list of the files used
+               in it (path and sha256 of each), and of every output (documents,
+               tokenizer, token files); --doc writes the table into docs/data.md
+  --check REC  after building, compares those checksums with an earlier record (e.g. the
+               committed docs/realtext_sources.json): a rebuild from the same packages
+               must give the same bytes; the first difference is one error line
 
 Nothing here is committed but the source list and the record: the packages restore the
 rest. Every failure is one line "real_corpus: ..." and exit status 1.
@@ -177,6 +183,30 @@ def copyright_licences(root):
         except OSError:
             pass
     return names
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def files_digest(root, files):
+    """sha256 of the list 'relative path TAB sha256' of FILES, sorted: one checksum for
+    every file a source used."""
+    lines = sorted("%s\t%s\n" % (os.path.relpath(p, root), sha256_file(p)) for p in files)
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def copyright_files(root):
+    """The package's licence texts: (relative path, sha256) of its copyright file(s) or a
+    wheel's LICENSE files, whether or not they name a DEP-5 licence."""
+    paths = sorted(glob.glob(os.path.join(root, "usr/share/doc/*/copyright")) +
+                   glob.glob(os.path.join(root, "*.dist-info/LICEN[CS]E*")) +
+                   glob.glob(os.path.join(root, "*.dist-info/licenses/*")))
+    return [dict(path=os.path.relpath(p, root), sha256=sha256_file(p)) for p in paths if os.path.isfile(p)]
 
 
 def matching_files(root, globs):
@@ -387,7 +417,9 @@ def build_docs(sources, args):
             if not files:
                 raise CorpusError("%s: no file of %s matches %s" % (s["name"], os.path.basename(pkg), s["include"]))
             st = dict(name=s["name"], package=s["package"], manager=s["manager"], version=package_version(pkg),
-                      licence=s["licence"], copyright_says=copyright_licences(root), format=s["format"],
+                      licence=s["licence"], copyright_says=copyright_licences(root),
+                      licence_files=copyright_files(root), package_file=os.path.basename(pkg),
+                      package_sha256=sha256_file(pkg), files_sha256=files_digest(root, files), format=s["format"],
                       files=len(files), raw_bytes=0, docs=0, bytes=0, dup_docs=0, dup_paras=0, short=0,
                       not_english=0, note=s.get("note", ""))
             for path in files:
@@ -493,6 +525,8 @@ def main(argv=None):
     ap.add_argument("--min_para", type=int, default=80, help="paragraphs this long are deduplicated")
     ap.add_argument("--record", default="", help="also write the record here (e.g. docs/realtext_sources.json)")
     ap.add_argument("--doc", default="", help="write the source table between the real_corpus markers of this file")
+    ap.add_argument("--check", default="", help="compare the packages', used files' and outputs' sha256 with this "
+                    "earlier record (e.g. docs/realtext_sources.json)")
     args = ap.parse_args(argv)
     try:
         if not 300 <= args.vocab <= 65536:
@@ -507,7 +541,8 @@ def main(argv=None):
         if os.path.exists(rec_path) and all(os.path.exists(p) for p in outs):
             with open(rec_path) as f:
                 record = json.load(f)
-            if record.get("source_list") == sources and record.get("vocab") == args.vocab:
+            if record.get("source_list") == sources and record.get("vocab") == args.vocab \
+                    and "outputs_sha256" in record:  # an older record without checksums: rebuilt
                 print("real_corpus: %s.* present (%s training tokens)" % (args.out, format(
                     record["totals"]["train_tokens"], ",")))
                 return finish(record, args)
@@ -528,6 +563,8 @@ def main(argv=None):
                               "validation documents)" % (got, want))
         record = dict(source_list=sources, vocab=args.vocab, val_fraction=args.val_fraction,
                       min_chars=args.min_chars, min_para=args.min_para, sources=stats, totals=totals,
+                      outputs_sha256={os.path.basename(p)[len(os.path.basename(args.out)):]: sha256_file(p)
+                                      for p in outs[:4]},
                       token_files=meta)
         prepare_data.write_json(rec_path, record, indent=1)
         return finish(record, args)
@@ -536,7 +573,38 @@ def main(argv=None):
         return 1
 
 
+CHECKED = ("package_file", "package_sha256", "files_sha256", "licence_files")
+
+
+def check(record, path):
+    """The rebuild against an earlier record: every source's package and used files, and
+    every output, byte for byte (by sha256)."""
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise CorpusError("--check=%s: cannot read (%s)" % (path, e))
+    if "outputs_sha256" not in old:
+        raise CorpusError("--check=%s: the record has no checksums (written before real_corpus.py kept them)" % path)
+    mine = {s["name"]: s for s in record["sources"]}
+    for s in old["sources"]:
+        m = mine.get(s["name"])
+        if m is None:
+            raise CorpusError("--check=%s: source %s is not in this build" % (path, s["name"]))
+        for k in CHECKED:
+            if s.get(k) != m.get(k):
+                raise CorpusError("--check=%s: source %s: %s differs (%s here, %s there)" % (
+                    path, s["name"], k, str(m.get(k))[:16], str(s.get(k))[:16]))
+    for k, v in old["outputs_sha256"].items():
+        if record["outputs_sha256"].get(k) != v:
+            raise CorpusError("--check=%s: output %s differs (sha256 %s here, %s there)" % (
+                path, k, str(record["outputs_sha256"].get(k))[:16], v[:16]))
+
+
 def finish(record, args):
+    if args.check:
+        check(record, args.check)
+        print("real_corpus: --check=%s: every package, used file and output has the recorded sha256" % args.check)
     if args.record:
         prepare_data.write_json(args.record, {k: v for k, v in record.items() if k != "token_files"}, indent=1)
     if args.doc:
