@@ -45,6 +45,22 @@ class Tests(unittest.TestCase):
         self.assertTrue(w["significant"])
         self.assertEqual(st.fmt_welch(w, 2), "+10.00 ± 0.91 (Welch t = 10.95, df 6.0, p = <0.001)")
 
+    def test_contrast_by_hand(self):
+        # two terms: Welch's test itself
+        a, b = [1.0, 2.0, 3.0], [2.0, 4.0, 6.0]
+        c, w = st.contrast([(-1, a), (1, b)]), st.welch(a, b)
+        for k in ("diff", "se", "t", "df", "p"):
+            self.assertAlmostEqual(c[k], w[k], places=14, msg=k)
+        # the change of a gap: (d - c) - (b - a) with a = 1,2,3 (var 1), b = 2,4,6 (var 4),
+        # c = 0,0,3 (mean 1, var 3), d = 5,7 (mean 6, var 2): diff (6 - 1) - (4 - 2) = 3,
+        # v = 1/3, 4/3, 1, 1: se^2 = 11/3, df = (11/3)^2 / ((1/9 + 16/9 + 1) / 2 + 1 / 1)
+        g = st.contrast([(1, a), (-1, b), (-1, [0.0, 0.0, 3.0]), (1, [5.0, 7.0])])
+        self.assertAlmostEqual(g["diff"], 3.0, places=14)
+        self.assertAlmostEqual(g["se"], math.sqrt(11.0 / 3.0), places=14)
+        self.assertAlmostEqual(g["df"], (11.0 / 3.0) ** 2 / ((1 / 9 + 16 / 9 + 1) / 2 + 1), places=12)
+        self.assertAlmostEqual(g["p"], st.t_sf2(3.0 / math.sqrt(11.0 / 3.0), g["df"]), places=15)
+        self.assertIsNone(st.contrast([(1, a), (-1, [1.0])]))
+
     def test_the_range_rule_the_pages_dropped(self):
         # Seed ranges apart by 0.0003 with 3 seeds a side (the FP8 page's LNS at 12 blocks):
         # not a significant difference by Welch's test.

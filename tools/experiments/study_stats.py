@@ -7,6 +7,10 @@ worked out by hand and textbook table values.
 - welch(a, b): the difference of means b - a of two independent samples (seeds), its
   standard error sqrt(s_a^2/n_a + s_b^2/n_b), Welch's t and its Welch-Satterthwaite
   degrees of freedom, the two-sided p-value, and whether it is significant at 5%.
+- contrast(terms): a signed sum of independent samples' means, sum_i c_i mean_i (the
+  change of a gap between two budgets: (lns2 - pre2) - (lns1 - pre1)), its standard
+  error sqrt(sum_i c_i^2 s_i^2 / n_i) and t with the Welch-Satterthwaite degrees of
+  freedom (sum v_i)^2 / sum v_i^2 / (n_i - 1); welch(a, b) is contrast([(-1, a), (1, b)]).
 - paired(d): the mean of per-seed differences, its standard error s/sqrt(n), t with
   n - 1 degrees of freedom (the same initial weights and batches on both sides).
 - trend(points): the slope of a quantity on log2(depth) by weighted least squares, each
@@ -116,6 +120,23 @@ def welch(a, b):
     t = diff / se
     p = t_sf2(t, df)
     return dict(diff=diff, se=se, t=t, df=df, p=p, significant=p < ALPHA, n_a=len(a), n_b=len(b))
+
+
+def contrast(terms):
+    """terms: [(coefficient, values)] of independent samples. None when a sample has fewer
+    than 2 values."""
+    if any(len(v) < 2 for _, v in terms):
+        return None
+    parts = [c * c * var(v) / len(v) for c, v in terms]
+    diff = sum(c * mean(v) for c, v in terms)
+    se = math.sqrt(sum(parts))
+    if se == 0.0:
+        return dict(diff=diff, se=0.0, t=math.inf if diff else 0.0, df=float(sum(len(v) - 1 for _, v in terms)),
+                    p=0.0 if diff else 1.0, significant=bool(diff))
+    df = sum(parts) ** 2 / sum(p * p / (len(v) - 1) for p, (_, v) in zip(parts, terms))
+    t = diff / se
+    p = t_sf2(t, df)
+    return dict(diff=diff, se=se, t=t, df=df, p=p, significant=p < ALPHA)
 
 
 def paired(d):
