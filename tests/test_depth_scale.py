@@ -183,7 +183,7 @@ class ScaleDoc(kept_folder.KeptFolderTest):
             f.write("# P\n<!-- depth_scale:begin -->\nold\n<!-- depth_scale:end -->\nafter\n")
         cross = os.path.join(tmp, "crosscheck.json")
         self.assertEqual(depth_scale_doc.main(["--width64", w64, "--scale", w512, "--doc", doc,
-                                               "--crosscheck", cross]), 0)
+                                               "--crosscheck", cross, "--measured", os.path.join(tmp, "none")]), 0)
         with open(doc) as f:
             self.assertIn("Not run yet: `STAGES=crosscheck", f.read())
         # the cross-check's record (scale_crosscheck.py's fields) as a table
@@ -193,7 +193,7 @@ class ScaleDoc(kept_folder.KeptFolderTest):
             json.dump(dict(name="w512_L12_pre_lr2e-03_s800_seed1", steps=2, date="2026-11-28", cpu_threads=16,
                            seconds=dict(cpu=50.0, cuda=3.0), rows=rows, max_rel_gap=0.004 / 10.25), f)
         self.assertEqual(depth_scale_doc.main(["--width64", w64, "--scale", w512, "--doc", doc,
-                                               "--crosscheck", cross]), 0)
+                                               "--crosscheck", cross, "--measured", os.path.join(tmp, "none")]), 0)
         with open(doc) as f:
             page = f.read()
         self.assertIn("`w512_L12_pre_lr2e-03_s800_seed1`, its first 2 steps from the same weights and batches, "
@@ -246,6 +246,47 @@ class ScaleDoc(kept_folder.KeptFolderTest):
         self.assertEqual(r.returncode, 1)
         self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
         self.assertIn("needs one '<!-- depth_scale:begin -->' line", r.stderr)
+
+    def test_measured_without_a_gpu(self):
+        """The page's figures on the CPU's speed at width 512 and on the emulated cross-check
+        come from their records; a record missing one of them is refused in one line."""
+        import depth_scale_doc
+        m = os.path.join(self.work, "measurements")
+        os.makedirs(m)
+        self.assertEqual(depth_scale_doc.measured_section(m)[1], "No measurement recorded in `%s`." % m)
+        cell = depth_study.cell("depth", 12, "pre", 1, lr=2e-3, steps=800, shape="w512")
+        rows = [dict(step=1, loss=10.5, grad_norm=2.0, step_time_s=160.0, tokens_per_s=409.6),
+                dict(step=2, loss=10.25, grad_norm=1.9, step_time_s=140.0, tokens_per_s=468.1)]
+        with open(os.path.join(m, "cpu_steps.json"), "w") as f:
+            json.dump(dict(kind="cpu_steps", cell=cell, name="w512_L12_x", steps=2, cpu_threads=2, cores=2, nice=19,
+                           seconds=300.0, rows=rows, date="2026-11-29"), f)
+        emu = [dict(step=1, cpu_loss=5.5, cuda_loss=5.5005, gap=0.0005, rel_gap=0.0005 / 5.5, grad_norm_rel=0.003),
+               dict(step=2, cpu_loss=5.4, cuda_loss=5.4, gap=0.0, rel_gap=0.0, grad_norm_rel=0.012)]
+        with open(os.path.join(m, "crosscheck_emulated.json"), "w") as f:
+            json.dump(dict(kind="crosscheck", cuda_on="emulator", name="mini_x", steps=2, date="2026-11-29",
+                           rows=emu, max_rel_gap=0.0005 / 5.5), f)
+        text = "\n".join(depth_scale_doc.measured_section(m))
+        # 800 steps at the mean step time of 150 s: 33.3 hours; ln 32768 = 10.397
+        self.assertIn("`w512_L12_x`'s first 2 steps on 2 cores (2 threads, nice 19) took 160 s, 140 s (410 to 468 "
+                      "tokens/s), with losses 10.5000, 10.2500 against ln 32768 = 10.397 at initialisation; at their "
+                      "mean step time its 800 steps would take about 33 hours", text)
+        self.assertIn("`mini_x`, 2 steps; the largest |gap| is 0.009% of the CPU loss and the gradient norms differ "
+                      "by 1.20% at most.", text)
+        # a record without a figure, or of another kind, is refused
+        del rows[1]["tokens_per_s"]
+        with open(os.path.join(m, "cpu_steps.json"), "w") as f:
+            json.dump(dict(kind="cpu_steps", cell=cell, name="w512_L12_x", steps=2, cpu_threads=2, cores=2, nice=19,
+                           seconds=300.0, rows=rows, date="2026-11-29"), f)
+        with self.assertRaises(depth_scale_doc.DocError) as e:
+            depth_scale_doc.measured_section(m)
+        self.assertIn("a record without a figure the page gives ('tokens_per_s')", str(e.exception))
+        os.remove(os.path.join(m, "cpu_steps.json"))
+        with open(os.path.join(m, "crosscheck_emulated.json"), "w") as f:
+            json.dump(dict(kind="crosscheck", cuda_on="gpu", name="mini_x", steps=2, date="2026-11-29", rows=emu,
+                           max_rel_gap=0.0), f)
+        with self.assertRaises(depth_scale_doc.DocError) as e:
+            depth_scale_doc.measured_section(m)
+        self.assertIn("whose CUDA side ran on the emulator", str(e.exception))
 
 
 if __name__ == "__main__":
