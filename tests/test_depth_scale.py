@@ -4,11 +4,10 @@
 1. The grid's rule, on made-up losses: the sweep comes first; the depths wait for its
    winner and take each scheme's own; the deepest depth's sweep brackets that winner
    and its cells take their own winner; Mix-LN and Post-LN follow Pre-LN's rate.
-3. The page's answers (depth_scale_doc.py) on records whose figures are worked out here.
-2. The miniature grid end to end on the CPU (LNS_TRAIN_BIN, LNS_EVAL_BIN): a corpus made
-   by real_corpus.py from a package built here, then every cell trained, evaluated and
-   recorded in one invocation (the waiting cells are added as their sweeps finish), the
-   rates checked against the recorded losses, and a second invocation with nothing left.
+2. The page's answers (depth_scale_doc.py) on records whose figures are worked out here,
+   and its figures measured without a GPU from their records.
+The miniature grid end to end on the CPU is tests/test_scale_pipeline.py (a slice of the
+real corpus, the grid, the cross-check, the records and the page).
 """
 import json
 import math
@@ -75,75 +74,7 @@ class ScaleGrid(unittest.TestCase):
         self.assertIn("--grid=full is not a grid of --study=scale (scale, scale_mini)", r.stderr)
 
 
-@unittest.skipUnless(os.environ.get("LNS_TRAIN_BIN") and os.environ.get("LNS_EVAL_BIN"),
-                     "set LNS_TRAIN_BIN and LNS_EVAL_BIN (ctest does)")
-class ScaleMiniEndToEnd(kept_folder.KeptFolderTest):
-    def test_mini_grid_runs_and_resumes(self):
-        try:
-            import tokenizers  # noqa: F401
-        except ImportError:
-            self.skipTest("needs the tokenizers package")
-        import test_real_corpus as trc
-        tmp = self.work
-        cache = os.path.join(tmp, "cache")
-        os.makedirs(os.path.join(cache, "pkg"))
-        trc.make_deb(tmp, os.path.join(cache, "pkg"))
-        trc.make_wheel(os.path.join(cache, "pkg"))
-        src = os.path.join(tmp, "sources.json")
-        with open(src, "w") as f:
-            json.dump(trc.SOURCES, f)
-        data = os.path.join(tmp, "mini")
-        r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "experiments", "real_corpus.py"),
-                            "--sources", src, "--cache", cache, "--offline", "--out", data, "--vocab", "300",
-                            "--val_fraction", "0.3", "--min_chars", "100"], capture_output=True, text=True)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        bindir = os.path.join(tmp, "bin")
-        os.makedirs(bindir)
-        for name in ("LNS_TRAIN_BIN", "LNS_EVAL_BIN"):
-            os.symlink(os.environ[name], os.path.join(bindir, os.path.basename(os.environ[name])))
-        out, rec = os.path.join(tmp, "runs"), os.path.join(tmp, "records")
-        cmd = [sys.executable, os.path.join(ROOT, "tools", "experiments", "depth_study.py"), "--study", "scale",
-               "--grid", "scale_mini", "--data", data, "--vocab", "300", "--bin", bindir, "--out", out,
-               "--record", rec, "--jobs", "2", "--threads", "1"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
-        loss = lambda c: depth_study.finished_loss(c, out, rec)
-        cells = depth_study.grid("scale_mini", loss)
-        self.assertEqual(len(cells), 24)
-        for c in cells:
-            self.assertTrue(os.path.exists(os.path.join(rec, depth_study.run_name(c) + ".json")),
-                            depth_study.run_name(c))
-        # every depth runs at the rate its sweep's recorded losses chose
-        sweep = [c for c in cells if c["group"] == "lr" and c["layers"] == 2]
-        best = depth_study.best_rates(sweep, loss)
-        for c in cells:
-            if c["group"] == "depth" and c["layers"] in (2, 3):
-                self.assertEqual(c["lr"], best[c["scheme"]], depth_study.run_name(c))
-        deep = depth_study.best_rates([c for c in cells if c["group"] == "lr" and c["layers"] == 4], loss)
-        for c in cells:
-            if c["group"] == "depth" and c["layers"] == 4:
-                self.assertEqual(c["lr"], deep[c["scheme"]])
-        # a record holds the layer-removal sweep: one entry per block
-        with open(os.path.join(rec, depth_study.run_name(cells[-1]) + ".json")) as f:
-            some = json.load(f)
-        self.assertEqual(len(some["drop_pct"]), cells[-1]["layers"])
-        # evaluated with --eval_spread (issue 45), as the record says; this miniature's validation file
-        # holds 320 target positions, fewer than the 512 asked, so all of it is read once
-        self.assertEqual(some["eval"], {"tokens": 320, "spread": True})
-        # the budget's parameter count (study_budget.py) against the checkpoints' own tensors
-        import glob
-        import study_budget
-        for c in cells:
-            if c["scheme"] in ("pre", "mix") and c["seed"] == 1:
-                ck = sorted(glob.glob(os.path.join(out, depth_study.run_name(c), "checkpoints", "step_*")))[-1]
-                with open(os.path.join(ck, "manifest.json")) as f:
-                    tensors = [t for t in json.load(f)["tensors"] if t["kind"] == "param"]
-                n = sum(math.prod(t["logical"]) for t in {t["tensor"]: t for t in tensors}.values())
-                self.assertEqual(study_budget.cell_budget(c, depth_study.SHAPES["mini"], 300)["params"], n,
-                                 depth_study.run_name(c))
-        # the same command again has nothing to do
-        r = subprocess.run(cmd + ["--list"], capture_output=True, text=True)
-        self.assertIn("24 cells, 0 to run", r.stdout)
+# The miniature grid end to end on the CPU: tests/test_scale_pipeline.py (a slice of the real corpus).
 
 
 def write_record(folder, cell, loss, drop, variance, spread=True):

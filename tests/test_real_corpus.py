@@ -245,6 +245,11 @@ class RealCorpus(kept_folder.KeptFolderTest):
         self.assertEqual(r.returncode, 1)
         self.assertIn("html: no package file not-there_*.deb in", r.stderr)
         self.assertIn("(--offline)", r.stderr)
+        # a slice names sources of the list
+        self.write_sources(SOURCES)
+        r = self.build("--only", "html,nowhere")
+        self.assertEqual((r.returncode, r.stderr.strip().count("\n")), (1, 0), r.stderr)
+        self.assertIn("--only=html,nowhere: nowhere not in", r.stderr)
         # an index entry pointing past the end of its database
         with open(os.path.join(self.dir, "debroot/usr/share/dictd/fake.index"), "a") as f:
             f.write("past\t%s\t%s\n" % (b64(10 ** 6), b64(10)))

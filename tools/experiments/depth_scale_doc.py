@@ -304,7 +304,7 @@ def measured_section(folder):
             if r.get("kind") != "cpu_steps":
                 raise DocError("%s: 'kind' is %r, expected 'cpu_steps'" % (cpu, r.get("kind")))
             rows = r["rows"]
-            vocab = depth_study.STUDIES["scale"]["vocab"]
+            vocab = r.get("vocab", depth_study.STUDIES["scale"]["vocab"])
             mean_s = sum(x["step_time_s"] for x in rows) / len(rows)
             w.append("- The CPU, f32 (`%s`, %s): `%s`'s first %d steps on %d cores (%d threads, nice %d) took %s "
                      "(%s tokens/s), with losses %s against ln %d = %.3f at initialisation; at their mean step time "

@@ -28,6 +28,9 @@ short goes on):
                tokens; the sha256 of each package file and of the list of the files used
                in it (path and sha256 of each), and of every output (documents,
                tokenizer, token files); --doc writes the table into docs/data.md
+  --only a,b   a slice: those sources of the list only; --installed takes a Debian source's
+               package from this system where installed (no download; no package file,
+               so its used files' sha256 stand for it)
   --check REC  after building, compares those checksums with an earlier record (e.g. the
                committed docs/realtext_sources.json): a rebuild from the same packages
                must give the same bytes; the first difference is one error line
@@ -105,8 +108,24 @@ def run_quiet(cmd, cwd, what):
         raise CorpusError("%s failed: %s" % (what, last[0]))
 
 
-def fetch(s, cache, offline):
-    """The package file of source s in cache/pkg (downloaded unless present)."""
+INSTALLED = "installed:"  # fetch()'s name for a Debian package taken from this system (--installed)
+
+
+def installed_version(package):
+    """The version of an installed Debian package, or None."""
+    r = subprocess.run(["dpkg-query", "-W", "-f=${Status}\t${Version}", package], capture_output=True, text=True)
+    status, _, version = r.stdout.partition("\t")
+    return version if r.returncode == 0 and status.endswith(" installed") else None
+
+
+def fetch(s, cache, offline, installed=False):
+    """The package file of source s in cache/pkg (downloaded unless present); with
+    installed, a Debian package installed on this system is taken from it instead
+    ('installed:<package>_<version>'), so a machine that has it needs no download."""
+    if installed and s["manager"] == "deb":
+        version = installed_version(s["package"])
+        if version:
+            return "%s%s_%s" % (INSTALLED, s["package"], version)
     pkg_dir = os.path.join(cache, "pkg")
     os.makedirs(pkg_dir, exist_ok=True)
     pattern = {"deb": "%s_*.deb", "pypi": "%s-*"}[s["manager"]] % (
@@ -137,7 +156,19 @@ def extract(s, pkg_file, cache):
                 return dest
     shutil.rmtree(dest, ignore_errors=True)
     os.makedirs(dest)
-    if pkg_file.endswith(".deb"):
+    if pkg_file.startswith(INSTALLED):  # its files as dpkg lists them, copied from the system
+        package = pkg_file[len(INSTALLED):].split("_")[0]
+        r = subprocess.run(["dpkg", "-L", package], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise CorpusError("%s: dpkg -L %s failed" % (s["name"], package))
+        for path in r.stdout.split("\n"):  # files and links, as dpkg-deb -x would unpack them
+            if path.startswith("/") and (os.path.islink(path) or os.path.isfile(path)):
+                os.makedirs(os.path.dirname(dest + path), exist_ok=True)
+                if os.path.islink(path):
+                    os.symlink(os.readlink(path), dest + path)
+                else:
+                    shutil.copy2(path, dest + path)
+    elif pkg_file.endswith(".deb"):
         run_quiet(["dpkg-deb", "-x", pkg_file, dest], dest, "dpkg-deb -x %s" % os.path.basename(pkg_file))
     elif pkg_file.endswith((".whl", ".zip")):
         try:
@@ -160,6 +191,8 @@ def extract(s, pkg_file, cache):
 
 
 def package_version(pkg_file):
+    if pkg_file.startswith(INSTALLED):
+        return pkg_file.split("_", 1)[1]
     if pkg_file.endswith(".deb"):
         r = subprocess.run(["dpkg-deb", "-f", pkg_file, "Version"], capture_output=True, text=True)
         return r.stdout.strip()
@@ -410,7 +443,7 @@ def build_docs(sources, args):
     tmp = args.out + ".docs.jsonl.tmp"
     with open(tmp, "w") as out:
         for s in sources:
-            pkg = fetch(s, args.cache, args.offline)
+            pkg = fetch(s, args.cache, args.offline, args.installed)
             root = extract(s, pkg, args.cache)
             files = [p for p in matching_files(root, s["include"])
                      if not any(fnmatch.fnmatch(os.path.relpath(p, root), x) for x in s.get("exclude", []))]
@@ -419,7 +452,9 @@ def build_docs(sources, args):
             st = dict(name=s["name"], package=s["package"], manager=s["manager"], version=package_version(pkg),
                       licence=s["licence"], copyright_says=copyright_licences(root),
                       licence_files=copyright_files(root), package_file=os.path.basename(pkg),
-                      package_sha256=sha256_file(pkg), files_sha256=files_digest(root, files), format=s["format"],
+                      # an installed package has no package file: its used files' checksum stands for it
+                      package_sha256=None if pkg.startswith(INSTALLED) else sha256_file(pkg),
+                      files_sha256=files_digest(root, files), format=s["format"],
                       files=len(files), raw_bytes=0, docs=0, bytes=0, dup_docs=0, dup_paras=0, short=0,
                       not_english=0, note=s.get("note", ""))
             for path in files:
@@ -519,6 +554,10 @@ def main(argv=None):
     ap.add_argument("--out", default="data/realtext", help="output prefix")
     ap.add_argument("--cache", default="data/realtext_packages", help="downloaded and unpacked packages")
     ap.add_argument("--offline", action="store_true", help="use only the packages already in --cache/pkg")
+    ap.add_argument("--installed", action="store_true", help="take a Debian source's package from this system "
+                    "where it is installed (no download)")
+    ap.add_argument("--only", default="", help="comma-separated source names: build from these sources of the "
+                    "list only (a slice of the corpus, e.g. for CI)")
     ap.add_argument("--vocab", type=int, default=32768, help="BPE vocabulary (with the end-of-document token)")
     ap.add_argument("--val_fraction", type=float, default=0.01, help="share of documents held out")
     ap.add_argument("--min_chars", type=int, default=200, help="shorter documents are dropped")
@@ -534,6 +573,13 @@ def main(argv=None):
         if not 0 < args.val_fraction < 0.5:
             raise CorpusError("--val_fraction=%g: expected more than 0 and less than 0.5" % args.val_fraction)
         sources = read_sources(args.sources)
+        if args.only:
+            names = [n for n in args.only.split(",") if n]
+            unknown = [n for n in names if n not in {x["name"] for x in sources}]
+            if unknown or not names:
+                raise CorpusError("--only=%s: %s not in %s" % (args.only, ", ".join(unknown) or "no name",
+                                                               args.sources))
+            sources = [x for x in sources if x["name"] in names]
         args.cache = os.path.abspath(args.cache)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         rec_path = args.out + ".sources.json"

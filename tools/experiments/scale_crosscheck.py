@@ -55,9 +55,11 @@ def smallest_cell(grid, record_dir, out):
     cells = depth_study.grid(grid, loss)
     first = min(c["layers"] for c in cells)
     mine = [c for c in cells if c["layers"] == first and c["scheme"] == "pre" and c["seed"] == 1]
-    depth = [c for c in mine if c["group"] == "depth"]
-    if depth:
-        return depth[0]
+    # the sweep's winner; its seed-1 cell is listed once, under the sweep's group (the grid
+    # drops the depth group's copy of the same run), so the rate decides, not the group
+    best = depth_study.best_rates([c for c in mine if c["group"] == "lr"], loss)
+    if "pre" in best:
+        return [c for c in mine if c["lr"] == best["pre"]][0]
     rates = sorted(c["lr"] for c in mine)
     return [c for c in mine if c["lr"] == rates[len(rates) // 2]][0]
 
@@ -130,7 +132,7 @@ def cpu_steps(c, name, run, args):
                                                                r["tokens_per_s"] or 0))
     if args.record:
         depth_study.write_json(args.record, dict(
-            kind="cpu_steps", cell=c, name=name, steps=args.steps, cpu_threads=args.threads, cores=os.cpu_count(),
+            kind="cpu_steps", cell=c, name=name, vocab=args.vocab, steps=args.steps, cpu_threads=args.threads, cores=os.cpu_count(),
             nice=os.nice(0), seconds=round(seconds, 1), rows=rows, date=time.strftime("%Y-%m-%d"),
             cpu_flags=flags_for(c, "cpu", args.steps, os.path.join(args.out, "cpu"), args.data, args.vocab)))
         print("scale_crosscheck: record in %s" % args.record)
