@@ -168,7 +168,7 @@ class LnFree(unittest.TestCase):
             self.assertIn("LNS's gap − Pre-LN's at step 340: -0.0500 ± %.4f (Welch t = %.2f, df 2.0, p = %s)." % (
                 se, -0.05 / se, study_stats.fmt_p(1 - (0.05 / se) / math.sqrt(2 + (0.05 / se) ** 2))), page)
             # bumps: 2.3 - 2.0 at 321; 2.1 - (2.3 x 5 + 2.1 x 5) / 10 = -0.1 at 331, the same in both seeds
-            self.assertIn("| `mlp@+20` | 321, 321 | steps, steps | 6 | 0.3000 ± 0.0000 (2) |", page)
+            self.assertIn("| `mlp@+20` | 321, 321 | steps, steps | 6 | +0.3000 ± 0.0000 (2) |", page)
             self.assertIn("| `final@~0.03/40` | 331, 331 | loss, loss | 7 | -0.1000 ± 0.0000 (2) |", page)
             self.assertIn("Steps between replacements: 10 to 10.", page)
             self.assertIn("Largest relative difference between a folded model and its LN-free checkpoint: 2.0e-09.",

@@ -144,7 +144,7 @@ def render(recs):
             w.append("| `%s` | %s | %s | %s | %s |" % (
                 entry, ", ".join(str(e["step"]) for e in ev), ", ".join(why),
                 ", ".join(sorted({str(e["fixed_total"]) for e in ev})),
-                mean_sd([bump(r[a]["train_lnfree"], e["step"]) for r, e in zip(recs, ev)])))
+                mean_sd([bump(r[a]["train_lnfree"], e["step"]) for r, e in zip(recs, ev)], sign=True)))
         waits = [ev2["step"] - ev1["step"] for r in recs for ev1, ev2 in zip(r[a]["events"], r[a]["events"][1:])]
         w.append("\nSteps between replacements: %d to %d.\n" % (min(waits), max(waits)) if waits else "")
     w.append("The final LN-free models with their norms folded away (`lns_convert fold-norms` of the last "

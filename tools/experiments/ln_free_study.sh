@@ -76,7 +76,7 @@ for arm in pre lns; do
   # shellcheck disable=SC2086
   ./build/lns_eval --checkpoint="$ck" $EVAL --out="$OUT/eval_lnfree_$arm" | grep -E "perplexity|LN-free"
   echo "== fold the norms of the LN-free $arm model and evaluate it"
-  ./build/lns_convert fold-norms --in="$ck" --out="$OUT/folded_$arm" | head -1
+  ./build/lns_convert fold-norms --in="$ck" --out="$OUT/folded_$arm" | sed -n 1p  # all of its output read: no SIGPIPE under pipefail
   # shellcheck disable=SC2086
   ./build/lns_eval --checkpoint="$OUT/folded_$arm" $EVAL --out="$OUT/eval_folded_$arm" | grep -E "perplexity"
 done

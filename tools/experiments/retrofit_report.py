@@ -76,7 +76,7 @@ def render(recs):
                                                    jumps[-1]))
     w.append("| mean ± std (seeds) | %s | %s | %s |" % (
         mean_sd([r["eval_pre"]["loss"] for r in recs]), mean_sd([r["eval_retrofit"]["loss"] for r in recs]),
-        mean_sd(jumps)))
+        mean_sd(jumps, sign=True)))
     w.append("\nThe retrofit's jump in validation loss, paired by seed: %s.\n" % fmt_paired(jumps))
     lns, pre = curves(recs, "val_lns"), curves(recs, "val_pre")
     steps = sorted(set(lns) & set(pre))

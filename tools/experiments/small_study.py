@@ -138,12 +138,12 @@ def shape_of_flags(flags):
                 batch=int(flags["global_batch_size"]))
 
 
-def mean_sd(xs, digits=4):
-    """'2.2476 ± 0.0012 (3)' (mean ± sample std (seeds)) or '2.2476 (1)'."""
+def mean_sd(xs, digits=4, sign=False):
+    """'2.2476 ± 0.0012 (3)' (mean ± sample std (seeds)) or '2.2476 (1)'; sign: '+0.1295'."""
+    f = "%%%s.%df" % ("+" if sign else "", digits)
     if len(xs) == 1:
-        return ("%%.%df (1)" % digits) % xs[0]
-    return ("%%.%df ± %%.%df (%%d)" % (digits, digits)) % (study_stats.mean(xs), math.sqrt(study_stats.var(xs)),
-                                                            len(xs))
+        return (f + " (1)") % xs[0]
+    return (f + (" ± %%.%df (%%d)" % digits)) % (study_stats.mean(xs), math.sqrt(study_stats.var(xs)), len(xs))
 
 
 def fmt_paired(d, digits=4):
