@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 import zipfile
 
@@ -18,6 +19,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 TOOL = os.path.join(ROOT, "tools", "experiments", "real_corpus.py")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kept_folder  # noqa: E402  (a failed test keeps its folder and shows its runs' logs)
+sys.path.insert(0, os.path.dirname(TOOL))
+import real_corpus  # noqa: E402
 try:
     import tokenizers  # noqa: F401
     HAVE_TOKENIZERS = True
@@ -260,6 +263,38 @@ class RealCorpus(kept_folder.KeptFolderTest):
         r = self.build()
         self.assertEqual(r.returncode, 1)
         self.assertRegex(r.stderr, r"fake\.index:5: entry past outside the [0-9]+-byte database")
+
+
+class ProseLicences(unittest.TestCase):
+    """A copyright file without DEP-5 'License:' fields: the licences its prose states, with
+    their lines; a machine-readable file is left to copyright_licences."""
+
+    def test_found_with_their_lines(self):
+        with tempfile.TemporaryDirectory() as t:
+            d = os.path.join(t, "usr/share/doc/dict-x")
+            os.makedirs(d)
+            with open(os.path.join(d, "copyright"), "w") as f:
+                f.write("This is the Debian prepackaged version of X.\n\n"        # 1-2
+                        "X is free software; you can redistribute it under the\n"  # 3
+                        "terms of the GNU General Public License as published by\n"
+                        "the Free Software Foundation; either version 2, or (at your\n"
+                        "option) any later version.\n\n"                           # 6-7
+                        "The tools:\n"                                             # 8
+                        " * under the terms of the GNU General Public License; either\n"
+                        " * version 1, or (at your option) any\n"
+                        " * later version.\n"                                      # 11
+                        "The index is under the GNU Free Documentation License, Version\n"
+                        "1.1 or any later version published by the FSF. Y is in the public domain.\n")
+            self.assertEqual(real_corpus.prose_licences(t), [
+                dict(licence="GPL-2+", file="usr/share/doc/dict-x/copyright", line=4),
+                dict(licence="GPL-1+", file="usr/share/doc/dict-x/copyright", line=9),
+                dict(licence="GFDL-1.1+", file="usr/share/doc/dict-x/copyright", line=12),
+                dict(licence="public-domain", file="usr/share/doc/dict-x/copyright", line=13)])
+            with open(os.path.join(d, "copyright"), "w") as f:
+                f.write("Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\n"
+                        "Files: *\nLicense: GPL-2+\n This program is under the GNU General Public License, version 2"
+                        " or (at your option) any later version.\n")
+            self.assertEqual(real_corpus.prose_licences(t), [])
 
 
 if __name__ == "__main__":

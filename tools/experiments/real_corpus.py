@@ -23,8 +23,11 @@ short goes on):
                decides, by document index), then prepare_data writes OUT.train.tok,
                OUT.val.tok and OUT.json
   6. record    OUT.sources.json: per source its package, version, licence (from the
-               source list, beside the names in the package's copyright file, and that
-               file's path and sha256 in the package), files, documents, bytes and
+               source list, beside the names in the package's copyright file, the
+               licences its prose states with their lines when it names none
+               (copyright_prose), and that file's path and sha256 in the package, or in
+               the package 'licence_package' names when the doc folder links there),
+               files, documents, bytes and
                tokens; the sha256 of each package file and of the list of the files used
                in it (path and sha256 of each), and of every output (documents,
                tokenizer, token files); --doc writes the table into docs/data.md
@@ -216,6 +219,60 @@ def copyright_licences(root):
         except OSError:
             pass
     return names
+
+
+# A licence stated in a copyright file's prose (files that are not machine-readable, with
+# no 'License:' field): the phrase, and the name it gives. Whitespace is collapsed first.
+PROSE_LICENCES = (
+    (r"GNU General Public License[^.]{0,160}?version (\d)(?:\.0)?,? (?:of the License, )?or \(at your option\) "
+     r"any later version", "GPL-%s+"),
+    (r"GNU General Public License[^.]{0,160}?version (\d)(?:\.0)?\b", "GPL-%s"),
+    (r"\bunder the GPL v(\d)\b", "GPL-%s"),
+    (r"GNU Free Documentation License, Version ([\d.]+) or any later version", "GFDL-%s+"),
+    (r"\bin the public domain\b|\bpublic[- ]domain\b", "public-domain"),
+)
+
+
+def prose_licences(root):
+    """For a copyright file without DEP-5 'License:' fields: each licence its prose states
+    ({licence, file, line}, in the file's order, once each), so that a source whose file
+    names none is still located; the first is the package's own (later ones cover its
+    tools or packaging)."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(root, "usr/share/doc/*/copyright"))):
+        try:
+            with open(path, errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if re.search(r"^License:", text, re.M):
+            continue
+        # positions in the collapsed text mapped back to lines of the file
+        flat, line_of = [], []
+        for n, line in enumerate(text.split("\n"), 1):
+            for w in re.sub(r"^\s*[*#]+\s", " ", line).split():  # a quoted C or shell comment's markers
+                flat.append(w)
+                line_of.append(n)
+        joined = " ".join(flat)
+        starts = [0]
+        for w in flat[:-1]:
+            starts.append(starts[-1] + len(w) + 1)
+        found = []
+        for pattern, name in PROSE_LICENCES:
+            for m in re.finditer(pattern, joined, re.I):
+                word = max(i for i, st in enumerate(starts) if st <= m.start())
+                found.append((line_of[word], name % m.group(1) if "%s" in name else name))
+        # 'version 2, or (at your option) any later' also matches the plain 'version 2': the
+        # later-version name wins where both are found together
+        plus = [(line, name[:-1]) for line, name in found if name.endswith("+")]
+        seen = set()
+        for line, name in sorted(found):
+            if not name.endswith("+") and any(b == name and abs(l - line) < 3 for l, b in plus):
+                continue
+            if name not in seen:
+                seen.add(name)
+                out.append(dict(licence=name, file=os.path.relpath(path, root), line=line))
+    return out
 
 
 def sha256_file(path):
@@ -436,6 +493,39 @@ class Dedup:
 
 # ---- the whole build --------------------------------------------------------------------
 
+def licence_root(s, root, args):
+    """Where source s's copyright file is: its package's folder ROOT, or that of the package
+    its documentation folder links to (s["licence_package"]: Debian lets a package's doc
+    folder be a link to a dependency's, whose copyright file then covers it)."""
+    if not s.get("licence_package"):
+        return root
+    ls = dict(s, name=s["name"] + ".licence", package=s["licence_package"], version=None)
+    return extract(ls, fetch(ls, args.cache, args.offline, args.installed), args.cache)
+
+
+# Keys of a source that say where its licence is written and not what is built: a change
+# to them alone rewrites the record's licence fields without rebuilding the corpus.
+LICENCE_KEYS = ("licence", "licence_package", "note")
+
+
+def without_licence(sources):
+    return [{k: v for k, v in s.items() if k not in LICENCE_KEYS} for s in sources]
+
+
+def refresh_licences(record, sources, args):
+    """The licence fields of every source of RECORD again from its packages (cached), and
+    the source list's licence keys: a record kept when only those changed."""
+    by = {s["name"]: s for s in sources}
+    for st in record["sources"]:
+        s = by[st["name"]]
+        root = extract(s, fetch(s, args.cache, args.offline, args.installed), args.cache)
+        lroot = licence_root(s, root, args)
+        st.update(licence=s["licence"], copyright_says=copyright_licences(lroot), copyright_prose=prose_licences(lroot),
+                  licence_package=s.get("licence_package"), licence_files=copyright_files(lroot),
+                  note=s.get("note", ""))
+    record["source_list"] = sources
+
+
 def build_docs(sources, args):
     """Steps 1-4: OUT.docs.jsonl and the per-source counts (without tokens)."""
     dedup = Dedup(args.min_para)
@@ -445,13 +535,17 @@ def build_docs(sources, args):
         for s in sources:
             pkg = fetch(s, args.cache, args.offline, args.installed)
             root = extract(s, pkg, args.cache)
+            # the copyright file: the package's own, or that of the package its documentation
+            # folder links to (Debian allows a doc folder to be a link to a dependency's)
+            lroot = licence_root(s, root, args)
             files = [p for p in matching_files(root, s["include"])
                      if not any(fnmatch.fnmatch(os.path.relpath(p, root), x) for x in s.get("exclude", []))]
             if not files:
                 raise CorpusError("%s: no file of %s matches %s" % (s["name"], os.path.basename(pkg), s["include"]))
             st = dict(name=s["name"], package=s["package"], manager=s["manager"], version=package_version(pkg),
-                      licence=s["licence"], copyright_says=copyright_licences(root),
-                      licence_files=copyright_files(root), package_file=os.path.basename(pkg),
+                      licence=s["licence"], copyright_says=copyright_licences(lroot),
+                      copyright_prose=prose_licences(lroot), licence_package=s.get("licence_package"),
+                      licence_files=copyright_files(lroot), package_file=os.path.basename(pkg),
                       # an installed package has no package file: its used files' checksum stands for it
                       package_sha256=None if pkg.startswith(INSTALLED) else sha256_file(pkg),
                       files_sha256=files_digest(root, files), format=s["format"],
@@ -532,8 +626,15 @@ def table(record):
     rows = ["| source (package) | manager | version | licence | files | documents | MB of text | train tokens | "
             "validation tokens |", "|---|---|---|---|---|---|---|---|---|"]
     for s in record["sources"]:
+        lic = s["licence"]
+        if not s.get("copyright_says"):  # no machine-readable licence: where the prose states it
+            pr = s.get("copyright_prose") or []
+            lic += " (%s)" % ("the copyright file's prose: %s" % ", ".join(
+                "%s at `%s%s`:%d" % (p["licence"], s["licence_package"] + ":" if s.get("licence_package") else "",
+                                     p["file"], p["line"]) for p in pr) if pr else "no licence found in the package's "
+                                                                                   "copyright file")
         rows.append("| %s (`%s`) | %s | %s | %s | %d | %d | %.1f | %s | %s |" % (
-            s["name"], s["package"], s["manager"], s["version"], s["licence"], s["files"], s["docs"],
+            s["name"], s["package"], s["manager"], s["version"], lic, s["files"], s["docs"],
             s["bytes"] / 1e6, format(s.get("train_tokens", 0), ","), format(s.get("val_tokens", 0), ",")))
     t = record["totals"]
     rows.append("| **total** | | | | %d | %d | %.1f | %s | %s |" % (
@@ -587,10 +688,13 @@ def main(argv=None):
         if os.path.exists(rec_path) and all(os.path.exists(p) for p in outs):
             with open(rec_path) as f:
                 record = json.load(f)
-            if record.get("source_list") == sources and record.get("vocab") == args.vocab \
-                    and "outputs_sha256" in record:  # an older record without checksums: rebuilt
+            if without_licence(record.get("source_list", [])) == without_licence(sources) \
+                    and record.get("vocab") == args.vocab and "outputs_sha256" in record:  # else rebuilt
                 print("real_corpus: %s.* present (%s training tokens)" % (args.out, format(
                     record["totals"]["train_tokens"], ",")))
+                if record["source_list"] != sources or any("copyright_prose" not in st for st in record["sources"]):
+                    refresh_licences(record, sources, args)
+                    prepare_data.write_json(rec_path, record, indent=1)
                 return finish(record, args)
         stats = build_docs(sources, args)
         train_bpe(outs[0], args.vocab, args.val_fraction, outs[1])
