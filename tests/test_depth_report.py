@@ -161,7 +161,8 @@ class DepthReportTest(unittest.TestCase):
         n = 2 * 4096 * 64 + 64 + 4 * (4 * 64 * 64 + 3 * 64 * 176 + 2 * 64)
         self.assertIn("| width 64, vocabulary 4096 | 4 | 400 | %s | 819,200 | %.2f |" % (format(n, ","), 819200 / n),
                       md)
-        self.assertIn("Wall time of one run by blocks and steps (min-max over the recorded runs): 4 blocks 400 steps "
+        self.assertIn("Wall time of one run by blocks and steps (min-max over the recorded runs; a run resumed from its "
+                      "checkpoint records its last part only): 4 blocks 400 steps "
                       "10-10 s (10 runs).", md)
 
     def test_findings(self):

@@ -315,7 +315,8 @@ def run_times(report):
     if not rows:
         return ""
     span = lambda a, b: "%.0f-%.0f s" % (a, b) if b < 120 else "%.1f-%.1f min" % (a / 60, b / 60)
-    return "Wall time of one run by blocks and steps (min-max over the recorded runs): %s.\n" % ", ".join(
+    return ("Wall time of one run by blocks and steps (min-max over the recorded runs; a run resumed from its "
+            "checkpoint records its last part only): %s.\n") % ", ".join(
         "%d blocks %d steps %s (%d runs)" % (L, steps, span(a, b), n) for L, steps, a, b, n in sorted(rows))
 
 

@@ -306,11 +306,12 @@ def measured_section(folder):
             rows = r["rows"]
             vocab = r.get("vocab", depth_study.STUDIES["scale"]["vocab"])
             mean_s = sum(x["step_time_s"] for x in rows) / len(rows)
-            w.append("- The CPU, f32 (`%s`, %s): `%s`'s first %d steps on %d cores (%d threads, nice %d) took %s "
+            w.append("- The CPU, f32 (`%s`, %s): `%s`'s first %d steps on %d cores (%d threads, nice %d%s) took %s "
                      "(%s tokens/s), with losses %s against ln %d = %.3f at initialisation; at their mean step time "
                      "its %d steps would take about %.0f hours, so the cross-check compares the first steps only." % (
                          cpu, r["date"], r["name"], r["steps"],
-                         r["cores"], r["cpu_threads"], r["nice"], ", ".join("%.0f s" % x["step_time_s"] for x in rows),
+                         r["cores"], r["cpu_threads"], r["nice"], ", load average %.1f from other work" % r["load_average"]
+                         if "load_average" in r else "", ", ".join("%.0f s" % x["step_time_s"] for x in rows),
                          " to ".join("%.0f" % v for v in (min(x["tokens_per_s"] for x in rows),
                                                           max(x["tokens_per_s"] for x in rows))),
                          ", ".join("%.4f" % x["loss"] for x in rows), vocab, math.log(vocab), r["cell"]["steps"],

@@ -199,8 +199,93 @@ def render(cells, fp8_dir, base_dir, n_fp8, n_base, noise_ref=None, noise_dir=""
                 ("%+.4f ± %.4f" % (t["diff"], t["se"])) if t else "%+.4f" % (c["gap"]["mean"] - ref["gap"]["mean"]),
                 ("t = %s, df %.1f" % (study_stats.fmt_t(t["t"]), t["df"])) if t else "—", study_stats.verdict(t)))
     w.append("")
+    w += findings(cells, noise_ref)
     w += timing(fp8_runs_of(cells))
     return "\n".join(w) + "\n"
+
+
+def order(cells):
+    return sorted(cells, key=lambda k: (k[0], SCHEMES.index(k[1]) if k[1] in SCHEMES else 9))
+
+
+def span(xs, f="%.4f"):
+    """'a to b' (or 'a' when they are equal at that precision)."""
+    lo, hi = f % min(xs), f % max(xs)
+    return lo if lo == hi else "%s to %s" % (lo, hi)
+
+
+def findings(cells, noise_ref=None):
+    """The answers as sentences, every figure from the cells above (their records), each
+    difference with Welch's t over the seeds and each trend with its slope's error."""
+    w = ["### What the records say\n",
+         "Generated from the same records as the tables; a difference is **significant** at p < 0.05 (Welch's t "
+         "over the seeds), and otherwise the records do not resolve it.\n"]
+    depths = sorted({k[0] for k in cells})
+    gaps = {k: c["gap"] for k, c in cells.items() if c["gap"]}
+    if not gaps:
+        return w + ["No FP8 cell has its baseline yet.", ""]
+    trends = {s: trend(cells, s)[0] for s in SCHEMES if any(k[1] == s for k in gaps)}
+    sig = [NAMES[s] for s, t in trends.items() if t.startswith("the gap's slope on log2(depth) is significant")]
+    w.append("- *The loss gap against depth.* The largest mean gap (FP8 − baseline, over seeds) of any scheme: %s. "
+             "Its slope on log2(depth) is significant for %s (the lines under the Q1 table)." % (
+                 ", ".join("%d blocks %+.4f (%s)" % (L, *max(((g["mean"], NAMES.get(k[1], k[1])) for k, g in
+                                                             gaps.items() if k[0] == L), key=lambda x: abs(x[0])))
+                           for L in depths if any(k[0] == L for k in gaps)),
+                 "; ".join(sig) if sig else "no scheme"))
+    deep = max(depths)
+    w.append("- *The gap's spread over seeds* (std) at %d blocks: %s." % (deep, ", ".join(
+        "%s %s" % (NAMES.get(k[1], k[1]), "%.4f" % g["std"] if g["std"] is not None else "one seed")
+        for k, g in sorted(gaps.items(), key=lambda kv: SCHEMES.index(kv[0][1]) if kv[0][1] in SCHEMES else 9)
+        if k[0] == deep)))
+    q3 = []
+    for L in depths:
+        ref = cells.get((L, "pre"))
+        for sc in ("lns", "mix"):
+            c = cells.get((L, sc))
+            if ref and c and ref["gap"] and c["gap"]:
+                q3.append((L, sc, study_stats.welch(ref["gap"]["values"], c["gap"]["values"])))
+    if q3:
+        w.append("- *LNS's and Mix-LN's gaps against Pre-LN's* (Q3): significant at %d of %d comparisons (%s)." % (
+            sum(1 for _, _, t in q3 if t and t["significant"]), len(q3),
+            "; ".join("%s %d blocks %s" % (NAMES[sc], L, "%+.4f, p = %s" % (t["diff"], study_stats.fmt_p(t["p"]))
+                                           if t else "one seed") for L, sc, t in q3)))
+    if noise_ref:
+        for L in depths:
+            n = [rms(d) for k, d in noise_ref.items() if k[0] == L and d]
+            g = [rms([v["gap"] for v in cells[k]["seeds"].values() if "gap" in v]) for k in gaps if k[0] == L]
+            if n and g:
+                w.append("- *Against the noise reference at %d blocks:* bf16 − f32 moves a seed's loss by an rms of "
+                         "%s over the schemes, FP8 by %s." % (L, span(n), span(g)))
+    h = {k: c["health"] for k, c in cells.items() if c["health"]}
+    if h:
+        w.append("- *Saturation* (mean over the blocks, logged steps and linears, then over seeds): inputs at most "
+                 "%.3f%%, weights %s%%, gradients at most %.3f%% in any cell; non-finite values: %d. The worst "
+                 "single block and step of an input, mean over seeds: %s." % (
+                     100 * max(v["x"]["sat"]["mean"] for v in h.values()),
+                     span([100 * v["w"]["sat"]["mean"] for v in h.values()], "%.3f"),
+                     100 * max(v["dy"]["sat"]["mean"] for v in h.values()),
+                     sum(cells[k]["nonfinite"] for k in h),
+                     "; ".join("%d blocks %s" % (L, ", ".join(
+                         "%s %.2f%%" % (NAMES.get(k[1], k[1]), 100 * h[k]["x"]["sat_max"]["mean"])
+                         for k in order(h) if k[0] == L)) for L in depths)))
+        pre_lns = [(L, study_stats.welch(h[(L, "pre")]["x"]["sat_max"]["values"],
+                                         h[(L, "lns")]["x"]["sat_max"]["values"]))
+                   for L in depths if (L, "pre") in h and (L, "lns") in h]
+        if pre_lns:
+            w.append("  LNS's worst input saturation − Pre-LN's: %s." % ", ".join(
+                "%d blocks %s" % (L, "%+.2f%% (p = %s)" % (100 * t["diff"], study_stats.fmt_p(t["p"])) if t
+                                  else "one seed") for L, t in pre_lns))
+        fl = [(L, study_stats.welch(h[(L, "pre")]["x"]["flush"]["values"], h[(L, "lns")]["x"]["flush"]["values"]),
+               max(h[(L, "lns")]["x"]["flush"]["values"]) < min(h[(L, "pre")]["x"]["flush"]["values"]))
+              for L in depths if (L, "pre") in h and (L, "lns") in h]
+        by = {sc: [100 * v["x"]["flush"]["mean"] for k, v in h.items() if k[1] == sc] for sc in SCHEMES}
+        w.append("- *Flushing to zero* of the inputs: %s. LNS below Pre-LN at %d of %d depths (Welch), every LNS "
+                 "seed below every Pre-LN seed at %d; gradients flush %.3f%% or less." % (
+                     ", ".join("%s %s%%" % (NAMES[sc], span(v, "%.3f")) for sc, v in by.items() if v),
+                     sum(1 for _, t, _ in fl if t and t["significant"] and t["diff"] < 0), len(fl),
+                     sum(1 for _, _, a in fl if a), 100 * max(v["dy"]["flush"]["mean"] for v in h.values())))
+    w.append("")
+    return w
 
 
 def fp8_runs_of(cells):
