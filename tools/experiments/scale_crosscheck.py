@@ -133,7 +133,8 @@ def cpu_steps(c, name, run, args):
     if args.record:
         depth_study.write_json(args.record, dict(
             kind="cpu_steps", cell=c, name=name, vocab=args.vocab, steps=args.steps, cpu_threads=args.threads, cores=os.cpu_count(),
-            nice=os.nice(0), load_average=round(os.getloadavg()[1], 1),  # the machine's other work, 5 minutes seconds=round(seconds, 1), rows=rows, date=time.strftime("%Y-%m-%d"),
+            nice=os.nice(0), load_average=round(os.getloadavg()[1], 1),  # the machine's other work, 5 minutes
+            seconds=round(seconds, 1), rows=rows, date=time.strftime("%Y-%m-%d"),
             cpu_flags=flags_for(c, "cpu", args.steps, os.path.join(args.out, "cpu"), args.data, args.vocab)))
         print("scale_crosscheck: record in %s" % args.record)
     return 0
