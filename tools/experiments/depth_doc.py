@@ -415,9 +415,13 @@ def findings(report, label):
         rates_lower = []
         for L, _, _, _ in bests:
             both = [lr for lr in sweep_rates(cells, L, "pre") if lr in sweep_rates(cells, L, "lns")]
-            low = [lr for lr in both if find(cells, L, "lns", lr=lr)["mean"] < find(cells, L, "pre", lr=lr)["mean"]]
-            rates_lower.append("%d blocks %d of %d rates" % (L, len(low), len(both)))
-        lines.append("LNS's mean below Pre-LN's at the same rate: %s." % ", ".join(rates_lower))
+            pairs = [(find(cells, L, "pre", lr=lr), find(cells, L, "lns", lr=lr)) for lr in both]
+            low = [1 for p, l in pairs if l["mean"] < p["mean"]]
+            tests = [welch(p, l) for p, l in pairs]
+            rates_lower.append("%d blocks %d of %d rates (significantly at %d of the %d with 2 or more seeds a side)" % (
+                L, len(low), len(both), sum(1 for t in tests if t and t["significant"] and t["diff"] < 0),
+                sum(1 for t in tests if t)))
+        lines.append("LNS's mean below Pre-LN's at the same rate of a sweep: %s." % ", ".join(rates_lower))
     # variance growth and deep-half skip cost, per seed
     for key, what, unit in (("growth_by_seed", "Residual-variance growth over the blocks (last / first)", "x%.2f"),
                             ("deep_half_by_seed", "Skip cost of the deeper half of the blocks (perplexity increase "
@@ -481,7 +485,7 @@ def claims_table(cells, shared, depths, sg, tr, bests):
     """The paper's claims, each with what these records say and the test behind it."""
     def verdict(sig_for, sig_against, n):
         if n == 0:
-            return "not measured"
+            return "untested (one seed a side)"
         if sig_for == n:
             return "reproduced"
         if sig_against and not sig_for:
