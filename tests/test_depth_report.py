@@ -16,6 +16,19 @@ sys.path.insert(0, EXP)
 import depth_doc  # noqa: E402
 import depth_report  # noqa: E402
 import depth_study  # noqa: E402
+import study_stats  # noqa: E402
+
+
+def p_df2(t):
+    """Two-sided tail of Student's t with 2 degrees of freedom, closed form."""
+    return 1 - abs(t) / math.sqrt(2 + t * t)
+
+
+def p_df4(t):
+    """Two-sided tail of Student's t with 4 degrees of freedom, closed form:
+    F(t) = 1/2 + (3/4) u (1 - u^2 / 3) with u = t / sqrt(4 + t^2)."""
+    u = abs(t) / math.sqrt(4 + t * t)
+    return 1 - 2 * 0.75 * u * (1 - u * u / 3)
 
 # Per seed: validation loss, relative_drop per block (fractions), variance per block.
 PRE = {1: (5.0, [1.0, 0.2, 0.1, 0.3], [0.1, 0.2, 0.3, 0.4]),
@@ -131,14 +144,95 @@ class DepthReportTest(unittest.TestCase):
         md = depth_doc.tables(self.report, missing=[("session", ["L06_x"], 7200), ("full", ["L06_x", "L07_y"], 9000),
                                                     ("gpu", ["L06_x"], 150)])
         self.assertIn("Projected time for them at the measured rate, 2 jobs: 2 min.", md)  # under an hour: minutes
-        self.assertIn("| 4 | 5.1000 +- 0.1000 (3) | 4.8000 +- 0.1000 (3) | -0.3000 | 0.0816 | yes | "
-                      "-0.3000 +- 0.1000, all 3 same sign | 164.0 | 121.5 | x5.00 | x2.00 | 20.00 | 10.00 |", md)
+        # pre 5.0, 5.2, 5.1 against lns 4.8, 4.9, 4.7: variances 0.01 and 0.01, se sqrt(0.02/3),
+        # Welch's df (2 * 0.01/3)^2 / (2 * (0.01/3)^2 / 2) = 4; paired -0.2, -0.3, -0.4: se 0.1/sqrt(3), df 2
+        se = math.sqrt(0.02 / 3)
+        tp = -0.3 / (0.1 / math.sqrt(3))
+        self.assertIn("| 4 | 5.1000 +- 0.1000 (3) | 4.8000 +- 0.1000 (3) | -0.3000 ± %.4f | t = %.2f, df 4.0, p = %.2g "
+                      "**significant** | -0.3000 ± %.4f (3 seeds, p = %.2g) | 164.0 | 121.5 | x5.00 | x2.00 | 20.00 | "
+                      "10.00 |" % (se, -0.3 / se, p_df4(-0.3 / se), 0.1 / math.sqrt(3), p_df2(tp)), md)
         self.assertIn("| post | diverged (1) |", md)
-        self.assertIn("Best learning rate of those tried: lns 0.004 (loss 4.7500, 1 seed)", md)
+        self.assertIn("Best learning rate of those tried (lowest mean): lns 0.004 (1 seed, the largest rate tried)", md)
         self.assertIn("Not run from the `session` grid (1 cells): `L06_x`.\n"
                       "Projected time for them at the measured rate, 2 jobs: 2.0 h.", md)
         self.assertIn("Not run from the `full` grid (2 cells).\nProjected time for them at the measured rate, 2 jobs: "
                       "2.5 h.", md)
+        # the budget: 4 blocks of width 64, 4096 tokens, 400 steps of 16 x 128 tokens
+        n = 2 * 4096 * 64 + 64 + 4 * (4 * 64 * 64 + 3 * 64 * 176 + 2 * 64)
+        self.assertIn("| width 64, vocabulary 4096 | 4 | 400 | %s | 819,200 | %.2f |" % (format(n, ","), 819200 / n),
+                      md)
+        self.assertIn("Wall time of one run by blocks and steps (min-max over the recorded runs; a run resumed from its "
+                      "checkpoint records its last part only): 4 blocks 400 steps "
+                      "10-10 s (10 runs).", md)
+
+    def test_findings(self):
+        f = depth_doc.findings(self.report, "CPU (f32)")
+        se = math.sqrt(0.02 / 3)
+        self.assertIn("**LNS − Pre-LN at the shared rate 0.002** (one rate for both schemes; at the depths with a "
+                      "sweep it is below both schemes' best): 4: -0.300 ± %.3f (p = %.2g); LNS significantly lower "
+                      "at 1 of 1 depths, higher at 0." % (se, p_df4(-0.3 / se)), f)
+        self.assertIn("fewer than 2 depths with a spread: no trend", f)  # one depth
+        # variance growth per seed: pre 4, 5, 6; lns 1, 2, 3: Welch -3 ± sqrt(2/3), df 4
+        self.assertIn("4: x5.00 / x2.00; LNS − Pre-LN significantly lower at 1 of 1 depths", f)
+        self.assertAlmostEqual(depth_doc.welch(self.cells[("pre", 2e-3)], self.cells[("lns", 2e-3)],
+                                               key="growth_by_seed")["t"], -3 / math.sqrt(2 / 3), places=12)
+        # mix: 5.05, 5.25 against pre's 5.0, 5.2, 5.1 and lns's 4.8, 4.9, 4.7
+        w = study_stats.welch([5.0, 5.2, 5.1], [5.05, 5.25])
+        self.assertIn("mix − Pre-LN %+.3f ± %.3f (p = %.2g)" % (0.05, math.sqrt(0.01 / 3 + 0.02 / 2), w["p"]), f)
+        self.assertIn("| Post-LN diverges at depth | 4 blocks: 1 of 1 seeds diverged | reproduced |", f)
+        self.assertIn("| LNS reaches a lower loss than Mix-LN | shared rate: LNS − Mix-LN 4: ", f)
+
+    def test_findings_trend_over_depths(self):
+        """Three depths with gaps -0.1, -0.2, -0.3 (3 seeds a side): the slope on log2(depth)
+        printed is the one study_stats.trend computes from the Welch differences and errors."""
+        with tempfile.TemporaryDirectory() as t:
+            for L, gap in ((2, -0.1), (4, -0.2), (8, -0.3)):
+                for seed, (a, b) in enumerate(((5.0, 0.0), (5.2, 0.05), (5.1, -0.04)), 1):
+                    write_run(t, "pre", seed, a, [0.1] * L, [0.1 * (i + 1) for i in range(L)], layers=L)
+                    write_run(t, "lns", seed, a + gap + b, [0.05] * L, [0.1] * L, layers=L)
+            report = depth_report.build_report(depth_report.find_runs(t))
+            pts = []
+            for L, gap in ((2, -0.1), (4, -0.2), (8, -0.3)):
+                w = study_stats.welch([5.0, 5.2, 5.1], [5.0 + gap, 5.25 + gap, 5.06 + gap])
+                self.assertAlmostEqual(w["diff"], gap + 0.01 / 3, places=12)
+                pts.append((L, w["diff"], w["se"]))
+            tr = study_stats.trend(pts)
+            self.assertAlmostEqual(tr["slope"], -0.1, places=9)  # the same seeds' offsets at every depth
+            f = depth_doc.findings(report, "CPU (f32)")
+            self.assertIn("The gap's slope on log2(depth) at this rate: %s." % study_stats.fmt_trend(tr, 3), f)
+            # no sweep anywhere: the best-rate claim says so instead of a shared-rate number
+            self.assertIn("| LNS's advantage grows with depth | each at its best rate: fewer than 2 depths", f)
+
+    def test_a_figure_without_a_record_is_refused(self):
+        """A configuration known only from an earlier session's summary (prior_*.json, runs
+        not kept) stops the page generator, which names it; depth_doc.py exits 1 with one line."""
+        with tempfile.TemporaryDirectory() as t:
+            rec = os.path.join(t, "records")
+            os.makedirs(rec)
+            with open(os.path.join(rec, "prior_x.json"), "w") as f:
+                json.dump(PRIOR, f)
+            report = depth_report.build_report(depth_report.find_runs(self.root), depth_report.load_prior(rec))
+            with self.assertRaises(depth_doc.DocError) as e:
+                depth_doc.tables(report)
+            self.assertIn("2 configurations without a run record behind every seed: 4 blocks lns lr 0.008 400 steps "
+                          "(seeds 1, prior_x.json); 4 blocks pre lr 0.008 400 steps (seeds 1, prior_x.json)",
+                          str(e.exception))
+            with self.assertRaises(depth_doc.DocError):
+                depth_doc.findings(report, "x")
+            rep, doc = os.path.join(t, "report.json"), os.path.join(t, "doc.md")
+            with open(rep, "w") as f:
+                json.dump(report, f)
+            with open(doc, "w") as f:
+                f.write("<!-- depth_doc:begin -->\nold\n<!-- depth_doc:end -->\n")
+            r = subprocess.run([sys.executable, os.path.join(EXP, "depth_doc.py"), rep, "--doc", doc, "--record", ""],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertIn("depth_doc: %s: 2 configurations without a run record" % rep, r.stderr)
+            with open(doc) as f:
+                self.assertEqual(f.read(), "<!-- depth_doc:begin -->\nold\n<!-- depth_doc:end -->\n")  # untouched
+            # the same records without the summary: accepted
+            depth_doc.tables(depth_report.build_report(depth_report.find_runs(self.root)))
 
     def test_bad_runs_are_refused(self):
         cli = [sys.executable, os.path.join(EXP, "depth_report.py")]
@@ -209,11 +303,8 @@ class RecordTest(unittest.TestCase):
             both = depth_report.build_report(depth_report.find_runs(study) + depth_report.find_records(rec))
             self.assertEqual((both["runs"], both["timing"]["runs"]), (10, 10))
             self.assertEqual(both["cells"], depth_report.build_report(depth_report.find_runs(study))["cells"])
-            md = depth_doc.tables(report)
-            self.assertIn("| 0.008 | 4.5000 (1) * | 4.4000 (1) * | -0.1001 | one seed | - | - | - | - |", md)
-            self.assertIn("| 0.002 | 5.1000 +- 0.1000 (3) | 4.8000 +- 0.1000 (3) | -0.3000 | yes | x5.00 | x2.00 | "
-                          "20.00 | 10.00 |", md)
-            self.assertIn("Measured (prior_x.json): 3 runs, 4800 block-steps", md)
+            with self.assertRaises(depth_doc.DocError):  # the summarised cells have no record
+                depth_doc.tables(report)
             # the one rule for a finished cell: a record, a prior summary, or a result in the study
             prior = depth_study.prior_names(rec)
             pre8 = depth_study.cell("lr", 4, "pre", 1, lr=8e-3)
@@ -257,8 +348,9 @@ class RecordTest(unittest.TestCase):
             self.assertFalse(cmp["beyond_spread"])  # lns [4.3, 4.5] overlaps pre [4.5, 4.7]
             self.assertEqual(report["runs"], 4)  # the summaries are not runs of this study
             self.assertEqual(report["timing"]["runs"], 4)
-            md = depth_doc.tables(report)
-            self.assertIn("| 0.008 | 4.6000 +- 0.1000 (3, 1 *) | 4.4000 +- 0.1000 (3, 1 *) | -0.2000 | no |", md)
+            with self.assertRaises(depth_doc.DocError) as e:  # seed 1 is a summary, not a record
+                depth_doc.tables(report)
+            self.assertIn("4 blocks pre lr 0.008 400 steps (seeds 1, prior_x.json)", str(e.exception))
             # this study's own run of the summarised seed wins over the summary
             write_run(study, "pre", 1, 4.8, [0.1] * 4, [0.1] * 4, lr=8e-3)
             report = depth_report.build_report(depth_report.find_runs(study), depth_report.load_prior(rec))
@@ -339,16 +431,25 @@ class DeviceTest(unittest.TestCase):
             self.assertEqual((rc["device"], rg["device"]), ("cpu", "cuda"))
             md = depth_doc.tables(rg)
             self.assertIn("a time on one GPU)", md)
-            # lns seeds 4.7, 4.9, 4.7 (seed 1 is 4.7 on the GPU; std sqrt(0.04/3)) against 4.9, 5.0, 4.8
-            # (std 0.1): std error sqrt(0.04/9 + 0.01/3) = 0.0882; ranges [4.7, 4.9], [4.8, 5.0] overlap
-            self.assertIn("scaled_init + LNS against LNS alone: +0.1333 (std error 0.0882, beyond spread: no; "
-                          "paired by seed: +0.1333 +- 0.0577, all 3 same sign).", md)
+            # lns seeds 4.7, 4.9, 4.7 (seed 1 is 4.7 on the GPU; variance 0.04/3) against 4.9, 5.0, 4.8
+            # (variance 0.01): se sqrt(0.04/9 + 0.01/3), Welch's df (va + vb)^2 / (va^2/2 + vb^2/2);
+            # paired +0.2, +0.1, +0.1: mean 0.1333, sd 0.0577, se 0.0577/sqrt(3), df 2
+            va, vb = 0.04 / 9, 0.01 / 3
+            se, df = math.sqrt(va + vb), (va + vb) ** 2 / (va * va / 2 + vb * vb / 2)
+            tp = (0.4 / 3) / (math.sqrt(0.01 / 3) / math.sqrt(3))
+            self.assertIn("scaled_init + LNS against LNS alone: +0.1333 ± %.4f (t = %.2f, df %.1f, p = %.2g; paired by "
+                          "seed: +0.1333 ± %.4f (3 seeds, p = %.2g))." % (
+                              se, (0.4 / 3) / se, df, study_stats.t_sf2((0.4 / 3) / se, df),
+                              math.sqrt(0.01 / 3) / math.sqrt(3), p_df2(tp)), md)
             md = depth_doc.against(rg, rc, "CPU (f32)")
-            self.assertIn("| 4 | pre | 0.002 | 400 | 0.02 | 5.1000 +- 0.1000 (3) / 5.1100 +- 0.1000 (3) | +0.0100 | yes |",
+            # pre: the same spread a side (variance 0.01), +0.01: se sqrt(0.02/3), df 4
+            t_pre = 0.01 / math.sqrt(0.02 / 3)
+            self.assertIn("| 4 | pre | 0.002 | 400 | 0.02 | 5.1000 +- 0.1000 (3) / 5.1100 +- 0.1000 (3) | +0.0100 | "
+                          "t = %.2f, df 4.0, p = %.2g |" % (t_pre, p_df4(t_pre)), md)
+            self.assertIn("| 4 | lns | 0.002 | 400 | 0.02 | 4.8000 +- 0.1000 (3) / 4.7667 +- 0.1155 (3) | -0.0333 | t = ",
                           md)
-            self.assertIn("| 4 | lns | 0.002 | 400 | 0.02 | 4.8000 +- 0.1000 (3) / 4.7667 +- 0.1155 (3) | -0.0333 | yes |",
-                          md)
-            self.assertIn("2 configurations; difference mean -0.0117, largest -0.0333.", md)
+            self.assertIn("2 configurations; difference mean -0.0117, largest -0.0333; 0 of the 2 with 2 or more seeds a "
+                          "side significant at p < 0.05.", md)
             self.assertEqual(depth_doc.against(rg, {"cells": []}, "x"), "")
 
     def test_doc_markers(self):

@@ -1,6 +1,7 @@
 // Evaluation: the sweep's "block k skipped" equals evaluating the checkpoint that
 // lns_convert remove-layers writes; its intact entry equals plain evaluation; the
-// depth diagnostics equal an independent computation from truncated models.
+// depth diagnostics equal an independent computation from truncated models;
+// --eval_spread samples every part of a file in source order at its share.
 #include <unistd.h>
 
 #include <cmath>
@@ -111,6 +112,61 @@ TEST(Eval, DiagnosticsMatchAnIndependentComputation) {
     EXPECT_NEAR(d[k].angular, ang / N, 1e-9) << k;
     EXPECT_NEAR(d[k].angular_last, ang_last / 2, 1e-9) << k;
   }
+}
+
+
+// A validation file in source order (as real_corpus.py writes it): source A fills the
+// first 60% of the tokens, B the next 25%, C the last 15%. The first 20% of the file is
+// A alone (issue 45: the width-512 study's sample was 91% dictionaries); spread over
+// the file, each source's share of the evaluated targets is within 2 points of its share
+// of the file. And the spread evaluation is the mean of the same windows evaluated one
+// by one from files that hold only that window (fill reads what sample_of names).
+TEST(Eval, SpreadSampleRepresentsEverySourceOfTheFile) {
+  const Checkpoint ck(trained_checkpoint(NormScheme::LNS, "spread"));
+  const int V = ck.config().vocab_size;  // 53: A = 0..16, B = 17..33, C = 34..52
+  const int64_t N = 20000, T = 16;
+  const std::string path = ::testing::TempDir() + "/lns_eval_sources_" + std::to_string(::getpid()) + ".tok";
+  std::vector<int32_t> toks(N);
+  auto source_of = [&](int64_t i) { return i < N * 60 / 100 ? 0 : i < N * 85 / 100 ? 1 : 2; };
+  for (int64_t i = 0; i < N; ++i) toks[i] = static_cast<int32_t>(17 * source_of(i) + (i * 7 + i / 5) % 17);
+  ASSERT_LE(17 * 3, V);
+  write_token_file(path, toks, {0, N}, 2, V);
+  const double file_share[3] = {0.60, 0.25, 0.15};
+  for (bool spread : {false, true}) {
+    const EvalOptions opt{T, 8, 4096, SampleMode::Packed, spread};  // 256 sequences of 1249 samples
+    Loaded l(ck.config(), ck, path, opt);
+    const int64_t n = opt.eval_tokens / T;
+    double count[3] = {0, 0, 0};
+    for (int64_t k = 0; k < n; ++k)
+      for (int64_t t = 1; t <= T; ++t) count[source_of(l.ev.sample_of(k) * T + t)] += 1;  // targets
+    double worst = 0;
+    for (int s = 0; s < 3; ++s) worst = std::max(worst, std::abs(count[s] / double(n * T) - file_share[s]));
+    if (spread) {
+      EXPECT_LT(worst, 0.02) << "A " << count[0] << ", B " << count[1] << ", C " << count[2];
+    } else {
+      EXPECT_EQ(count[0], n * T);  // the first 20%: source A only
+      EXPECT_GT(worst, 0.02);
+    }
+  }
+  // the spread evaluation against its windows one at a time (8 sequences: the last in C)
+  const EvalOptions eight{T, 4, 8 * T, SampleMode::Packed, true};
+  Loaded l(ck.config(), ck, path, eight);
+  const EvalStats all = l.ev.evaluate();
+  double sum = 0;
+  int sources_seen = 0;
+  for (int64_t k = 0; k < 8; ++k) {
+    const int64_t s = l.ev.sample_of(k);
+    ASSERT_LT(s, (N - 1) / T);
+    if (k == 0 || source_of(s * T) != source_of(l.ev.sample_of(k - 1) * T)) ++sources_seen;
+    const std::string one = path + ".window" + std::to_string(k);
+    write_token_file(one, std::vector<int32_t>(toks.begin() + s * T, toks.begin() + s * T + T + 1), {0, T + 1}, 2, V);
+    Loaded w(ck.config(), ck, one, EvalOptions{T, 1, T, SampleMode::Packed, false});
+    sum += w.ev.evaluate().loss;
+    std::filesystem::remove(one);
+  }
+  EXPECT_EQ(sources_seen, 3);
+  EXPECT_NEAR(all.loss, sum / 8, 1e-9 * std::abs(all.loss));
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kept_folder  # noqa: E402  (a failed test keeps its folder and shows its runs' logs)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, ".."))
@@ -17,10 +19,10 @@ TINY = ["--vocab_size=257", "--hidden_size=32", "--intermediate_size=64", "--num
         "--eval_tokens=128", "--eval_every=0", "--log_every=1", "--device=cpu"]
 
 
-class Fp8Gap(unittest.TestCase):
+class Fp8Gap(kept_folder.KeptFolderTest):
     def setUp(self):
         self.train = os.environ.get("LNS_TRAIN_BIN", os.path.join(ROOT, "build", "lns_train"))
-        self.dir = tempfile.mkdtemp(prefix="lns_fp8gap_")
+        self.dir = self.work
         text = os.path.join(self.dir, "text.txt")
         with open(text, "w") as f:
             for i in range(200):

@@ -17,6 +17,10 @@ import zipfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 TOOL = os.path.join(ROOT, "tools", "experiments", "real_corpus.py")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kept_folder  # noqa: E402  (a failed test keeps its folder and shows its runs' logs)
+sys.path.insert(0, os.path.dirname(TOOL))
+import real_corpus  # noqa: E402
 try:
     import tokenizers  # noqa: F401
     HAVE_TOKENIZERS = True
@@ -133,9 +137,9 @@ def run(*args):
 
 
 @unittest.skipUnless(HAVE_TOKENIZERS and shutil.which("dpkg-deb"), "needs the tokenizers package and dpkg-deb")
-class RealCorpus(unittest.TestCase):
+class RealCorpus(kept_folder.KeptFolderTest):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="lns_real_corpus_")
+        self.dir = self.work
         self.cache = os.path.join(self.dir, "cache")
         os.makedirs(os.path.join(self.cache, "pkg"))
         make_deb(self.dir, os.path.join(self.cache, "pkg"))
@@ -147,9 +151,6 @@ class RealCorpus(unittest.TestCase):
     def write_sources(self, obj):
         with open(self.sources, "w") as f:
             json.dump(obj, f)
-
-    def tearDown(self):
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     def build(self, *extra):
         return run("--sources", self.sources, "--cache", self.cache, "--offline", "--out", self.out, "--vocab", "300",
@@ -200,6 +201,39 @@ class RealCorpus(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("present", r.stdout)
 
+    def test_checksums_are_checked_by_a_rebuild(self):
+        import hashlib
+        r = self.build()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rec_path = self.out + ".sources.json"
+        rec = load(rec_path)
+        deb = os.path.join(self.cache, "pkg", "lns-fake-docs_1.2-3_all.deb")
+        by = {s["name"]: s for s in rec["sources"]}
+        with open(deb, "rb") as f:
+            self.assertEqual(by["text"]["package_sha256"], hashlib.sha256(f.read()).hexdigest())
+        self.assertEqual(by["text"]["package_file"], "lns-fake-docs_1.2-3_all.deb")
+        self.assertEqual([x["path"] for x in by["text"]["licence_files"]], ["usr/share/doc/lns-fake-docs/copyright"])
+        with open(self.out + ".val.tok", "rb") as f:
+            self.assertEqual(rec["outputs_sha256"][".val.tok"], hashlib.sha256(f.read()).hexdigest())
+        self.assertEqual(sorted(rec["outputs_sha256"]), [".docs.jsonl", ".tokenizer.json", ".train.tok", ".val.tok"])
+        # a rebuild from the same packages, elsewhere, has the same bytes
+        self.out = os.path.join(self.dir, "again", "mini")
+        r = self.build("--check", rec_path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("every package, used file and output has the recorded sha256", r.stdout)
+        # a package whose text changed: named in one line
+        with gzip.open(os.path.join(self.dir, "debroot/usr/share/doc/lns-fake-docs/txt/c.txt.gz"), "at") as f:
+            f.write("\n\nOne more paragraph that was not there when the record was written, long enough.\n")
+        subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "-b", os.path.join(self.dir, "debroot"), deb],
+                       check=True, capture_output=True)
+        shutil.rmtree(os.path.join(self.cache, "x"))
+        self.out = os.path.join(self.dir, "third", "mini")
+        r = self.build("--check", rec_path)
+        self.assertEqual(r.returncode, 1)
+        last = r.stderr.strip().splitlines()[-1]  # after the per-source progress lines: one error line
+        self.assertTrue(last.startswith("real_corpus: --check=%s: source html: package_sha256 differs" % rec_path),
+                        r.stderr)  # the first source of that package
+
     def test_bad_input_is_one_line(self):
         bad = dict(SOURCES)
         bad["sources"] = [dict(SOURCES["sources"][0], format="pdf")]
@@ -214,6 +248,11 @@ class RealCorpus(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("html: no package file not-there_*.deb in", r.stderr)
         self.assertIn("(--offline)", r.stderr)
+        # a slice names sources of the list
+        self.write_sources(SOURCES)
+        r = self.build("--only", "html,nowhere")
+        self.assertEqual((r.returncode, r.stderr.strip().count("\n")), (1, 0), r.stderr)
+        self.assertIn("--only=html,nowhere: nowhere not in", r.stderr)
         # an index entry pointing past the end of its database
         with open(os.path.join(self.dir, "debroot/usr/share/dictd/fake.index"), "a") as f:
             f.write("past\t%s\t%s\n" % (b64(10 ** 6), b64(10)))
@@ -224,6 +263,38 @@ class RealCorpus(unittest.TestCase):
         r = self.build()
         self.assertEqual(r.returncode, 1)
         self.assertRegex(r.stderr, r"fake\.index:5: entry past outside the [0-9]+-byte database")
+
+
+class ProseLicences(unittest.TestCase):
+    """A copyright file without DEP-5 'License:' fields: the licences its prose states, with
+    their lines; a machine-readable file is left to copyright_licences."""
+
+    def test_found_with_their_lines(self):
+        with tempfile.TemporaryDirectory() as t:
+            d = os.path.join(t, "usr/share/doc/dict-x")
+            os.makedirs(d)
+            with open(os.path.join(d, "copyright"), "w") as f:
+                f.write("This is the Debian prepackaged version of X.\n\n"        # 1-2
+                        "X is free software; you can redistribute it under the\n"  # 3
+                        "terms of the GNU General Public License as published by\n"
+                        "the Free Software Foundation; either version 2, or (at your\n"
+                        "option) any later version.\n\n"                           # 6-7
+                        "The tools:\n"                                             # 8
+                        " * under the terms of the GNU General Public License; either\n"
+                        " * version 1, or (at your option) any\n"
+                        " * later version.\n"                                      # 11
+                        "The index is under the GNU Free Documentation License, Version\n"
+                        "1.1 or any later version published by the FSF. Y is in the public domain.\n")
+            self.assertEqual(real_corpus.prose_licences(t), [
+                dict(licence="GPL-2+", file="usr/share/doc/dict-x/copyright", line=4),
+                dict(licence="GPL-1+", file="usr/share/doc/dict-x/copyright", line=9),
+                dict(licence="GFDL-1.1+", file="usr/share/doc/dict-x/copyright", line=12),
+                dict(licence="public-domain", file="usr/share/doc/dict-x/copyright", line=13)])
+            with open(os.path.join(d, "copyright"), "w") as f:
+                f.write("Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\n"
+                        "Files: *\nLicense: GPL-2+\n This program is under the GNU General Public License, version 2"
+                        " or (at your option) any later version.\n")
+            self.assertEqual(real_corpus.prose_licences(t), [])
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ PKGS=(cmake g++ make ccache pkg-config
       libopenmpi-dev openmpi-bin
       libgoogle-glog-dev libgflags-dev libabsl-dev
       libopenblas-dev libgtest-dev nlohmann-json3-dev
-      python3 fortunes fortunes-min)
+      python3 fortunes fortunes-min
+      developers-reference)  # a slice of the real corpus for the width-512 pipeline test (test_scale_pipeline.py)
 
 # Python packages for the tools: tokenizers and sentencepiece (prepare_data.py),
 # matplotlib (plots); cuobjdump and nvdisasm (tools/perf/sass_check.py: the CUDA

@@ -44,6 +44,7 @@ DECLARE_string(data);
 DECLARE_string(data_mode);
 DECLARE_int32(micro_batch_size);
 DECLARE_int64(eval_tokens);
+DECLARE_bool(eval_spread);
 DECLARE_string(device);
 
 namespace lns {
@@ -84,7 +85,8 @@ void check_output_prefix(const std::string& out) {
 // The sequence length and sampling mode: the checkpoint's training values unless the
 // flags say otherwise (docs/evaluation.md).
 EvalOptions eval_options(const Checkpoint* ck) {
-  EvalOptions opt{FLAGS_seq_len, FLAGS_micro_batch_size, FLAGS_eval_tokens, parse_sample_mode(FLAGS_data_mode)};
+  EvalOptions opt{FLAGS_seq_len, FLAGS_micro_batch_size, FLAGS_eval_tokens, parse_sample_mode(FLAGS_data_mode),
+                  FLAGS_eval_spread};
   if (!ck) return opt;
   const bool seq_default = gflags::GetCommandLineFlagInfoOrDie("seq_len").is_default;
   const bool mode_default = gflags::GetCommandLineFlagInfoOrDie("data_mode").is_default;
@@ -161,6 +163,7 @@ Result evaluate_all(ProcessGrid& grid) {
   }
   r.json["tokens"] = intact.tokens;
   r.json["data_mode"] = opt.mode == SampleMode::Packed ? "packed" : "document";
+  r.json["eval_spread"] = opt.spread;  // which samples: the first ones, or spread over the file
   r.json["loss"] = intact.loss;
   r.json["ppl"] = intact.ppl;
   r.lines.push_back(absl::StrFormat("perplexity %.4f (loss %.6f) over %d tokens of %s at --seq_len=%d (%.1f s)",

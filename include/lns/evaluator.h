@@ -21,6 +21,11 @@ struct EvalStats {
 struct EvalOptions {
   int64_t seq_len = 256, micro_batch = 8, eval_tokens = 65536;
   SampleMode mode = SampleMode::Packed;
+  // --eval_spread: the evaluated samples are spread evenly over the whole file
+  // (sequence i of n takes sample floor(i * S / n) of S) instead of its first n. A file
+  // written in source order (tools/experiments/real_corpus.py) then has each source in
+  // the sample at its share of the file, not the first sources only (issue 45).
+  bool spread = false;
 };
 
 // One block's diagnostics (docs/evaluation.md).
@@ -55,6 +60,9 @@ class Evaluator {
   DivisorSums divisor_sums();
 
   int num_batches() const { return static_cast<int>(batches_); }
+  // The sample of the data that evaluation sequence `seq` reads (0 <= seq; the padding
+  // sequences of the last micro-batch wrap around and are masked).
+  int64_t sample_of(int64_t seq) const;
   // Target positions evaluated: --eval_tokens, or all the data holds when that is
   // less (each sample once); then requested_tokens() is the larger request, else 0.
   int64_t eval_tokens() const { return opt_.eval_tokens; }
@@ -71,6 +79,7 @@ class Evaluator {
   BatchSampler sampler_;
   EvalOptions opt_;
   int64_t batches_;
+  int64_t num_seq_ = 0;  // sequences that hold evaluated targets
   int64_t requested_tokens_ = 0;
   OwnedTensor in_, tg_;
 };

@@ -43,6 +43,7 @@ struct TrainConfig {
   AdamWConfig adam;
   double grad_clip = 1.0;
   int64_t eval_every = 0, eval_tokens = 65536, log_every = 10;
+  bool eval_spread = false;  // EvalOptions::spread
   std::string out_dir;  // empty: no files written
   double peak_tflops = 0;  // for MFU in the log; 0 = not shown
   Device device = Device::CPU;  // where the stage computes (lns/device.h)

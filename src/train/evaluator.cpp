@@ -26,8 +26,16 @@ Evaluator::Evaluator(ProcessGrid& grid, LlamaStage& stage, PipelineSchedule1F1B&
     requested_tokens_ = opt_.eval_tokens;
     opt_.eval_tokens = available;
   }
-  const int64_t num_seq = (opt_.eval_tokens + opt.seq_len - 1) / opt.seq_len;
-  batches_ = (num_seq + opt.micro_batch - 1) / opt.micro_batch;
+  num_seq_ = (opt_.eval_tokens + opt.seq_len - 1) / opt.seq_len;
+  batches_ = (num_seq_ + opt.micro_batch - 1) / opt.micro_batch;
+}
+
+int64_t Evaluator::sample_of(int64_t seq) const {
+  const int64_t S = sampler_.samples_per_epoch();
+  if (!opt_.spread || seq >= num_seq_) return seq % S;
+  // floor(seq * S / n) without overflow: n <= S, so the samples are distinct and ascending
+  return static_cast<int64_t>(static_cast<unsigned __int128>(seq) * static_cast<uint64_t>(S) /
+                              static_cast<uint64_t>(num_seq_));
 }
 
 // Micro-batch k goes to dp rank k % dp; every stage of that rank walks the same k.
@@ -41,7 +49,7 @@ void Evaluator::fill(int j) {
   for (int64_t b = 0; b < B; ++b) {
     const int64_t seq = k * B + b;
     int32_t* tgt = tg_.i32() + b * T;
-    sampler_.fill(static_cast<uint64_t>(seq) % sampler_.samples_per_epoch(), in_.i32() + b * T, tgt);
+    sampler_.fill(static_cast<uint64_t>(sample_of(seq)), in_.i32() + b * T, tgt);
     // Exactly eval_tokens target positions count: mask the rest of the last batch.
     for (int64_t t = 0; t < T; ++t)
       if (seq * T + t >= opt_.eval_tokens) tgt[t] = kIgnoreIndex;

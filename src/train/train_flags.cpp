@@ -34,6 +34,9 @@ DEFINE_double(grad_clip, 1.0, "Clip the global gradient norm to this value; 0 = 
 // ---- evaluation and output --------------------------------------------------------------
 DEFINE_int64(eval_every, 0, "Validate every N steps (and always at the end); 0 = only at the end.");
 DEFINE_int64(eval_tokens, 65536, "Validation target tokens per evaluation.");
+DEFINE_bool(eval_spread, false,
+            "Evaluate --eval_tokens in sequences spread evenly over the whole validation file instead of "
+            "its first ones (a file in source order: every source at its share).");
 DEFINE_int64(log_every, 10, "Print the training line every N steps.");
 DEFINE_string(out_dir, "", "Run directory: metrics.jsonl and config.flags go here.");
 DEFINE_double(peak_tflops, 0, "Peak TFLOP/s of one device, for MFU in the log (0 = not shown).");
@@ -123,6 +126,7 @@ TrainConfig train_config_from_flags() {
   c.grad_clip = FLAGS_grad_clip;
   c.eval_every = FLAGS_eval_every;
   c.eval_tokens = FLAGS_eval_tokens;
+  c.eval_spread = FLAGS_eval_spread;
   c.log_every = FLAGS_log_every;
   c.out_dir = FLAGS_out_dir;
   c.peak_tflops = FLAGS_peak_tflops;

@@ -214,7 +214,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   startup_.weights = lap();
   pipeline_ = std::make_unique<PipelineSchedule1F1B>(*grid_, *model_, num_micro_);
   pipeline_->set_cuda_graphs(cfg_.cuda_graphs);
-  const EvalOptions eval{cfg_.seq_len, cfg_.micro_batch, cfg_.eval_tokens, cfg_.data_mode};
+  const EvalOptions eval{cfg_.seq_len, cfg_.micro_batch, cfg_.eval_tokens, cfg_.data_mode, cfg_.eval_spread};
   if (val_data_) {
     evaluator_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, *val_data_, eval);
     if (evaluator_->requested_tokens() > 0 && is_root())
@@ -239,6 +239,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
     ln_free_ = ln_free_schedule_->initial_state();
     EvalOptions calib = eval;
     calib.eval_tokens = cfg_.ln_free_calib_tokens;
+    calib.spread = false;
     calib_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, *train_data_, calib);
     if (is_root())
       LOG(INFO) << "ln_free: " << ln_free_schedule_->events().size() << " events (" << cfg_.ln_free

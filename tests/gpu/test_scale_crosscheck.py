@@ -8,11 +8,14 @@ devices), that the two devices agree as bf16 against f32 should at the start of 
 (every step's loss within 0.1%: measured 0.007% at most under emulation, 2026-11-28; a
 wrong initialisation or batch on one side moves the fourth step's loss by about 1%), and
 the one-line errors for bad input. LNS_TRAIN_BIN: an lns_train with both devices (a CUDA
-or emulation build); exit 77 (skipped) when it has no GPU.
+or emulation build); exit 77 (skipped) when it has no GPU. LNS_CROSSCHECK_KEEP=PATH keeps the
+record there when every check passed (docs/depth_study_scale_runs/measurements/
+crosscheck_emulated.json, whose figures docs/depth_study_scale.md gives).
 """
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,6 +36,15 @@ def corpus(tmp):
     subprocess.run([sys.executable, os.path.join(ROOT, "tools", "prepare_data.py"), "--input", text, "--doc_sep",
                     "line", "--val_fraction", "0.05", "--out", data, "--no_progress"], check=True, capture_output=True)
     return data
+
+
+def label():
+    """What the CUDA side runs on: the emulator when lns_train's build has LNS_CUDA_SIM on."""
+    try:
+        with open(os.path.join(os.path.dirname(TRAIN), "CMakeCache.txt")) as f:
+            return "emulator" if "LNS_CUDA_SIM:BOOL=ON" in f.read() else "gpu"
+    except OSError:
+        return "gpu"
 
 
 def crosscheck(tmp, data, *extra):
@@ -58,7 +70,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = corpus(tmp)
         record = os.path.join(tmp, "crosscheck.json")
-        r = crosscheck(tmp, data, "--record", record)
+        r = crosscheck(tmp, data, "--record", record, "--label", label())
         if r.returncode == 77:
             print(r.stdout.strip())
             return 77
@@ -99,6 +111,11 @@ def main():
                 failures.append("%s: exit %d, stderr %r" % (extra, b.returncode, b.stderr))
         if not os.path.exists(os.path.join(theirs, "cpu", "notes.txt")):
             failures.append("a folder the script did not make lost a file")
+        keep = os.environ.get("LNS_CROSSCHECK_KEEP")
+        if keep and not failures:
+            os.makedirs(os.path.dirname(os.path.abspath(keep)), exist_ok=True)
+            shutil.copy(record, keep)
+            print("kept the record in %s" % keep)
     for f in failures:
         print("FAILED: " + f)
     return 1 if failures else 0

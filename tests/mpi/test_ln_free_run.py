@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -29,6 +28,7 @@ MPIRUN = os.environ.get("MPIRUN", "mpirun")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))  # eot_tokens
 import eot_tokens  # noqa: E402
+import kept_folder  # noqa: E402  (a failed test keeps the folder and shows its runs' logs)
 
 MODEL = ["--vocab_size=64", "--hidden_size=32", "--intermediate_size=45", "--num_layers=4",
          "--num_heads=4", "--num_kv_heads=2", "--seq_len=16", "--micro_batch_size=2",
@@ -54,21 +54,27 @@ def manifest(ck):
         return json.load(f)
 
 
-class LnFreeRun(unittest.TestCase):
+class LnFreeRun(kept_folder.KeptFolderTest):
     @classmethod
     def setUpClass(cls):
         if not TRAIN:
             raise unittest.SkipTest("LNS_TRAIN_BIN not set (ctest sets it)")
-        cls.dir = tempfile.mkdtemp(prefix="lns_lnfree_")
+        cls.dir = kept_folder.make("lns_lnfree_")
         cls.data = os.path.join(cls.dir, "data.tok")
         eot_tokens.write_eot_docs(cls.data, 300)
         cls.flags = MODEL + ["--data=" + cls.data, "--val_data=" + cls.data, "--eval_tokens=256"] + LN_FREE
         cls.ref_dir = os.path.join(cls.dir, "ref")
         r = subprocess.run([TRAIN, *cls.flags, "--steps=12", "--save_every=4", "--out_dir=" + cls.ref_dir],
                            capture_output=True, text=True)
+        if r.returncode != 0:
+            kept_folder.done(cls.dir, True, "LnFreeRun's reference run")
         assert r.returncode == 0, r.stderr[-3000:]
         cls.ref_log = r.stderr
         cls.ref, cls.ref_events, cls.ref_vals = records(cls.ref_dir)
+
+    @classmethod
+    def tearDownClass(cls):
+        kept_folder.done(cls.dir, cls.failed_in_class, "a test of LnFreeRun")
 
     def run_train(self, out, *extra, np=1, tp=1, pp=1, check=True):
         cmd = [TRAIN, *self.flags, "--out_dir=" + out, "--tp=%d" % tp, "--pp=%d" % pp, *extra]

@@ -156,6 +156,8 @@ def read_run(d):
     if ev.get("num_layers") != L:
         raise ReportError("%s: num_layers %r, cell.json says %d" % (where, ev.get("num_layers"), L))
     run["loss"] = finite(ev.get("loss"), where + ": loss")
+    # which validation tokens the loss is over: the first ones, or spread over the file
+    run["eval"] = dict(tokens=ev.get("tokens"), spread=bool(ev.get("eval_spread", False)))
     drops = {r["layer"]: finite(r["relative_drop"], where + ": relative_drop") for r in ev["sweep"]["layers"]}
     diag = {r["layer"]: r for r in ev["diag"]}
     if sorted(drops) != list(range(L)) or sorted(diag) != list(range(L)):
@@ -309,6 +311,7 @@ def summarize_cell(k, runs):
     prior = [r for r in ok if r.get("prior")]
     if prior:  # seeds summarised by an earlier session (prior_seed_runs)
         c["prior_seeds"] = sorted(r["cell"]["seed"] for r in prior)
+        c["prior_files"] = sorted({r["prior"] for r in prior})
         if len(prior) == len(ok):
             c["prior"] = prior[0]["prior"]
     c["curves"] = {str(r["cell"]["seed"]): r["curve"] for r in ok if r["curve"]}
@@ -325,6 +328,11 @@ def summarize_cell(k, runs):
     half = L // 2
     c["drop_shallow_half"] = mean(c["drop_pct"][:half])
     c["drop_deep_half"] = mean(c["drop_pct"][half:])
+    # per seed (seed order), for the pages' tests of a difference over the seeds
+    diag.sort(key=lambda r: r["cell"]["seed"])
+    c["diag_seeds"] = [r["cell"]["seed"] for r in diag]
+    c["growth_by_seed"] = [r["variance"][-1] / r["variance"][0] for r in diag]
+    c["deep_half_by_seed"] = [mean(r["drop_pct"][half:]) for r in diag]
     return c
 
 
@@ -412,9 +420,13 @@ def build_report(runs, prior=()):
     # Wall time per block-step (steps x (blocks + head), depth_grid.cost) of the runs that
     # finished, for the projected time of the cells still missing.
     timed = [r for r in runs if isinstance(r.get("seconds"), (int, float))]
+    by_shape = {}
+    for r in timed:
+        by_shape.setdefault((r["cell"]["layers"], r["cell"]["steps"]), []).append(r["seconds"])
     timing = dict(runs=len(timed), seconds=sum(r["seconds"] for r in timed),
                   block_steps=sum(cost(r["cell"]) for r in timed),
-                  jobs=max([r.get("jobs", 1) for r in timed] or [1]))
+                  jobs=max([r.get("jobs", 1) for r in timed] or [1]),
+                  by_shape=[[L, steps, min(v), max(v), len(v)] for (L, steps), v in sorted(by_shape.items())])
     return dict(device=devices[0] if devices else "cpu", runs=len(runs),
                 prior_runs=sum(len(p.get("runs", [])) for p in prior),
                 cells=[cells[k] for k in order], comparisons=comparisons,

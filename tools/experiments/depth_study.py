@@ -26,9 +26,11 @@ import fnmatch
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -78,6 +80,8 @@ def train_flags(c, run_dir, args):
              "--exit_code_on_signal=143"]  # a run stopped by a signal is not finished
     if c.get("fp8"):
         flags.append("--fp8=%s" % c["fp8"])
+    if b.get("eval_spread"):
+        flags.append("--eval_spread")
     if scheme == "mix":
         flags += ["--norm_scheme=mix", "--post_layers=%d" % max(1, c["layers"] // 4)]  # the paper's 25%
     elif scheme == "lns_scaled_init":
@@ -97,7 +101,8 @@ def eval_flags(run_dir, args, c=None):
     micro = b["micro"] if c and c.get("shape") else 8
     return ["--data=%s.val.tok" % args.data, "--seq_len=%d" % b["seq"], "--micro_batch_size=%d" % micro,
             "--eval_tokens=%d" % (eval_tokens(c, args) if c else args.eval_tokens), "--drop_layers=sweep", "--diag",
-            "--out=%s" % os.path.join(run_dir, "eval"), "--plot=false", "--device=%s" % args.device]
+            "--out=%s" % os.path.join(run_dir, "eval"), "--plot=false", "--device=%s" % args.device] + \
+        (["--eval_spread"] if c and b.get("eval_spread") else [])
 
 
 def script_for(c, run_dir, args):
@@ -138,6 +143,38 @@ def diverged(run_dir):
     except OSError:
         return False
     return "training diverged" in text or "non-finite" in text
+
+
+def mpi_session_dir():
+    """A private folder for one run's Open MPI session files (OMPI_MCA_orte_tmpdir_base).
+    lns_train and lns_eval started without mpirun are Open MPI singletons, and every
+    singleton creates, then removes when it ends, the same top folder
+    TMPDIR/ompi.HOST.UID. Open MPI 4.1's mkdir-then-stat is not atomic against that
+    removal: a process that starts while another ends can find the folder gone between
+    the two calls and fail in MPI_Init ("A call to mkdir was unable to create the desired
+    directory: /tmp/ompi.HOST.0, File exists"), exit 1. With --jobs 2 a training ending
+    beside an evaluation starting hit it in 3 of 7 miniature FP8 grids on this project's
+    VM (2026-11-29), under every OpenBLAS kernel. Inside the caller's own base, if set."""
+    return tempfile.mkdtemp(prefix="lns_mpi_", dir=os.environ.get("OMPI_MCA_orte_tmpdir_base") or None)
+
+
+LOG_STAGE = {1: "train.log", 2: "eval.log", 3: "init.log"}  # script_for's exit status -> the log of that stage
+
+
+def log_tail(run_dir, rc, lines=25):
+    """The last lines of the failed stage's log (every log of the run if the status names
+    no stage), for the failure message: a run folder may not outlive its caller."""
+    names = [LOG_STAGE[rc]] if rc in LOG_STAGE else sorted(n for n in os.listdir(run_dir) if n.endswith(".log"))
+    out = []
+    for n in names:
+        try:
+            with open(os.path.join(run_dir, n), errors="replace") as f:
+                text = f.read().splitlines()
+        except OSError:
+            continue
+        out.append("--- %s (last %d of %d lines) ---" % (os.path.join(run_dir, n), min(lines, len(text)), len(text)))
+        out += text[-lines:]
+    return "\n".join(out) + "\n" if out else "(no log in %s)\n" % run_dir
 
 
 def write_json(path, obj, indent=1):
@@ -315,7 +352,7 @@ def main(argv=None):
 
     def on_signal(signum, frame):
         stopping[0] = True
-        for _, p, _ in running.values():
+        for _, p, _, _ in running.values():
             try:
                 os.killpg(p.pid, signal.SIGTERM)  # lns_train saves a checkpoint on SIGTERM
             except OSError:
@@ -336,15 +373,18 @@ def main(argv=None):
             sh = os.path.join(run_dir, "run.sh")
             with open(sh, "w") as f:
                 f.write(script_for(c, run_dir, args))
-            p = subprocess.Popen(["bash", sh], env=env, start_new_session=True)
-            running[p.pid] = (c, p, time.time())
+            session = mpi_session_dir()
+            p = subprocess.Popen(["bash", sh], env=dict(env, OMPI_MCA_orte_tmpdir_base=session),
+                                 start_new_session=True)
+            running[p.pid] = (c, p, time.time(), session)
         time.sleep(1.0)
         for pid in list(running):
-            c, p, start = running[pid]
+            c, p, start, session = running[pid]
             rc = p.poll()
             if rc is None:
                 continue
             del running[pid]
+            shutil.rmtree(session, ignore_errors=True)
             n_done += 1
             secs = time.time() - start
             run_dir = os.path.join(out, run_name(c))
@@ -353,7 +393,8 @@ def main(argv=None):
                 sys.stderr.write("\ndepth_study: %s stopped; it resumes from its checkpoint\n" % run_name(c))
             elif res is None:
                 failed.append(run_name(c))
-                sys.stderr.write("\ndepth_study: %s failed (exit %d; see %s/*.log)\n" % (run_name(c), rc, run_dir))
+                sys.stderr.write("\ndepth_study: %s failed (exit %d; see %s/*.log)\n%s" % (
+                    run_name(c), rc, run_dir, log_tail(run_dir, rc)))
             else:
                 done_cost += cost(c)
                 done_time += secs
@@ -369,14 +410,15 @@ def main(argv=None):
         now = time.time()
         if now - last_line >= 10 or not (queue or running):
             last_line = now
-            left = sum(cost(c) for c in queue) + sum(cost(c) * 0.5 for c, _, _ in running.values())
+            left = sum(cost(c) for c in queue) + sum(cost(c) * 0.5 for c, _, _, _ in running.values())
             # per-job seconds per cost unit, times the cost left, over the jobs in parallel
             eta = left * (done_time / done_cost) / args.jobs if done_cost else None
             sys.stderr.write("\r[depth_study] %d/%d done, %d running, %d queued, %d failed | elapsed %s | ETA %s   "
                              % (n_done, n_total, len(running), len(queue), len(failed), fmt_s(now - t0), fmt_s(eta)))
             sys.stderr.flush()
-    for _, p, _ in running.values():
+    for _, p, _, session in running.values():
         p.wait()
+        shutil.rmtree(session, ignore_errors=True)
     sys.stderr.write("\ndepth_study: %s; %d runs finished, %d failed, %s of %.0f block-steps in %s\n" % (
         "stopped" if stopping[0] else "grid done", n_done - len(failed), len(failed),
         "%.0f" % done_cost, total_cost, fmt_s(time.time() - t0)))

@@ -1,73 +1,238 @@
 #!/usr/bin/env python3
-"""Markdown summary of tools/experiments/ln_free_study.sh, per scheme (Pre-LN, LNS):
-the pre-trained model's validation loss (lns_eval), the bump at each replacement (the
-mean training loss of the 5 steps after it minus that of the 10 steps before), the
-steps each wait took, and the final validation losses of the LN-free run and of the
-control fine-tuned for the same steps with its norms (the gap), and the folded model
-(lns_convert fold-norms of the final LN-free checkpoint) against that checkpoint, both by
-lns_eval."""
-import json
+"""The LN-free study (tools/experiments/ln_free_study.sh, docs/ln_free.md): its record per
+seed, and the page's tables and sentences from the records.
+
+    ln_free_report.py RUN_DIR --config '...'              # the run's summary (Markdown, stdout)
+    ln_free_report.py RUN_DIR --config '...' --record FILE  # keep the run as a record (docs/ln_free_runs/)
+    ln_free_report.py --records DIR --doc docs/ln_free.md [--plot docs/images/ln_free_study.png]
+
+Per scheme (Pre-LN, LNS) a record holds: the pre-trained model's validation loss
+(lns_eval), the validation and training losses of the fine-tuning with the LN-free
+schedule and of the control fine-tuned for the same steps with its norms, each
+replacement event (its first step, entry, why it fired, norms fixed so far), and the
+final LN-free checkpoint's loss against the same model with its norms folded away
+(lns_convert fold-norms), both by lns_eval. The page is written between
+"<!-- ln_free:begin -->" and "<!-- ln_free:end -->" from the records only. The bump of a
+replacement is the mean training loss of the 5 steps after it minus that of the 10
+before; the gap is LN-free − control, paired by seed (the same pre-trained model and
+batches); LNS's gap against Pre-LN's is Welch's t over the seeds. Every failure is one
+line "ln_free_report: ..." and exit status 1.
+"""
+import argparse
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import doc_markers  # noqa: E402
+import small_study  # noqa: E402
+import study_budget  # noqa: E402
+import study_stats  # noqa: E402
+from small_study import StudyError, fmt_paired, mean_sd  # noqa: E402
 
-def rows(path):
-    with open(path) as f:
-        return [json.loads(l) for l in f if l.strip()]
-
-
-def mean(xs):
-    return sum(xs) / len(xs) if xs else float("nan")
-
-
-def arm(root, name):
-    with open(os.path.join(root, "eval_pretrained_%s.json" % name)) as f:
-        pretrained = json.load(f)
-    lf = rows(os.path.join(root, "lnfree_%s" % name, "metrics.jsonl"))
-    ctl = rows(os.path.join(root, "control_%s" % name, "metrics.jsonl"))
-    loss = {r["step"]: r["loss"] for r in lf if "loss" in r}
-    events = [(r["step"], r["ln_free_event"]) for r in lf if "ln_free_event" in r]
-    val_lf = {r["step"]: r["val_loss"] for r in lf if "val_loss" in r}
-    val_ctl = {r["step"]: r["val_loss"] for r in ctl if "val_loss" in r}
-    return pretrained, loss, events, val_lf, val_ctl
+BEGIN, END = "<!-- ln_free:begin -->", "<!-- ln_free:end -->"
+ARMS = (("pre", "Pre-LN"), ("lns", "LNS"))
+CONFIG = ("pretrain", "finetune", "eval_every", "ft_lr", "tol", "cap", "wait", "layers")
+FIELDS = tuple("%s.%s" % (a, k) for a, _ in ARMS for k in (
+    "pretrained_loss", "val_lnfree", "val_control", "train_lnfree", "train_control", "events", "lnfree_loss",
+    "folded_loss"))
 
 
-def main(root):
-    names = {"pre": "Pre-LN", "lns": "LNS"}
-    arms = {a: arm(root, a) for a in ("pre", "lns") if os.path.exists(os.path.join(root, "control_%s" % a))}
-    # the last step every run was evaluated at (the arms may have fine-tuned for different lengths)
-    common = min(max(set(v[3]) & set(v[4])) for v in arms.values())
-    print("Validation loss (nats/token, 8192 tokens of fortunes.val) of the pre-trained model, and after\n"
-          "fine-tuning with the LN-free schedule and without it (the control keeps its norms):\n")
-    print("| scheme | pre-trained | step | LN-free | control | gap | step | LN-free | control | gap |\n"
-          "|---|---|---|---|---|---|---|---|---|---|")
-    detail = []
-    for a, (pretrained, loss, events, val_lf, val_ctl) in arms.items():
-        last = max(set(val_lf) & set(val_ctl))
-        print("| %s | %.4f | %d | %.4f | %.4f | %+.4f | %d | %.4f | %.4f | %+.4f |" % (
-            names[a], pretrained["loss"], common, val_lf[common], val_ctl[common], val_lf[common] - val_ctl[common],
-            last, val_lf[last], val_ctl[last], val_lf[last] - val_ctl[last]))
-        detail.append("\n%s: replacements (training loss; bump = mean of the 5 steps after minus the 10 before):\n"
-                      % names[a])
-        detail.append("| first step after | event | why it fired | norms fixed | bump |\n|---|---|---|---|---|")
-        for step, e in events:
-            before = [loss[s] for s in range(step - 10, step) if s in loss]
-            after = [loss[s] for s in range(step, step + 5) if s in loss]
-            detail.append("| %d | `%s` | %s | %d | %+.4f |" % (step, e["entry"], e["reason"], e["fixed_total"],
-                                                             mean(after) - mean(before)))
-    print("\n".join(detail))
-    folded = [a for a in arms if os.path.exists(os.path.join(root, "eval_folded_%s.json" % a))]
-    if folded:
-        print("\nThe final LN-free models with their norms folded away (lns_convert fold-norms; lns_eval, the\n"
-              "same validation tokens):\n")
-        print("| scheme | LN-free checkpoint | folded (no norms) | relative difference |\n|---|---|---|---|")
-        for a in folded:
-            with open(os.path.join(root, "eval_lnfree_%s.json" % a)) as f:
-                lf = json.load(f)["loss"]
-            with open(os.path.join(root, "eval_folded_%s.json" % a)) as f:
-                fo = json.load(f)["loss"]
-            print("| %s | %.6f | %.6f | %.1e |" % (names[a], lf, fo, abs(fo - lf) / abs(lf)))
+def arm_of(root, a):
+    val_lf, train_lf, events = small_study.read_metrics(os.path.join(root, "lnfree_%s" % a, "metrics.jsonl"))
+    val_c, train_c, _ = small_study.read_metrics(os.path.join(root, "control_%s" % a, "metrics.jsonl"))
+    out = dict(pretrained_loss=small_study.read_json(os.path.join(root, "eval_pretrained_%s.json" % a))["loss"],
+               val_lnfree=val_lf, val_control=val_c, train_lnfree=train_lf, train_control=train_c, events=events,
+               lnfree_loss=small_study.read_json(os.path.join(root, "eval_lnfree_%s.json" % a))["loss"])
+    folded = os.path.join(root, "eval_folded_%s.json" % a)
+    if os.path.exists(folded):
+        out["folded_loss"] = small_study.read_json(folded)["loss"]
+    return out
+
+
+def record_of(root, config):
+    info = small_study.run_info(os.path.join(root, "lnfree_pre"))
+    rec = dict(study="ln_free", seed=int(info["flags"]["seed"]), config=config, flags=info["flags"],
+               source_revision=info["source_revision"], started=info["started"],
+               schedule=info["flags"].get("ln_free"))
+    for a, _ in ARMS:
+        rec[a] = arm_of(root, a)
+    return rec
+
+
+def bump(train, step):
+    """Mean training loss of the 5 steps from STEP on minus that of the 10 before."""
+    loss = dict(map(tuple, train))
+    before = [loss[s] for s in range(step - 10, step) if s in loss]
+    after = [loss[s] for s in range(step, step + 5) if s in loss]
+    if not before or not after:
+        raise StudyError("no training loss around step %d for the bump" % step)
+    return study_stats.mean(after) - study_stats.mean(before)
+
+
+def fired_by(reason):
+    """The trigger that fired, from lns_train's reason (src/train/ln_free_schedule.cpp):
+    'loss' (back within the tolerance), 'cap' (not within it after the cap), 'steps'."""
+    if "not within" in reason:
+        return "cap"
+    if "within" in reason:
+        return "loss"
+    return "steps"
+
+
+def at(curve, step):
+    return dict(map(tuple, curve)).get(step)
+
+
+def render(recs):
+    cfg, flags = recs[0]["config"], recs[0]["flags"]
+    seeds = [r["seed"] for r in recs]
+    w = ["Generated by `tools/experiments/ln_free_report.py` from the records in `docs/ln_free_runs/` (%d seed%s: "
+         "%s; `PRETRAIN=%s FINETUNE=%s EVAL_EVERY=%s FT_LR=%s TOL=%s CAP=%s WAIT=%s LAYERS=%s`; width %s, vocabulary "
+         "%s; schedule `%s`; run %s at revision %s; a whole run (both schemes: pre-training, both fine-tunings, "
+         "folding) took %s on the shared 2-core CPU at nice 19, one OpenMP thread).\n" % (
+             len(recs), "s" if len(recs) > 1 else "", ", ".join(map(str, seeds)), cfg["pretrain"], cfg["finetune"],
+             cfg["eval_every"], cfg["ft_lr"], cfg["tol"], cfg["cap"], cfg["wait"], cfg["layers"],
+             flags["hidden_size"], flags["vocab_size"], recs[0].get("schedule"),
+             ", ".join(sorted({(r.get("started") or "?")[:10] for r in recs})),
+             ", ".join(sorted({r.get("source_revision") or "?" for r in recs})),
+             "%.0f-%.0f s" % (min(r["seconds"] for r in recs), max(r["seconds"] for r in recs)))]
+    # the steps every run of both arms was evaluated at
+    common = sorted(set.intersection(*[{p[0] for p in r[a][k]} for r in recs for a, _ in ARMS
+                                       for k in ("val_lnfree", "val_control")]))
+    if not common:
+        raise StudyError("the records share no evaluation step of the LN-free and control runs")
+    first_after = max(e["step"] for r in recs for a, _ in ARMS for e in r[a]["events"])
+    mid = next((s for s in common if s >= first_after), common[-1])  # the first evaluation after the last event
+    last = common[-1]
+    w.append("Validation loss (nats/token) of the pre-trained model, and after fine-tuning with the LN-free schedule "
+             "and without it (the control keeps its norms), at step %d (the first evaluation after every run's last "
+             "replacement) and at step %d; mean ± std over seeds (seeds); gap = LN-free − control, paired by seed:\n"
+             % (mid, last))
+    w.append("| scheme | pre-trained | LN-free, %d | control, %d | gap, %d | LN-free, %d | control, %d | gap, %d |" % (
+        mid, mid, mid, last, last, last))
+    w.append("|---|---|---|---|---|---|---|---|")
+    gaps = {}
+    for a, name in ARMS:
+        row = [name, mean_sd([r[a]["pretrained_loss"] for r in recs])]
+        for s in (mid, last):
+            lf = [at(r[a]["val_lnfree"], s) for r in recs]
+            ct = [at(r[a]["val_control"], s) for r in recs]
+            gaps[(a, s)] = [x - y for x, y in zip(lf, ct)]
+            row += [mean_sd(lf), mean_sd(ct), fmt_paired(gaps[(a, s)])]
+        w.append("| %s |" % " | ".join(row))
+    w.append("")
+    for s in (mid, last):
+        t = study_stats.welch(gaps[("pre", s)], gaps[("lns", s)])
+        w.append("LNS's gap − Pre-LN's at step %d: %s." % (
+            s, study_stats.fmt_welch(t) if t else "%+.4f (one seed a side: no test)" % (
+                gaps[("lns", s)][0] - gaps[("pre", s)][0])))
+    w.append("")
+    for a, name in ARMS:
+        w.append("%s: the replacements (training loss; bump = mean of the 5 steps after minus the 10 before; steps "
+                 "and reasons per seed, in seed order):\n" % name)
+        w.append("| event | first step after | fired by | norms fixed | bump |")
+        w.append("|---|---|---|---|---|")
+        entries = [e["entry"] for e in recs[0][a]["events"]]
+        for r in recs:
+            if [e["entry"] for e in r[a]["events"]] != entries:
+                raise StudyError("%s: %s's events %s differ from seed %d's %s" % (
+                    r["_path"], name, [e["entry"] for e in r[a]["events"]], recs[0]["seed"], entries))
+        for i, entry in enumerate(entries):
+            ev = [r[a]["events"][i] for r in recs]
+            why = [fired_by(e["reason"]) for e in ev]
+            w.append("| `%s` | %s | %s | %s | %s |" % (
+                entry, ", ".join(str(e["step"]) for e in ev), ", ".join(why),
+                ", ".join(sorted({str(e["fixed_total"]) for e in ev})),
+                mean_sd([bump(r[a]["train_lnfree"], e["step"]) for r, e in zip(recs, ev)], sign=True)))
+        waits = [ev2["step"] - ev1["step"] for r in recs for ev1, ev2 in zip(r[a]["events"], r[a]["events"][1:])]
+        w.append("\nSteps between replacements: %d to %d.\n" % (min(waits), max(waits)) if waits else "")
+    w.append("The final LN-free models with their norms folded away (`lns_convert fold-norms` of the last "
+             "checkpoint, then `lns_eval` on the same validation tokens):\n")
+    w.append("| scheme | seed | LN-free checkpoint | folded (no norms) | relative difference |")
+    w.append("|---|---|---|---|---|")
+    rel = []
+    for a, name in ARMS:
+        for r in recs:
+            lf, fo = r[a]["lnfree_loss"], r[a]["folded_loss"]
+            rel.append(abs(fo - lf) / abs(lf))
+            w.append("| %s | %d | %.6f | %.6f | %.1e |" % (name, r["seed"], lf, fo, rel[-1]))
+    w.append("\nLargest relative difference between a folded model and its LN-free checkpoint: %.1e.\n" % max(rel))
+    shape = small_study.shape_of_flags(flags)
+    L = int(cfg["layers"])
+    cells = [dict(layers=L, scheme="pre", steps=int(cfg["pretrain"])),
+             dict(layers=L, scheme="pre", steps=int(cfg["pretrain"]) + int(cfg["finetune"]))]
+    w += study_budget.table(cells, lambda c: shape, lambda c: int(flags["vocab_size"]),
+                            "The budget, a confound (pre-trained, and after fine-tuning)")
+    return "\n".join(w).rstrip() + "\n"
+
+
+def plot(recs, path):
+    """Training loss (smoothed over 10 steps) of the four fine-tuning runs of the first
+    seed, each replacement a dotted line labelled with its group; one panel a scheme."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    r = recs[0]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, (a, name) in zip(axes, ARMS):
+        for key, color, label in (("train_lnfree", "tab:red", "LN-free"), ("train_control", "tab:blue", "control")):
+            pts = r[a][key]
+            ys = [p[1] for p in pts]
+            sm = [study_stats.mean(ys[max(0, i - 9):i + 1]) for i in range(len(ys))]
+            ax.plot([p[0] for p in pts], sm, color=color, label=label)
+        for e in r[a]["events"]:
+            ax.axvline(e["step"], color="gray", ls=":", lw=0.8)
+            ax.annotate(e["entry"].split("@")[0], (e["step"], 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                        fontsize=6, va="top", ha="right")
+        ax.set_title("%s, seed %d" % (name, r["seed"]))
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("training loss (mean of 10 steps)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run", nargs="?", help="a run folder of ln_free_study.sh")
+    ap.add_argument("--config", default="", help="the script's settings: '%s'" % " ".join(k.upper() for k in CONFIG))
+    ap.add_argument("--seconds", type=float, default=None, help="the run's wall time")
+    ap.add_argument("--record", default="", help="write RUN's record here")
+    ap.add_argument("--records", default="", help="the records folder (docs/ln_free_runs)")
+    ap.add_argument("--doc", default="", help="the page to write between its ln_free markers")
+    ap.add_argument("--plot", default="", help="draw the first seed's training curves from the records here")
+    args = ap.parse_args(argv)
+    try:
+        if args.run:
+            parts = args.config.split()
+            if len(parts) != len(CONFIG):
+                raise StudyError("--config: expected '%s', got %r" % (" ".join(k.upper() for k in CONFIG), args.config))
+            rec = record_of(args.run, dict(zip(CONFIG, parts)))
+            rec["seconds"] = args.seconds
+            small_study.check_fields(rec, args.run, FIELDS + ("seconds",))
+            rec["_path"] = args.run
+            print(render([rec]))
+            del rec["_path"]
+            if args.record:
+                small_study.write_record(args.record, rec)
+        if args.records:
+            recs = small_study.load_records(args.records, "ln_free", FIELDS)
+            body = render(recs)
+            if args.doc:
+                doc_markers.replace_between(args.doc, BEGIN, END, body)
+            else:
+                print(body)
+            if args.plot:
+                plot(recs, args.plot)
+        if not args.run and not args.records:
+            raise StudyError("give a run folder, or --records")
+    except (StudyError, ValueError, KeyError) as e:
+        print("ln_free_report: %s" % (e if not isinstance(e, KeyError) else "missing field %s" % e), file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.exit(main())

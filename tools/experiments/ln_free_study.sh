@@ -12,7 +12,10 @@
 #   nice -n 19 bash tools/experiments/ln_free_study.sh [OUT_DIR]   (default runs/ln_free_study)
 # Environment: PRETRAIN (default 300 steps), FINETUNE (default 260), EVAL_EVERY (default 20),
 # FT_LR (default 5e-4, constant while fine-tuning), TOL (0.03), CAP (40), WAIT (20: steps
-# of plain fine-tuning before the first replacement), LAYERS (6).
+# of plain fine-tuning before the first replacement), LAYERS (6), SEED (1234: the
+# initialisation and the data order), RECORD (docs/ln_free_runs/seed$SEED.json, kept in git;
+# empty: none), DOC (docs/ln_free.md: its tables rewritten from every record in RECORD's
+# folder, and its figure; empty: neither). The page's runs: the defaults, seeds 1234-1236.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-runs/ln_free_study}
@@ -24,6 +27,10 @@ TOL=${TOL:-0.03}
 CAP=${CAP:-40}
 WAIT=${WAIT:-20}
 LAYERS=${LAYERS:-6}
+SEED=${SEED:-1234}
+RECORD=${RECORD-docs/ln_free_runs/seed$SEED.json}
+DOC=${DOC-docs/ln_free.md}
+START=$(date +%s)
 source launch/env.sh
 # One OpenMP thread: on a shared machine, spinning OpenMP barriers cost far more than they give.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -40,7 +47,7 @@ mkdir -p "$OUT"
 
 TOTAL=$((PRETRAIN + FINETUNE))
 MODEL="--flagfile=configs/tiny_lns.flags --num_layers=$LAYERS --hidden_size=64 --num_heads=4 --num_kv_heads=4
-       --intermediate_size=176 --eval_tokens=8192 --log_every=100"
+       --intermediate_size=176 --eval_tokens=8192 --log_every=100 --seed=$SEED"
 EVAL="--data=data/fortunes.val.tok --seq_len=128 --micro_batch_size=8 --eval_tokens=8192 --plot=false"
 # The recipe; 256 is the byte tokenizer's end-of-document id (tools/prepare_data.py).
 T="~$TOL/$CAP"
@@ -69,13 +76,18 @@ for arm in pre lns; do
   # shellcheck disable=SC2086
   ./build/lns_eval --checkpoint="$ck" $EVAL --out="$OUT/eval_lnfree_$arm" | grep -E "perplexity|LN-free"
   echo "== fold the norms of the LN-free $arm model and evaluate it"
-  ./build/lns_convert fold-norms --in="$ck" --out="$OUT/folded_$arm" | head -1
+  ./build/lns_convert fold-norms --in="$ck" --out="$OUT/folded_$arm" | sed -n 1p  # all of its output read: no SIGPIPE under pipefail
   # shellcheck disable=SC2086
   ./build/lns_eval --checkpoint="$OUT/folded_$arm" $EVAL --out="$OUT/eval_folded_$arm" | grep -E "perplexity"
 done
 
 python3 tools/plot_metrics.py "$OUT/lnfree_pre" "$OUT/control_pre" "$OUT/lnfree_lns" "$OUT/control_lns" \
   --smooth 10 --out "$OUT/ln_free_study.png"
-python3 tools/experiments/ln_free_report.py "$OUT" > "$OUT/summary.md"
+python3 tools/experiments/ln_free_report.py "$OUT" --config "$PRETRAIN $FINETUNE $EVAL_EVERY $FT_LR $TOL $CAP $WAIT $LAYERS" \
+  --seconds $(( $(date +%s) - START )) ${RECORD:+--record "$RECORD"} > "$OUT/summary.md"
 cat "$OUT/summary.md"
-echo "ln_free_study: summary in $OUT/summary.md, plot in $OUT/ln_free_study.png"
+if [ -n "$RECORD" ] && [ -n "$DOC" ]; then
+  python3 tools/experiments/ln_free_report.py --records "$(dirname "$RECORD")" --doc "$DOC" \
+    --plot docs/images/ln_free_study.png
+fi
+echo "ln_free_study: summary in $OUT/summary.md, plot in $OUT/ln_free_study.png${RECORD:+, record $RECORD}"

@@ -23,8 +23,20 @@ short goes on):
                decides, by document index), then prepare_data writes OUT.train.tok,
                OUT.val.tok and OUT.json
   6. record    OUT.sources.json: per source its package, version, licence (from the
-               source list, beside the names in the package's copyright file), files,
-               documents, bytes and tokens; --doc writes the table into docs/data.md
+               source list, beside the names in the package's copyright file, the
+               licences its prose states with their lines when it names none
+               (copyright_prose), and that file's path and sha256 in the package, or in
+               the package 'licence_package' names when the doc folder links there),
+               files, documents, bytes and
+               tokens; the sha256 of each package file and of the list of the files used
+               in it (path and sha256 of each), and of every output (documents,
+               tokenizer, token files); --doc writes the table into docs/data.md
+  --only a,b   a slice: those sources of the list only; --installed takes a Debian source's
+               package from this system where installed (no download; no package file,
+               so its used files' sha256 stand for it)
+  --check REC  after building, compares those checksums with an earlier record (e.g. the
+               committed docs/realtext_sources.json): a rebuild from the same packages
+               must give the same bytes; the first difference is one error line
 
 Nothing here is committed but the source list and the record: the packages restore the
 rest. Every failure is one line "real_corpus: ..." and exit status 1.
@@ -99,8 +111,24 @@ def run_quiet(cmd, cwd, what):
         raise CorpusError("%s failed: %s" % (what, last[0]))
 
 
-def fetch(s, cache, offline):
-    """The package file of source s in cache/pkg (downloaded unless present)."""
+INSTALLED = "installed:"  # fetch()'s name for a Debian package taken from this system (--installed)
+
+
+def installed_version(package):
+    """The version of an installed Debian package, or None."""
+    r = subprocess.run(["dpkg-query", "-W", "-f=${Status}\t${Version}", package], capture_output=True, text=True)
+    status, _, version = r.stdout.partition("\t")
+    return version if r.returncode == 0 and status.endswith(" installed") else None
+
+
+def fetch(s, cache, offline, installed=False):
+    """The package file of source s in cache/pkg (downloaded unless present); with
+    installed, a Debian package installed on this system is taken from it instead
+    ('installed:<package>_<version>'), so a machine that has it needs no download."""
+    if installed and s["manager"] == "deb":
+        version = installed_version(s["package"])
+        if version:
+            return "%s%s_%s" % (INSTALLED, s["package"], version)
     pkg_dir = os.path.join(cache, "pkg")
     os.makedirs(pkg_dir, exist_ok=True)
     pattern = {"deb": "%s_*.deb", "pypi": "%s-*"}[s["manager"]] % (
@@ -131,7 +159,19 @@ def extract(s, pkg_file, cache):
                 return dest
     shutil.rmtree(dest, ignore_errors=True)
     os.makedirs(dest)
-    if pkg_file.endswith(".deb"):
+    if pkg_file.startswith(INSTALLED):  # its files as dpkg lists them, copied from the system
+        package = pkg_file[len(INSTALLED):].split("_")[0]
+        r = subprocess.run(["dpkg", "-L", package], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise CorpusError("%s: dpkg -L %s failed" % (s["name"], package))
+        for path in r.stdout.split("\n"):  # files and links, as dpkg-deb -x would unpack them
+            if path.startswith("/") and (os.path.islink(path) or os.path.isfile(path)):
+                os.makedirs(os.path.dirname(dest + path), exist_ok=True)
+                if os.path.islink(path):
+                    os.symlink(os.readlink(path), dest + path)
+                else:
+                    shutil.copy2(path, dest + path)
+    elif pkg_file.endswith(".deb"):
         run_quiet(["dpkg-deb", "-x", pkg_file, dest], dest, "dpkg-deb -x %s" % os.path.basename(pkg_file))
     elif pkg_file.endswith((".whl", ".zip")):
         try:
@@ -154,6 +194,8 @@ def extract(s, pkg_file, cache):
 
 
 def package_version(pkg_file):
+    if pkg_file.startswith(INSTALLED):
+        return pkg_file.split("_", 1)[1]
     if pkg_file.endswith(".deb"):
         r = subprocess.run(["dpkg-deb", "-f", pkg_file, "Version"], capture_output=True, text=True)
         return r.stdout.strip()
@@ -177,6 +219,84 @@ def copyright_licences(root):
         except OSError:
             pass
     return names
+
+
+# A licence stated in a copyright file's prose (files that are not machine-readable, with
+# no 'License:' field): the phrase, and the name it gives. Whitespace is collapsed first.
+PROSE_LICENCES = (
+    (r"GNU General Public License[^.]{0,160}?version (\d)(?:\.0)?,? (?:of the License, )?or \(at your option\) "
+     r"any later version", "GPL-%s+"),
+    (r"GNU General Public License[^.]{0,160}?version (\d)(?:\.0)?\b", "GPL-%s"),
+    (r"\bunder the GPL v(\d)\b", "GPL-%s"),
+    (r"GNU Free Documentation License, Version ([\d.]+) or any later version", "GFDL-%s+"),
+    (r"\bin the public domain\b|\bpublic[- ]domain\b", "public-domain"),
+)
+
+
+def prose_licences(root):
+    """For a copyright file without DEP-5 'License:' fields: each licence its prose states
+    ({licence, file, line}, in the file's order, once each), so that a source whose file
+    names none is still located; the first is the package's own (later ones cover its
+    tools or packaging)."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(root, "usr/share/doc/*/copyright"))):
+        try:
+            with open(path, errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if re.search(r"^License:", text, re.M):
+            continue
+        # positions in the collapsed text mapped back to lines of the file
+        flat, line_of = [], []
+        for n, line in enumerate(text.split("\n"), 1):
+            for w in re.sub(r"^\s*[*#]+\s", " ", line).split():  # a quoted C or shell comment's markers
+                flat.append(w)
+                line_of.append(n)
+        joined = " ".join(flat)
+        starts = [0]
+        for w in flat[:-1]:
+            starts.append(starts[-1] + len(w) + 1)
+        found = []
+        for pattern, name in PROSE_LICENCES:
+            for m in re.finditer(pattern, joined, re.I):
+                word = max(i for i, st in enumerate(starts) if st <= m.start())
+                found.append((line_of[word], name % m.group(1) if "%s" in name else name))
+        # 'version 2, or (at your option) any later' also matches the plain 'version 2': the
+        # later-version name wins where both are found together
+        plus = [(line, name[:-1]) for line, name in found if name.endswith("+")]
+        seen = set()
+        for line, name in sorted(found):
+            if not name.endswith("+") and any(b == name and abs(l - line) < 3 for l, b in plus):
+                continue
+            if name not in seen:
+                seen.add(name)
+                out.append(dict(licence=name, file=os.path.relpath(path, root), line=line))
+    return out
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def files_digest(root, files):
+    """sha256 of the list 'relative path TAB sha256' of FILES, sorted: one checksum for
+    every file a source used."""
+    lines = sorted("%s\t%s\n" % (os.path.relpath(p, root), sha256_file(p)) for p in files)
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def copyright_files(root):
+    """The package's licence texts: (relative path, sha256) of its copyright file(s) or a
+    wheel's LICENSE files, whether or not they name a DEP-5 licence."""
+    paths = sorted(glob.glob(os.path.join(root, "usr/share/doc/*/copyright")) +
+                   glob.glob(os.path.join(root, "*.dist-info/LICEN[CS]E*")) +
+                   glob.glob(os.path.join(root, "*.dist-info/licenses/*")))
+    return [dict(path=os.path.relpath(p, root), sha256=sha256_file(p)) for p in paths if os.path.isfile(p)]
 
 
 def matching_files(root, globs):
@@ -373,6 +493,39 @@ class Dedup:
 
 # ---- the whole build --------------------------------------------------------------------
 
+def licence_root(s, root, args):
+    """Where source s's copyright file is: its package's folder ROOT, or that of the package
+    its documentation folder links to (s["licence_package"]: Debian lets a package's doc
+    folder be a link to a dependency's, whose copyright file then covers it)."""
+    if not s.get("licence_package"):
+        return root
+    ls = dict(s, name=s["name"] + ".licence", package=s["licence_package"], version=None)
+    return extract(ls, fetch(ls, args.cache, args.offline, args.installed), args.cache)
+
+
+# Keys of a source that say where its licence is written and not what is built: a change
+# to them alone rewrites the record's licence fields without rebuilding the corpus.
+LICENCE_KEYS = ("licence", "licence_package", "note")
+
+
+def without_licence(sources):
+    return [{k: v for k, v in s.items() if k not in LICENCE_KEYS} for s in sources]
+
+
+def refresh_licences(record, sources, args):
+    """The licence fields of every source of RECORD again from its packages (cached), and
+    the source list's licence keys: a record kept when only those changed."""
+    by = {s["name"]: s for s in sources}
+    for st in record["sources"]:
+        s = by[st["name"]]
+        root = extract(s, fetch(s, args.cache, args.offline, args.installed), args.cache)
+        lroot = licence_root(s, root, args)
+        st.update(licence=s["licence"], copyright_says=copyright_licences(lroot), copyright_prose=prose_licences(lroot),
+                  licence_package=s.get("licence_package"), licence_files=copyright_files(lroot),
+                  note=s.get("note", ""))
+    record["source_list"] = sources
+
+
 def build_docs(sources, args):
     """Steps 1-4: OUT.docs.jsonl and the per-source counts (without tokens)."""
     dedup = Dedup(args.min_para)
@@ -380,14 +533,22 @@ def build_docs(sources, args):
     tmp = args.out + ".docs.jsonl.tmp"
     with open(tmp, "w") as out:
         for s in sources:
-            pkg = fetch(s, args.cache, args.offline)
+            pkg = fetch(s, args.cache, args.offline, args.installed)
             root = extract(s, pkg, args.cache)
+            # the copyright file: the package's own, or that of the package its documentation
+            # folder links to (Debian allows a doc folder to be a link to a dependency's)
+            lroot = licence_root(s, root, args)
             files = [p for p in matching_files(root, s["include"])
                      if not any(fnmatch.fnmatch(os.path.relpath(p, root), x) for x in s.get("exclude", []))]
             if not files:
                 raise CorpusError("%s: no file of %s matches %s" % (s["name"], os.path.basename(pkg), s["include"]))
             st = dict(name=s["name"], package=s["package"], manager=s["manager"], version=package_version(pkg),
-                      licence=s["licence"], copyright_says=copyright_licences(root), format=s["format"],
+                      licence=s["licence"], copyright_says=copyright_licences(lroot),
+                      copyright_prose=prose_licences(lroot), licence_package=s.get("licence_package"),
+                      licence_files=copyright_files(lroot), package_file=os.path.basename(pkg),
+                      # an installed package has no package file: its used files' checksum stands for it
+                      package_sha256=None if pkg.startswith(INSTALLED) else sha256_file(pkg),
+                      files_sha256=files_digest(root, files), format=s["format"],
                       files=len(files), raw_bytes=0, docs=0, bytes=0, dup_docs=0, dup_paras=0, short=0,
                       not_english=0, note=s.get("note", ""))
             for path in files:
@@ -465,8 +626,15 @@ def table(record):
     rows = ["| source (package) | manager | version | licence | files | documents | MB of text | train tokens | "
             "validation tokens |", "|---|---|---|---|---|---|---|---|---|"]
     for s in record["sources"]:
+        lic = s["licence"]
+        if not s.get("copyright_says"):  # no machine-readable licence: where the prose states it
+            pr = s.get("copyright_prose") or []
+            lic += " (%s)" % ("the copyright file's prose: %s" % ", ".join(
+                "%s at `%s%s`:%d" % (p["licence"], s["licence_package"] + ":" if s.get("licence_package") else "",
+                                     p["file"], p["line"]) for p in pr) if pr else "no licence found in the package's "
+                                                                                   "copyright file")
         rows.append("| %s (`%s`) | %s | %s | %s | %d | %d | %.1f | %s | %s |" % (
-            s["name"], s["package"], s["manager"], s["version"], s["licence"], s["files"], s["docs"],
+            s["name"], s["package"], s["manager"], s["version"], lic, s["files"], s["docs"],
             s["bytes"] / 1e6, format(s.get("train_tokens", 0), ","), format(s.get("val_tokens", 0), ",")))
     t = record["totals"]
     rows.append("| **total** | | | | %d | %d | %.1f | %s | %s |" % (
@@ -487,12 +655,18 @@ def main(argv=None):
     ap.add_argument("--out", default="data/realtext", help="output prefix")
     ap.add_argument("--cache", default="data/realtext_packages", help="downloaded and unpacked packages")
     ap.add_argument("--offline", action="store_true", help="use only the packages already in --cache/pkg")
+    ap.add_argument("--installed", action="store_true", help="take a Debian source's package from this system "
+                    "where it is installed (no download)")
+    ap.add_argument("--only", default="", help="comma-separated source names: build from these sources of the "
+                    "list only (a slice of the corpus, e.g. for CI)")
     ap.add_argument("--vocab", type=int, default=32768, help="BPE vocabulary (with the end-of-document token)")
     ap.add_argument("--val_fraction", type=float, default=0.01, help="share of documents held out")
     ap.add_argument("--min_chars", type=int, default=200, help="shorter documents are dropped")
     ap.add_argument("--min_para", type=int, default=80, help="paragraphs this long are deduplicated")
     ap.add_argument("--record", default="", help="also write the record here (e.g. docs/realtext_sources.json)")
     ap.add_argument("--doc", default="", help="write the source table between the real_corpus markers of this file")
+    ap.add_argument("--check", default="", help="compare the packages', used files' and outputs' sha256 with this "
+                    "earlier record (e.g. docs/realtext_sources.json)")
     args = ap.parse_args(argv)
     try:
         if not 300 <= args.vocab <= 65536:
@@ -500,6 +674,13 @@ def main(argv=None):
         if not 0 < args.val_fraction < 0.5:
             raise CorpusError("--val_fraction=%g: expected more than 0 and less than 0.5" % args.val_fraction)
         sources = read_sources(args.sources)
+        if args.only:
+            names = [n for n in args.only.split(",") if n]
+            unknown = [n for n in names if n not in {x["name"] for x in sources}]
+            if unknown or not names:
+                raise CorpusError("--only=%s: %s not in %s" % (args.only, ", ".join(unknown) or "no name",
+                                                               args.sources))
+            sources = [x for x in sources if x["name"] in names]
         args.cache = os.path.abspath(args.cache)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         rec_path = args.out + ".sources.json"
@@ -507,9 +688,13 @@ def main(argv=None):
         if os.path.exists(rec_path) and all(os.path.exists(p) for p in outs):
             with open(rec_path) as f:
                 record = json.load(f)
-            if record.get("source_list") == sources and record.get("vocab") == args.vocab:
+            if without_licence(record.get("source_list", [])) == without_licence(sources) \
+                    and record.get("vocab") == args.vocab and "outputs_sha256" in record:  # else rebuilt
                 print("real_corpus: %s.* present (%s training tokens)" % (args.out, format(
                     record["totals"]["train_tokens"], ",")))
+                if record["source_list"] != sources or any("copyright_prose" not in st for st in record["sources"]):
+                    refresh_licences(record, sources, args)
+                    prepare_data.write_json(rec_path, record, indent=1)
                 return finish(record, args)
         stats = build_docs(sources, args)
         train_bpe(outs[0], args.vocab, args.val_fraction, outs[1])
@@ -528,6 +713,8 @@ def main(argv=None):
                               "validation documents)" % (got, want))
         record = dict(source_list=sources, vocab=args.vocab, val_fraction=args.val_fraction,
                       min_chars=args.min_chars, min_para=args.min_para, sources=stats, totals=totals,
+                      outputs_sha256={os.path.basename(p)[len(os.path.basename(args.out)):]: sha256_file(p)
+                                      for p in outs[:4]},
                       token_files=meta)
         prepare_data.write_json(rec_path, record, indent=1)
         return finish(record, args)
@@ -536,7 +723,38 @@ def main(argv=None):
         return 1
 
 
+CHECKED = ("package_file", "package_sha256", "files_sha256", "licence_files")
+
+
+def check(record, path):
+    """The rebuild against an earlier record: every source's package and used files, and
+    every output, byte for byte (by sha256)."""
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise CorpusError("--check=%s: cannot read (%s)" % (path, e))
+    if "outputs_sha256" not in old:
+        raise CorpusError("--check=%s: the record has no checksums (written before real_corpus.py kept them)" % path)
+    mine = {s["name"]: s for s in record["sources"]}
+    for s in old["sources"]:
+        m = mine.get(s["name"])
+        if m is None:
+            raise CorpusError("--check=%s: source %s is not in this build" % (path, s["name"]))
+        for k in CHECKED:
+            if s.get(k) != m.get(k):
+                raise CorpusError("--check=%s: source %s: %s differs (%s here, %s there)" % (
+                    path, s["name"], k, str(m.get(k))[:16], str(s.get(k))[:16]))
+    for k, v in old["outputs_sha256"].items():
+        if record["outputs_sha256"].get(k) != v:
+            raise CorpusError("--check=%s: output %s differs (sha256 %s here, %s there)" % (
+                path, k, str(record["outputs_sha256"].get(k))[:16], v[:16]))
+
+
 def finish(record, args):
+    if args.check:
+        check(record, args.check)
+        print("real_corpus: --check=%s: every package, used file and output has the recorded sha256" % args.check)
     if args.record:
         prepare_data.write_json(args.record, {k: v for k, v in record.items() if k != "token_files"}, indent=1)
     if args.doc:

@@ -3,16 +3,24 @@
 # pre-trains a 12-layer Pre-LN model, converts it with `lns_convert retrofit
 # --norm_scheme=lns`, evaluates both, then fine-tunes the retrofitted model and, as the
 # control, the untouched Pre-LN model for the same steps on the same data, with a
-# validation loss every EVAL_EVERY steps, and writes a Markdown summary.
+# validation loss every EVAL_EVERY steps, and writes a Markdown summary and the run's
+# record (RECORD, kept in git: the page's tables and figure come from the records only).
 #   bash tools/experiments/retrofit_study.sh [OUT_DIR]     (default runs/retrofit_study)
 # Environment: PRETRAIN (default 600 steps), FINETUNE (default 200), EVAL_EVERY (default 25),
-# FT_LR (default 5e-4, constant while fine-tuning).
+# FT_LR (default 5e-4, constant while fine-tuning), SEED (1234: the initialisation and the
+# data order), RECORD (docs/retrofit_runs/seed$SEED.json; empty: none), DOC (docs/retrofit.md:
+# its tables rewritten from every record in RECORD's folder, and its figure; empty: neither).
+# The page's runs: PRETRAIN=300 FINETUNE=100 EVAL_EVERY=20, seeds 1234, 1235, 1236.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-runs/retrofit_study}
 PRETRAIN=${PRETRAIN:-600}
 FINETUNE=${FINETUNE:-200}
 EVAL_EVERY=${EVAL_EVERY:-25}
+SEED=${SEED:-1234}
+RECORD=${RECORD-docs/retrofit_runs/seed$SEED.json}
+DOC=${DOC-docs/retrofit.md}
+START=$(date +%s)
 source launch/env.sh
 # One OpenMP thread: on a shared machine, spinning OpenMP barriers cost far more than they give.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -32,7 +40,7 @@ mkdir -p "$OUT"
 TOTAL=$((PRETRAIN + FINETUNE))
 FT_LR=${FT_LR:-5e-4}
 MODEL="--flagfile=configs/tiny_lns.flags --num_layers=12 --hidden_size=64 --num_heads=4 --num_kv_heads=4
-       --intermediate_size=176 --eval_tokens=16384 --log_every=100"
+       --intermediate_size=176 --eval_tokens=16384 --log_every=100 --seed=$SEED"
 EVAL="--data=data/fortunes.val.tok --seq_len=128 --micro_batch_size=8 --eval_tokens=16384 --plot=false"
 
 echo "== pre-train Pre-LN for $PRETRAIN steps"
@@ -61,6 +69,11 @@ for arm in lns pre; do
 done
 
 python3 tools/plot_metrics.py "$OUT/finetune_lns" "$OUT/finetune_pre" --out "$OUT/finetune.png"
-python3 tools/experiments/retrofit_report.py "$OUT" > "$OUT/summary.md"
+python3 tools/experiments/retrofit_report.py "$OUT" --config "$PRETRAIN $FINETUNE $EVAL_EVERY $FT_LR" \
+  --seconds $(( $(date +%s) - START )) ${RECORD:+--record "$RECORD"} > "$OUT/summary.md"
 cat "$OUT/summary.md"
-echo "retrofit_study: summary in $OUT/summary.md"
+if [ -n "$RECORD" ] && [ -n "$DOC" ]; then
+  python3 tools/experiments/retrofit_report.py --records "$(dirname "$RECORD")" --doc "$DOC" \
+    --plot docs/images/retrofit_finetune.png
+fi
+echo "retrofit_study: summary in $OUT/summary.md${RECORD:+, record $RECORD}"

@@ -15,6 +15,12 @@ first steps show how far apart the two devices start and whether the gap moves a
 begins. Prints each step's losses, gap and gradient norms, and writes the record (--record),
 which docs/depth_study_scale.md shows (depth_scale_doc.py).
 
+--cpu_only runs the CPU side alone and records each step's loss, wall time and tokens/s
+(the record the page's sentence on the CPU's speed at width 512 comes from:
+docs/depth_study_scale_runs/measurements/cpu_steps.json). --label names what the CUDA
+side ran on in the record ("emulator" for the SIMT emulation build: the figures the page
+gives for the emulated cross-check come from such a record, crosscheck_emulated.json).
+
 Exit status 77 when the CUDA binary has no GPU to run on (ctest: skipped); every other
 failure is one line "scale_crosscheck: ..." and exit status 1.
 """
@@ -49,9 +55,11 @@ def smallest_cell(grid, record_dir, out):
     cells = depth_study.grid(grid, loss)
     first = min(c["layers"] for c in cells)
     mine = [c for c in cells if c["layers"] == first and c["scheme"] == "pre" and c["seed"] == 1]
-    depth = [c for c in mine if c["group"] == "depth"]
-    if depth:
-        return depth[0]
+    # the sweep's winner; its seed-1 cell is listed once, under the sweep's group (the grid
+    # drops the depth group's copy of the same run), so the rate decides, not the group
+    best = depth_study.best_rates([c for c in mine if c["group"] == "lr"], loss)
+    if "pre" in best:
+        return [c for c in mine if c["lr"] == best["pre"]][0]
     rates = sorted(c["lr"] for c in mine)
     return [c for c in mine if c["lr"] == rates[len(rates) // 2]][0]
 
@@ -93,7 +101,7 @@ def train(binary, flags, run_dir, device, threads):
     out = {}
     for rec in depth_report.jsonl_records(os.path.join(run_dir, "metrics.jsonl")):
         if rec.get("kind", "train") == "train" and "loss" in rec and "step" in rec:
-            out[rec["step"]] = (rec["loss"], rec.get("grad_norm"))
+            out[rec["step"]] = (rec["loss"], rec.get("grad_norm"), rec.get("step_time_s"), rec.get("tokens_per_s"))
     shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)  # the end-of-run save: not needed
     return out, seconds
 
@@ -104,11 +112,32 @@ def compare(cpu, cuda, steps):
         raise CheckError("no loss for step(s) %s in the runs' metrics.jsonl" % missing)
     rows = []
     for s in range(1, steps + 1):
-        (lc, gc), (lg, gg) = cpu[s], cuda[s]
+        (lc, gc), (lg, gg) = cpu[s][:2], cuda[s][:2]
         rows.append(dict(step=s, cpu_loss=lc, cuda_loss=lg, gap=lg - lc, rel_gap=abs(lg - lc) / abs(lc),
                          cpu_grad_norm=gc, cuda_grad_norm=gg,
                          grad_norm_rel=abs(gg - gc) / abs(gc) if gc and gg is not None else None))
     return rows
+
+
+def cpu_steps(c, name, run, args):
+    """The CPU side alone: each step's loss, wall time and tokens/s, printed and recorded."""
+    steps, seconds = run
+    missing = [s for s in range(1, args.steps + 1) if s not in steps]
+    if missing:
+        raise CheckError("no loss for step(s) %s in the run's metrics.jsonl" % missing)
+    rows = [dict(step=s, loss=steps[s][0], grad_norm=steps[s][1], step_time_s=steps[s][2], tokens_per_s=steps[s][3])
+            for s in range(1, args.steps + 1)]
+    for r in rows:
+        print("  step %d: loss %.4f, %.0f s, %.0f tokens/s" % (r["step"], r["loss"], r["step_time_s"] or 0,
+                                                               r["tokens_per_s"] or 0))
+    if args.record:
+        depth_study.write_json(args.record, dict(
+            kind="cpu_steps", cell=c, name=name, vocab=args.vocab, steps=args.steps, cpu_threads=args.threads, cores=os.cpu_count(),
+            nice=os.nice(0), load_average=round(os.getloadavg()[1], 1),  # the machine's other work, 5 minutes
+            seconds=round(seconds, 1), rows=rows, date=time.strftime("%Y-%m-%d"),
+            cpu_flags=flags_for(c, "cpu", args.steps, os.path.join(args.out, "cpu"), args.data, args.vocab)))
+        print("scale_crosscheck: record in %s" % args.record)
+    return 0
 
 
 def main(argv=None):
@@ -125,6 +154,8 @@ def main(argv=None):
                     help="the two runs' folder: new, or one this script made (its runs are replaced)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="OpenMP threads of the CPU run")
     ap.add_argument("--record", default="", help="write the record here (JSON)")
+    ap.add_argument("--cpu_only", action="store_true", help="run the CPU side alone: its steps' losses and speed")
+    ap.add_argument("--label", default="gpu", help="what the CUDA side runs on, for the record (gpu, emulator)")
     args = ap.parse_args(argv)
     # the runs start in the checkout: paths as given, from here
     args.data, args.cpu_bin, args.cuda_bin, args.out = (os.path.abspath(p) for p in (args.data, args.cpu_bin,
@@ -132,7 +163,7 @@ def main(argv=None):
     try:
         if args.steps < 1:
             raise CheckError("--steps=%d: expected at least 1" % args.steps)
-        for d in (args.cpu_bin, args.cuda_bin):
+        for d in (args.cpu_bin,) if args.cpu_only else (args.cpu_bin, args.cuda_bin):
             if not os.access(os.path.join(d, "lns_train"), os.X_OK):
                 raise CheckError("%s/lns_train: not an executable (build it, or name its folder)" % d)
         for part in ("train", "val"):
@@ -142,15 +173,18 @@ def main(argv=None):
         claim(args.out)
         c = smallest_cell(args.grid, args.records, os.path.join(ROOT, depth_study.STUDIES["scale"]["out"]))
         name = depth_study.run_name(c)
-        print("scale_crosscheck: %s, its first %d steps on the CPU (f32, %d threads) and on CUDA (bf16)"
-              % (name, args.steps, args.threads), flush=True)
+        print("scale_crosscheck: %s, its first %d steps on the CPU (f32, %d threads)%s"
+              % (name, args.steps, args.threads, "" if args.cpu_only else " and on CUDA (bf16)"), flush=True)
         runs = {}
-        for device, binary in (("cuda", args.cuda_bin), ("cpu", args.cpu_bin)):
+        for device, binary in (("cpu", args.cpu_bin),) if args.cpu_only else (("cuda", args.cuda_bin),
+                                                                              ("cpu", args.cpu_bin)):
             run_dir = os.path.abspath(os.path.join(args.out, device))
             flags = flags_for(c, device, args.steps, run_dir, args.data, args.vocab)
             runs[device] = train(os.path.join(binary, "lns_train"), flags, run_dir, device,
                                  args.threads if device == "cpu" else 0)
             print("  %s: %.1f s" % (device, runs[device][1]), flush=True)
+        if args.cpu_only:
+            return cpu_steps(c, name, runs["cpu"], args)
         rows = compare(runs["cpu"][0], runs["cuda"][0], args.steps)
         print("  step  CPU f32 loss  CUDA bf16 loss      gap  |gap|/loss  grad norm CPU / CUDA")
         for r in rows:
@@ -160,7 +194,8 @@ def main(argv=None):
         worst = max(r["rel_gap"] for r in rows)
         print("scale_crosscheck: the largest |gap| is %.3f%% of the CPU loss" % (100 * worst))
         if args.record:
-            rec = dict(cell=c, name=name, steps=args.steps, cpu_threads=args.threads,
+            rec = dict(kind="crosscheck", cuda_on=args.label, cell=c, name=name, steps=args.steps,
+                       cpu_threads=args.threads,
                        seconds={d: round(v[1], 1) for d, v in runs.items()}, rows=rows, max_rel_gap=worst,
                        date=time.strftime("%Y-%m-%d"),
                        cpu_flags=flags_for(c, "cpu", args.steps, os.path.join(args.out, "cpu"), args.data, args.vocab))
