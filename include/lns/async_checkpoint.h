@@ -1,7 +1,8 @@
 // AsyncCheckpointer: --async_save (docs/checkpoints.md, docs/resilience.md).
 //
 // At a step boundary each rank copies what its checkpoint file holds (parameters,
-// moments, FP8 states) into host memory it owns and hands the copy to a background
+// moments, FP8 states) into host memory it owns (allocated once, before the first save)
+// and hands the copy to a background
 // thread, which writes and fsyncs the file while training goes on; the stall is the
 // copy. The save is committed at a later step boundary, collectively: once every rank's
 // thread has finished, rank 0 writes the manifest, renames the directory and moves
@@ -31,6 +32,10 @@ class AsyncCheckpointer {
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
   bool in_flight() const { return flight_ != nullptr; }
+  // Allocates (and touches) the host buffers a save copies into: params floats and the
+  // optimizer range's two moments. Done once before the first save (start() does it
+  // otherwise, inside the stall); the buffers are kept from one save to the next.
+  void reserve(int64_t params, int64_t optim_range);
   // Collective. Finishes a save in flight, then copies this rank's state (the host
   // buffers: the caller has downloaded and checked them) and starts writing it.
   // Returns the directory the checkpoint will have once committed.
@@ -54,6 +59,7 @@ class AsyncCheckpointer {
   Communicator& world_;
   int keep_, pause_ms_;
   std::unique_ptr<Flight> flight_;
+  std::vector<float> params_, exp_avg_, exp_avg_sq_;  // the copy a save writes: [numel], [range], [range]
   double stall_s_ = 0, write_s_ = 0;
 };
 

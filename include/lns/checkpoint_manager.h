@@ -35,15 +35,20 @@ class CheckpointManager {
   ~CheckpointManager();
   bool saves() const { return !out_dir_.empty(); }
   bool async() const { return async_ != nullptr; }
+  // --async_save: allocates the copy's host buffers now, outside every save's stall.
+  void reserve(int64_t params, int64_t optim_range);
   // A periodic save is due after `step`.
   bool due(int64_t step) const;
   // Collective. allow_async: may run in the background (periodic saves); the end of the
   // run and a stop on a signal save synchronously, after the save in flight. Returns the
   // checkpoint's directory (final once committed).
   std::string save(const SaveContent& c, bool allow_async);
+  // Where a committed background save is recorded (the run's metrics; rank 0 logs and
+  // writes). Without, commits are not recorded.
+  void record_to(Metrics* metrics, bool root) { metrics_ = metrics, root_ = root; }
   // Collective, at every step boundary with --async_save: commits the save in flight
-  // once every rank's file is written, and records it.
-  void poll(int64_t step, Metrics& metrics, bool root);
+  // once every rank's file is written.
+  void poll(int64_t step);
 
  private:
   std::string out_dir_;
@@ -51,6 +56,9 @@ class CheckpointManager {
   int64_t save_every_, steps_;
   int keep_, pause_ms_;
   std::unique_ptr<AsyncCheckpointer> async_;
+  Metrics* metrics_ = nullptr;
+  bool root_ = false;
+  void committed(int64_t step, const std::string& dir);  // log and record a background save's commit
 };
 
 }  // namespace lns

@@ -1,6 +1,8 @@
 #include "lns/async_checkpoint.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_format.h"
@@ -14,11 +16,22 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// dst[0, n) = src[0, n), in chunks over the OpenMP threads (one thread leaves most of a
+// socket's memory bandwidth unused, and this copy is the whole stall).
+void parallel_copy(float* dst, const float* src, int64_t n) {
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t b = c * kChunk, e = std::min(n, b + kChunk);
+    std::memcpy(dst + b, src + b, sizeof(float) * size_t(e - b));
+  }
+}
+
 }  // namespace
 
 // One save in flight: the copy of the state, the writer thread and its outcome.
 struct AsyncCheckpointer::Flight {
-  std::vector<float> params, exp_avg, exp_avg_sq;  // [numel], [optim range], [optim range]
   Fp8States fp8;
   ShardData data;
   LlamaConfig cfg;
@@ -36,6 +49,14 @@ struct AsyncCheckpointer::Flight {
 AsyncCheckpointer::AsyncCheckpointer(std::string out_dir, Communicator& world, int keep, int pause_ms)
     : out_dir_(std::move(out_dir)), world_(world), keep_(keep), pause_ms_(pause_ms) {}
 
+void AsyncCheckpointer::reserve(int64_t params, int64_t optim_range) {
+  LNS_CHECK(!flight_) << "the buffers of a save in flight are being written";
+  // resize() writes every element: the pages are the process's from here on.
+  if (int64_t(params_.size()) != params) params_.assign(size_t(params), 0.0f);
+  if (int64_t(exp_avg_.size()) != optim_range) exp_avg_.assign(size_t(optim_range), 0.0f);
+  if (int64_t(exp_avg_sq_.size()) != optim_range) exp_avg_sq_.assign(size_t(optim_range), 0.0f);
+}
+
 AsyncCheckpointer::~AsyncCheckpointer() {
   if (flight_ && flight_->writer.joinable()) flight_->writer.join();
 }
@@ -52,13 +73,15 @@ std::string AsyncCheckpointer::start(const ParamSet& params, const AdamW& optim,
   f->tmp_dir = f->final_dir + ".tmp";
   if (world_.rank() == 0) prepare_save_dir(out_dir_, state.step);
   world_.barrier();  // the directory exists before anyone writes into it
-  // The copy (the stall): the host buffers as they are at this step boundary.
+  // The copy (the stall): the host buffers as they are at this step boundary, into
+  // buffers kept from one save to the next (reserve(): no page is first touched here).
   const float* p = params.size() > 0 ? params.host_param(0).f32() - params.info(0).offset : nullptr;
-  f->params.assign(p, p + params.numel());
   const Tensor m = optim.exp_avg(), v = optim.exp_avg_sq();
-  f->exp_avg.assign(m.f32(), m.f32() + m.numel());
-  f->exp_avg_sq.assign(v.f32(), v.f32() + v.numel());
-  f->data = ShardData{f->params.data(), f->exp_avg.data(), f->exp_avg_sq.data(), optim.begin(), optim.end(), true};
+  reserve(params.numel(), m.numel());
+  parallel_copy(params_.data(), p, params.numel());
+  parallel_copy(exp_avg_.data(), m.f32(), m.numel());
+  parallel_copy(exp_avg_sq_.data(), v.f32(), v.numel());
+  f->data = ShardData{params_.data(), exp_avg_.data(), exp_avg_sq_.data(), optim.begin(), optim.end(), true};
   Flight* raw = f.get();
   const int pause = pause_ms_;
   f->writer = std::thread([raw, &params, at, pause] {

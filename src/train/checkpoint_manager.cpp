@@ -15,6 +15,10 @@ CheckpointManager::CheckpointManager(std::string out_dir, Communicator& world, i
 
 CheckpointManager::~CheckpointManager() = default;
 
+void CheckpointManager::reserve(int64_t params, int64_t optim_range) {
+  if (async_) async_->reserve(params, optim_range);
+}
+
 bool CheckpointManager::due(int64_t step) const {
   return saves() && save_every_ > 0 && step % save_every_ == 0 && step != steps_;
 }
@@ -22,18 +26,23 @@ bool CheckpointManager::due(int64_t step) const {
 std::string CheckpointManager::save(const SaveContent& c, bool allow_async) {
   LNS_REQUIRE(saves(), "saving a checkpoint needs --out_dir");
   if (async_ && allow_async) return async_->start(c.params, c.optim, c.model, c.layout, c.at, c.state, c.fp8);
-  if (async_) async_->finish();  // at most one save in flight, and this one is synchronous
+  if (async_)  // at most one save in flight, and this one is synchronous
+    if (const std::string done = async_->finish(); !done.empty()) committed(c.state.step, done);
   return save_checkpoint(out_dir_, world_, c.params, c.optim, c.model, c.layout, c.at, c.state, keep_, pause_ms_,
                          c.fp8);
 }
 
-void CheckpointManager::poll(int64_t step, Metrics& metrics, bool root) {
+void CheckpointManager::poll(int64_t step) {
   if (!async_) return;
-  const std::string done = async_->poll();
-  if (done.empty() || !root) return;
-  LOG(INFO) << absl::StrFormat("checkpoint %s committed (written in the background in %.1f s)", done,
+  if (const std::string done = async_->poll(); !done.empty()) committed(step, done);
+}
+
+void CheckpointManager::committed(int64_t step, const std::string& dir) {
+  if (!root_) return;
+  LOG(INFO) << absl::StrFormat("checkpoint %s committed (written in the background in %.1f s)", dir,
                                async_->last_write_s());
-  metrics.write({{"step", step}, {"checkpoint_committed", done}, {"save_write_s", async_->last_write_s()}});
+  if (metrics_)
+    metrics_->write({{"step", step}, {"checkpoint_committed", dir}, {"save_write_s", async_->last_write_s()}});
 }
 
 }  // namespace lns

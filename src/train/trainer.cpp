@@ -259,6 +259,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   checkpoints_ = std::make_unique<CheckpointManager>(cfg_.out_dir, grid_->world(), cfg_.save_every, cfg_.steps,
                                                      cfg_.keep_checkpoints, cfg_.async_save,
                                                      cfg_.checkpoint_test_pause_ms);
+  checkpoints_->reserve(model_->params().numel(), optim_->end() - optim_->begin());
   if (!cfg_.resume.empty()) {
     section(Section::Load, 0);
     std::vector<std::string> notes;
@@ -825,6 +826,11 @@ bool Trainer::run() {
     return false;
   }
   log_plan();
+  checkpoints_->record_to(&metrics, is_root());
+  struct Detach {  // `metrics` ends with run(); a later save is not recorded
+    CheckpointManager* c;
+    ~Detach() { c->record_to(nullptr, false); }
+  } detach{checkpoints_.get()};
   const double start = now_seconds();
   StepLog log({cfg_.steps, cfg_.log_every, cfg_.global_batch * cfg_.seq_len, flops_per_token(), cfg_.peak_tflops,
                grid_->world_size()},
@@ -836,7 +842,7 @@ bool Trainer::run() {
     between_steps(s, log, metrics, start);
     if (checkpoints_->async()) {  // collective: commits the save in flight once every rank's file is written
       section(Section::Save, s.step);
-      checkpoints_->poll(s.step, metrics, is_root());
+      checkpoints_->poll(s.step);
     }
     // A signal may reach some ranks only; all agree before anyone saves.
     double stop = stop_requested();
