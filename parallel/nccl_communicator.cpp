@@ -10,9 +10,10 @@
 #include "parallel/mpi_communicator.h"
 
 #ifdef LNS_WITH_CUDA
+#include <cuda_runtime.h>
 #include <nccl.h>
 
-#include "cuda/runtime.h"
+#include "lns/device.h"
 #endif
 
 namespace lns {
@@ -24,6 +25,16 @@ void nccl_check(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return;
   LOG(FATAL) << "NCCL " << what << " failed: " << ncclGetErrorString(r);
 }
+
+// NCCL's work goes on the compute stream of the CUDA backend (lns/device.h), so that it
+// is ordered with the ops; a failed CUDA call is a programmer or driver error.
+cudaStream_t compute_stream() { return static_cast<cudaStream_t>(device_stream(Device::CUDA)); }
+void cuda_check(cudaError_t e, const char* what, int line) {
+  if (e == cudaSuccess) return;
+  LOG(FATAL) << "CUDA error " << cudaGetErrorName(e) << " (" << cudaGetErrorString(e) << ") in " << what << " at "
+             << __FILE__ << ":" << line;
+}
+#define LNS_CUDA_CHECK(expr) cuda_check((expr), #expr, __LINE__)
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -51,13 +62,13 @@ class NcclCommunicator : public Communicator {
     // than inside the first overlapped backward.
     float* one = nullptr;
     LNS_CUDA_CHECK(cudaMalloc(&one, sizeof(float)));
-    nccl_check(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, cuda::stream()), "warm-up all-reduce");
-    cuda::synchronize();
+    nccl_check(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, compute_stream()), "warm-up all-reduce");
+    device_synchronize(Device::CUDA);
     LNS_CUDA_CHECK(cudaFree(one));
-    cuda::add_sync_watch(&NcclCommunicator::watch, this);
+    add_device_sync_watch(Device::CUDA, &NcclCommunicator::watch, this);
   }
   ~NcclCommunicator() override {
-    cuda::remove_sync_watch(this);
+    remove_device_sync_watch(Device::CUDA, this);
     if (comm_ && !aborted_) ncclCommDestroy(comm_);
     if (side_) {
       cudaEventDestroy(ready_);
@@ -69,7 +80,7 @@ class NcclCommunicator : public Communicator {
   int size() const override { return host_->size(); }
   bool overlaps_compute() const override { return true; }
 
-  // Called while the host waits for the GPU (cuda::synchronize), and before every
+  // Called while the host waits for the GPU (device_synchronize), and before every
   // call: a collective whose peer died or whose link broke never finishes, and NCCL
   // reports it here. Abort the communicator (its kernels return) and end the job with
   // the fault's status instead of hanging; after the watchdog aborted it (a hang), say so.
@@ -108,7 +119,7 @@ class NcclCommunicator : public Communicator {
     if (size() == 1) return;
     check_alive();
     nccl_check(ncclAllReduce(t.data, t.data, t.numel(), nccl_type(t.dtype),
-                             op == ReduceOp::Sum ? ncclSum : ncclMax, comm_, cuda::stream()),
+                             op == ReduceOp::Sum ? ncclSum : ncclMax, comm_, compute_stream()),
                "all-reduce");
   }
   void all_reduce(double* v, int n, ReduceOp op) override { host_->all_reduce(v, n, op); }
@@ -126,7 +137,7 @@ class NcclCommunicator : public Communicator {
     if (t.device == Device::CPU) return host_->reduce(t, root);
     if (size() == 1) return;
     check_alive();
-    nccl_check(ncclReduce(t.data, t.data, t.numel(), nccl_type(t.dtype), ncclSum, root, comm_, cuda::stream()),
+    nccl_check(ncclReduce(t.data, t.data, t.numel(), nccl_type(t.dtype), ncclSum, root, comm_, compute_stream()),
                "reduce");
   }
   // As all_reduce_start: on the side stream once the compute stream has produced `t`.
@@ -141,14 +152,14 @@ class NcclCommunicator : public Communicator {
   void all_reduce_wait() override {
     if (!pending_) return;
     LNS_CUDA_CHECK(cudaEventRecord(done_, side_));
-    LNS_CUDA_CHECK(cudaStreamWaitEvent(cuda::stream(), done_, 0));
+    LNS_CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), done_, 0));
     pending_ = false;
   }
   void all_gather(Tensor out, Tensor in) override {
     if (in.device == Device::CPU) return host_->all_gather(out, in);
     LNS_CHECK(out.numel() == in.numel() * size() && out.dtype == in.dtype);
     check_alive();
-    nccl_check(ncclAllGather(in.data, out.data, in.numel(), nccl_type(in.dtype), comm_, cuda::stream()),
+    nccl_check(ncclAllGather(in.data, out.data, in.numel(), nccl_type(in.dtype), comm_, compute_stream()),
                "all-gather");
   }
   void reduce_scatter(Tensor out, Tensor in) override {
@@ -156,13 +167,13 @@ class NcclCommunicator : public Communicator {
     LNS_CHECK(in.numel() == out.numel() * size() && out.dtype == in.dtype);
     check_alive();
     nccl_check(ncclReduceScatter(in.data, out.data, out.numel(), nccl_type(in.dtype), ncclSum, comm_,
-                                 cuda::stream()),
+                                 compute_stream()),
                "reduce-scatter");
   }
   void broadcast(Tensor t, int root) override {
     if (t.device == Device::CPU) return host_->broadcast(t, root);
     check_alive();
-    nccl_check(ncclBroadcast(t.data, t.data, t.nbytes(), ncclUint8, root, comm_, cuda::stream()),
+    nccl_check(ncclBroadcast(t.data, t.data, t.nbytes(), ncclUint8, root, comm_, compute_stream()),
                "broadcast");
   }
   void send(Tensor t, int peer, int tag) override { host_->send(t, peer, tag); }
@@ -181,7 +192,7 @@ class NcclCommunicator : public Communicator {
       LNS_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
       LNS_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     }
-    LNS_CUDA_CHECK(cudaEventRecord(ready_, cuda::stream()));
+    LNS_CUDA_CHECK(cudaEventRecord(ready_, compute_stream()));
     LNS_CUDA_CHECK(cudaStreamWaitEvent(side_, ready_, 0));
   }
 

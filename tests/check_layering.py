@@ -6,6 +6,12 @@ and of the layers below it, never above. The layers, lowest first:
 
   core < parallel < data < model < optim < checkpoint < train < apps
 
+The backends (src/cpu, src/cuda) sit beside them, above core: they include core only
+and register into it (lns/op_table.h, lns/backend.h), and only the programs (apps)
+include them. CMake links each layer as its own library, so an upward call also fails
+to link (CMakeLists.txt, lns_link_<layer>); this check covers what a linker cannot
+see, an include of a header whose code is inline.
+
 A file's layer comes from the first matching rule of LAYERS (paths relative to the
 repository root). A header under include/lns/ that no rule names takes the layer of
 the source file with the same name (include/lns/foo.h -> src/<folder>/foo.cpp), so
@@ -20,14 +26,15 @@ import sys
 import tempfile
 
 LAYER_ORDER = ["core", "parallel", "data", "model", "optim", "checkpoint", "train", "apps"]
+BACKEND = "backend"
 
 # (path prefix or exact path, layer); first match wins.
 LAYERS = [
     ("src/train/lns_train.cpp", "apps"),
     ("tools/", "apps"),
     ("src/core/", "core"),
-    ("src/cpu/", "core"),
-    ("src/cuda/", "core"),
+    ("src/cpu/", BACKEND),
+    ("src/cuda/", BACKEND),
     ("parallel/", "parallel"),
     ("src/data/", "data"),
     ("src/model/", "model"),
@@ -43,6 +50,7 @@ LAYERS = [
     ("include/lns/stage.h", "model"),
     ("include/lns/rope.h", "model"),
     ("include/lns/ops.h", "core"),
+    ("include/lns/backend.h", "core"),
     ("include/lns/data.h", "data"),
     ("include/lns/hf_llama.h", "checkpoint"),
     ("include/lns/model_layout.h", "model"),
@@ -61,12 +69,26 @@ def layer_of(root, path):
         if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
             return layer
     if path.startswith("include/lns/"):
+        # A public header belongs to its layer's source file, never to a backend's file
+        # of the same name (lns/fp8.h is src/core/fp8.cpp, not src/cuda/fp8.cu).
         stem = os.path.splitext(os.path.basename(path))[0]
-        for dirpath, _, files in os.walk(os.path.join(root, "src")):
-            for f in files:
+        layers = []
+        for dirpath, _, files in sorted(os.walk(os.path.join(root, "src"))):
+            for f in sorted(files):
                 if os.path.splitext(f)[0] == stem and f.endswith((".cpp", ".cu")):
-                    return layer_of(root, os.path.relpath(os.path.join(dirpath, f), root))
+                    layers.append(layer_of(root, os.path.relpath(os.path.join(dirpath, f), root)))
+        layers.sort(key=lambda layer: layer == BACKEND)
+        return layers[0] if layers else None
     return None
+
+
+def may_include(mine, theirs):
+    """Whether a file of layer `mine` may include a header of layer `theirs`."""
+    if theirs == BACKEND:
+        return mine in (BACKEND, "apps")
+    if mine == BACKEND:
+        return theirs == "core"
+    return LAYER_ORDER.index(theirs) <= LAYER_ORDER.index(mine)
 
 
 def resolve(root, including, name):
@@ -100,14 +122,18 @@ def check(root):
                     theirs = layer_of(root, target)
                     if theirs is None:
                         problems.append(f"{target}: in no layer; add it to LAYERS in tests/check_layering.py")
-                    elif LAYER_ORDER.index(theirs) > LAYER_ORDER.index(mine):
-                        problems.append(f'{path} ({mine}) includes "{name}" ({theirs}): {mine} sits below '
-                                        f"{theirs} (docs/architecture.md)")
+                    elif not may_include(mine, theirs):
+                        why = (f"only the programs include a {BACKEND}; the layers reach it through core"
+                               if theirs == BACKEND else
+                               f"a {BACKEND} includes core only" if mine == BACKEND else
+                               f"{mine} sits below {theirs}")
+                        problems.append(f'{path} ({mine}) includes "{name}" ({theirs}): {why} '
+                                        "(docs/architecture.md)")
     return sorted(set(problems))
 
 
 def self_test():
-    """A tree with one legal and one illegal include: the check must name the illegal one only."""
+    """A tree with legal and illegal includes: the check must name the illegal ones only."""
     with tempfile.TemporaryDirectory() as root:
         files = {
             "include/lns/tensor.h": "",
@@ -116,6 +142,10 @@ def self_test():
             "src/model/stage.cpp": '#include "lns/stage.h"\n',
             "parallel/layout.h": '#include "lns/tensor.h"\n',
             "parallel/bad.cpp": '#include "parallel/layout.h"\n#include "lns/stage.h"\n',
+            "src/cuda/runtime.h": '#include "lns/tensor.h"\n',
+            "src/cuda/norm.cu": '#include "cuda/runtime.h"\n#include "lns/stage.h"\n',
+            "src/core/device.cpp": '#include "cuda/runtime.h"\n',
+            "tools/bench.cpp": '#include "cuda/runtime.h"\n#include "lns/stage.h"\n',
         }
         for p, text in files.items():
             os.makedirs(os.path.join(root, os.path.dirname(p)), exist_ok=True)
@@ -123,11 +153,15 @@ def self_test():
                 fh.write(text)
         got = check(root)
         want = ['parallel/bad.cpp (parallel) includes "lns/stage.h" (model): parallel sits below model '
+                "(docs/architecture.md)",
+                'src/core/device.cpp (core) includes "cuda/runtime.h" (backend): only the programs include '
+                "a backend; the layers reach it through core (docs/architecture.md)",
+                'src/cuda/norm.cu (backend) includes "lns/stage.h" (model): a backend includes core only '
                 "(docs/architecture.md)"]
         if got != want:
             print("check_layering self-test: expected\n  %s\ngot\n  %s" % (want, "\n  ".join(got) or "nothing"))
             return 1
-        print("check_layering self-test: the bad include was reported:\n  " + got[0])
+        print("check_layering self-test: the bad includes were reported:\n  " + "\n  ".join(got))
         return 0
 
 
@@ -141,7 +175,7 @@ def main(argv):
     if problems:
         print(f"check_layering: {len(problems)} include(s) against the dependency direction")
         return 1
-    print("check_layering: every include follows " + " < ".join(LAYER_ORDER))
+    print("check_layering: every include follows " + " < ".join(LAYER_ORDER) + f", {BACKEND}s above core only")
     return 0
 
 

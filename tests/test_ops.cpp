@@ -3,7 +3,11 @@
 // purpose. Tolerances: forward 2e-6 relative to the output's largest entry (f32
 // rounding), backward 1e-4 (f32 kernel vs f64 finite differences with h = 1e-6).
 #include <cstring>
+#include <set>
+#include <string>
 
+#include "lns/device.h"
+#include "lns/fp8_linear.h"
 #include "lns/ops.h"
 #include "lns/rope.h"
 #include "test_util.h"
@@ -551,6 +555,36 @@ TEST(Ops, CastRoundsToNearestEven) {
 TEST(Ops, AttentionSavesProbabilitiesOnCpuAndLogSumExpOnCuda) {
   EXPECT_EQ(attention_saved_shape(Device::CPU, 2, 5, 3), (Shape{2, 3, 5, 5}));
   EXPECT_EQ(attention_saved_shape(Device::CUDA, 2, 5, 3), (Shape{2, 3, 5}));
+}
+
+// ---- the op tables (lns/op_table.h) ----------------------------------------------------
+// The backends fill them at start-up from registrars that nothing calls, so a program
+// must link the backends whole (CMakeLists.txt, `lns`) or the linker drops them: then
+// the CPU table would be empty, or a CUDA build would have no CUDA backend.
+TEST(OpTable, EveryOpHasAnImplementationOnEveryBuiltDevice) {
+  std::set<std::string> on_cpu, on_cuda;
+  for (const RegisteredOp& r : registered_ops()) (r.device == Device::CPU ? on_cpu : on_cuda).insert(r.name);
+  for (const char* op : {"embedding_forward", "norm_forward", "linear_backward", "attention_backward", "swiglu_forward",
+                         "vocab_cross_entropy_backward", "route_mix_backward", "adamw_step", "fp8_cast_weight",
+                         "linear_backward_fp8_shared"})
+    EXPECT_TRUE(on_cpu.count(op)) << op << " has no CPU implementation";
+  EXPECT_NE(OpSlot<&swiglu_forward>::impl[device_index(Device::CPU)], nullptr);
+#ifdef LNS_WITH_CUDA
+  EXPECT_TRUE(cuda_built()) << "a CUDA build whose CUDA backend did not register";
+#endif
+  if (cuda_built())
+    EXPECT_EQ(on_cuda, on_cpu) << "every op needs both backends";
+  else
+    EXPECT_TRUE(on_cuda.empty());
+}
+
+// A device without a backend: an op on its tensors stops and names the op (the check
+// firing, in a build without CUDA given a CUDA tensor).
+TEST(OpTable, AnOpWithoutABackendStopsNamingIt) {
+  if (cuda_built()) GTEST_SKIP() << "this build has the CUDA backend";
+  float x = 1.0f;
+  const Tensor t{&x, DType::F32, Device::CUDA, Shape{1}};
+  EXPECT_DEATH(scale_inplace(t, 2.0f), "no cuda implementation of scale_inplace is registered");
 }
 
 }  // namespace

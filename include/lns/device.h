@@ -53,6 +53,14 @@ std::vector<float> to_host_f32(Tensor src);
 void guard_device_padding(Tensor padding);
 // Waits for every kernel queued on the CUDA stream (no-op on the CPU).
 void device_synchronize(Device d);
+// For code that queues device work of its own beside the ops (NCCL): the compute
+// stream every op and copy runs on, as the device's handle (a cudaStream_t on CUDA;
+// nullptr on the CPU), and watches that device_synchronize runs while it waits, so
+// that work which can never finish (a collective whose peer died) ends the process
+// instead of hanging (a watch throws).
+void* device_stream(Device d);
+void add_device_sync_watch(Device d, void (*watch)(void* ctx), void* ctx);
+void remove_device_sync_watch(Device d, void* ctx);
 
 // Device work recorded once and replayed with one launch: a CUDA graph of what the
 // host queues on the compute stream while `work` runs. record() runs nothing; each

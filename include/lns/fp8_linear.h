@@ -35,7 +35,9 @@
 #include <string>
 #include <vector>
 
+#include "lns/errors.h"
 #include "lns/fp8.h"
+#include "lns/op_table.h"
 #include "lns/tensor.h"
 
 namespace lns {
@@ -102,12 +104,21 @@ void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bo
 //   forward   ys[i] = x @ ws[i]^T
 //   backward  dx (+)= sum_i dys[i] @ ws[i] (only the first product overwrites, and only
 //             without accumulate_dx; dx may be empty), dws[i] += dys[i]^T @ x
-void linear_forward_fp8_shared(const std::vector<Tensor>& ys, Tensor x, const std::vector<Tensor>& ws,
-                               const std::vector<Fp8Linear>& fs);
-void linear_backward_fp8_shared(Tensor dx, const std::vector<Tensor>& dws, const std::vector<Tensor>& dys, Tensor x,
-                                const std::vector<Tensor>& ws, bool accumulate_dx, const std::vector<Fp8Linear>& fs);
-// The shared ops' precondition above (n_out and n_w: the lengths of the other lists).
+// check_fp8_shared is their precondition (n_out and n_w: the lengths of the other lists),
+// checked before either backend runs.
 void check_fp8_shared(size_t n_out, size_t n_w, const std::vector<Fp8Linear>& fs);
+inline void linear_forward_fp8_shared(const std::vector<Tensor>& ys, Tensor x, const std::vector<Tensor>& ws,
+                                      const std::vector<Fp8Linear>& fs) {
+  check_fp8_shared(ys.size(), ws.size(), fs);
+  LNS_OP(linear_forward_fp8_shared, x.device)(ys, x, ws, fs);
+}
+inline void linear_backward_fp8_shared(Tensor dx, const std::vector<Tensor>& dws, const std::vector<Tensor>& dys,
+                                       Tensor x, const std::vector<Tensor>& ws, bool accumulate_dx,
+                                       const std::vector<Fp8Linear>& fs) {
+  check_fp8_shared(dws.size(), ws.size(), fs);
+  LNS_CHECK(dys.size() == ws.size());
+  LNS_OP(linear_backward_fp8_shared, x.device)(dx, dws, dys, x, ws, accumulate_dx, fs);
+}
 
 // A weight cast once for a whole optimizer step (Fp8State::begin_step). The weight and
 // its scale do not change within a step, so every micro-batch's forward, its recompute
@@ -117,7 +128,11 @@ void check_fp8_shared(size_t n_out, size_t n_w, const std::vector<Fp8Linear>& fs
 // backend's business: the CPU keeps the codes' f32 values ([out,in], read both ways by
 // its GEMMs), CUDA the codes of w and of its transpose (and their tile factors under
 // blockwise), each 256-byte aligned (src/cuda/linear_fp8.cpp).
-int64_t fp8_weight_cast_numel(Tensor w, const Fp8Linear& f);
-void fp8_cast_weight(Tensor w_cast, Tensor w, const Fp8Linear& f);
+inline int64_t fp8_weight_cast_numel(Tensor w, const Fp8Linear& f) {
+  return LNS_OP(fp8_weight_cast_numel, w.device)(w, f);
+}
+inline void fp8_cast_weight(Tensor w_cast, Tensor w, const Fp8Linear& f) {
+  LNS_OP(fp8_cast_weight, w.device)(w_cast, w, f);
+}
 
 }  // namespace lns

@@ -1,5 +1,5 @@
 // Where a CUDA step's time goes, by class of work (lns_bench_step --profile). While
-// on, every op that src/core/dispatch.h sends to the GPU is bracketed by two CUDA
+// on, every op dispatched to the GPU (lns/op_table.h) is bracketed by two CUDA
 // events on the compute stream (the outermost op only, when one op calls another);
 // stop() waits for the stream and sums each class's event-to-event times. What no op
 // covers (copies, casts, collectives, the host's gaps between launches) is the step's
@@ -21,8 +21,9 @@ struct OpClassTime {
   int64_t ops = 0;    // ops (outermost dispatches) in the class, or its op's segments
 };
 
-// The class of an op by the CPU source file whose dispatch sent it to the GPU
-// (src/cpu/linear.cpp -> "GEMMs (cuBLASLt)"); a file no class names is its own.
+// The class of an op by the source file that registered its implementation
+// (src/cuda/gemm.cpp -> "GEMMs (cuBLASLt)"; the CPU's files, src/cpu/linear.cpp, map
+// alike); a file no class names is its own.
 std::string op_class_of_file(const std::string& file);
 // Every class op_class_of_file names, in table order.
 const std::vector<std::string>& op_classes();

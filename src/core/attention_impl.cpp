@@ -1,11 +1,9 @@
 // Which attention implementation a model runs (include/lns/ops.h, AttentionImpl): the
 // one place that knows which shapes the fused kernels take.
+#include "lns/backend.h"
 #include "lns/errors.h"
 #include "lns/files.h"
 #include "lns/ops.h"
-#ifdef LNS_WITH_CUDA
-#include "cuda/sdpa.h"
-#endif
 
 namespace lns {
 
@@ -63,10 +61,13 @@ AttentionImpl choose_attention_impl(AttentionImpl requested, Device device, int6
   return AttentionImpl::Materialized;
 }
 
+Shape attention_saved_shape(Device device, int64_t B, int64_t T, int64_t Hq) {
+  return device == Device::CUDA ? Shape{B, Hq, T} : Shape{B, Hq, T, T};
+}
+
 std::string attention_library(AttentionImpl impl, const std::string& flag) {
-#ifdef LNS_WITH_CUDA
-  if (is_cudnn(impl)) return cuda::sdpa_library(flag + "=" + attention_impl_name(impl));
-#endif
+  DeviceBackend* b = device_backend(Device::CUDA);
+  if (is_cudnn(impl) && b) return b->attention_library(flag + "=" + attention_impl_name(impl));
   return "";
 }
 

@@ -5,15 +5,24 @@
 
 #include <absl/strings/str_format.h>
 
+#include "lns/backend.h"
 #include "lns/bf16.h"
 #include "lns/errors.h"
 
-#ifdef LNS_WITH_CUDA
-#include "cuda/pool.h"
-#include "cuda/runtime.h"
-#endif
-
 namespace lns {
+
+namespace {
+DeviceBackend* g_backends[2] = {nullptr, nullptr};  // by Device; the CPU's stays empty
+DeviceBackend* cuda_backend() { return g_backends[static_cast<int>(Device::CUDA)]; }
+}  // namespace
+
+void register_device_backend(Device device, DeviceBackend* backend) {
+  LNS_CHECK(device != Device::CPU && !g_backends[static_cast<int>(device)])
+      << "a second backend for " << device_name(device);
+  g_backends[static_cast<int>(device)] = backend;
+}
+
+DeviceBackend* device_backend(Device device) { return g_backends[static_cast<int>(device)]; }
 
 Device parse_device(const std::string& value) {
   if (value == "cpu") return Device::CPU;
@@ -23,39 +32,13 @@ Device parse_device(const std::string& value) {
 
 const char* device_name(Device d) { return d == Device::CUDA ? "cuda" : "cpu"; }
 
-bool cuda_built() {
-#ifdef LNS_WITH_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
+bool cuda_built() { return cuda_backend() != nullptr; }
 
-int cuda_device_count() {
-#ifdef LNS_WITH_CUDA
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver" error
-    return 0;
-  }
-  return n;
-#else
-  return 0;
-#endif
-}
+int cuda_device_count() { return cuda_backend() ? cuda_backend()->device_count() : 0; }
 
 std::string cuda_unavailable_reason() {
-#ifdef LNS_WITH_CUDA
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return absl::StrCat("no usable CUDA device (", cudaGetErrorString(e), ")");
-  }
-  return n == 0 ? "no CUDA device visible" : "";
-#else
-  return "this build has no CUDA support (configure with -DLNS_CUDA=ON)";
-#endif
+  if (!cuda_backend()) return "this build has no CUDA support (configure with -DLNS_CUDA=ON)";
+  return cuda_backend()->unavailable_reason();
 }
 
 int local_rank_from_env() {
@@ -74,27 +57,13 @@ int local_rank_from_env() {
 int bind_local_gpu(int local_rank) {
   const int n = cuda_device_count();
   LNS_REQUIRE(n > 0, "--device=cuda: ", cuda_unavailable_reason());
-#ifdef LNS_WITH_CUDA
   const int dev = local_rank % n;
-  LNS_CUDA_CHECK(cudaSetDevice(dev));
+  cuda_backend()->set_device(dev);
   return dev;
-#else
-  return -1;
-#endif
 }
 
 std::string current_gpu_description() {
-#ifdef LNS_WITH_CUDA
-  int dev = 0, driver = 0;
-  cudaDeviceProp p{};
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&p, dev) != cudaSuccess) return "no GPU";
-  cudaDriverGetVersion(&driver);
-  return absl::StrFormat("%s (GPU %d), CUDA driver %d.%d, %d SMs, %.1f GiB", p.name, dev,
-                         driver / 1000, (driver % 1000) / 10, p.multiProcessorCount,
-                         p.totalGlobalMem / double(1 << 30));
-#else
-  return "no GPU (built without CUDA)";
-#endif
+  return cuda_backend() ? cuda_backend()->describe() : "no GPU (built without CUDA)";
 }
 
 void copy_tensor(Tensor dst, Tensor src) {
@@ -105,19 +74,15 @@ void copy_tensor(Tensor dst, Tensor src) {
     std::memcpy(dst.data, src.data, src.nbytes());
     return;
   }
-#ifdef LNS_WITH_CUDA
-  LNS_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDefault, cuda::stream()));
-  if (dst.device == Device::CPU || src.device == Device::CPU) cuda::synchronize();
-#else
-  LNS_CHECK(false) << "a CUDA tensor reached a build without CUDA support";
-#endif
+  DeviceBackend* b = cuda_backend();
+  LNS_CHECK(b) << "a CUDA tensor reached a build without CUDA support";
+  b->copy(dst.data, src.data, src.nbytes());
+  if (dst.device == Device::CPU || src.device == Device::CPU) b->synchronize();
 }
 
 void guard_device_padding(Tensor padding) {
-  if (padding.device != Device::CUDA || padding.nbytes() == 0) return;
-#ifdef LNS_WITH_CUDA
-  cuda::pool_padding(padding.data, padding.nbytes(), cuda::stream());
-#endif
+  if (padding.device != Device::CUDA || padding.nbytes() == 0 || !cuda_backend()) return;
+  cuda_backend()->guard_padding(padding.data, padding.nbytes());
 }
 
 void zero_tensor(Tensor t) {
@@ -126,9 +91,7 @@ void zero_tensor(Tensor t) {
     std::memset(t.data, 0, t.nbytes());
     return;
   }
-#ifdef LNS_WITH_CUDA
-  LNS_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), cuda::stream()));
-#endif
+  if (cuda_backend()) cuda_backend()->zero(t.data, t.nbytes());
 }
 
 std::vector<float> to_host_f32(Tensor src) {
@@ -145,56 +108,43 @@ std::vector<float> to_host_f32(Tensor src) {
 }
 
 size_t cuda_memory_in_use() {
-#ifdef LNS_WITH_CUDA
   size_t free_b = 0, total_b = 0;
-  if (cuda_device_count() == 0 || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+  if (cuda_device_count() == 0 || !cuda_backend()->memory_info(&free_b, &total_b)) return 0;
   return total_b - free_b;
-#else
-  return 0;
-#endif
 }
 
 void device_synchronize(Device d) {
-#ifdef LNS_WITH_CUDA
-  if (d == Device::CUDA) cuda::synchronize();
-#endif
+  if (d == Device::CUDA && cuda_backend()) cuda_backend()->synchronize();
+}
+
+void* device_stream(Device d) {
+  if (d == Device::CPU) return nullptr;
+  LNS_CHECK(cuda_backend()) << "a CUDA stream asked of a build without CUDA support";
+  return cuda_backend()->stream();
+}
+
+void add_device_sync_watch(Device d, void (*watch)(void* ctx), void* ctx) {
+  LNS_CHECK(d == Device::CUDA && cuda_backend()) << "sync watches are for the CUDA stream";
+  cuda_backend()->add_sync_watch(watch, ctx);
+}
+
+void remove_device_sync_watch(Device d, void* ctx) {
+  if (d == Device::CUDA && cuda_backend()) cuda_backend()->remove_sync_watch(ctx);
 }
 
 void DeviceGraph::record(const std::function<void()>& work) {
-#ifdef LNS_WITH_CUDA
+  LNS_CHECK(cuda_backend()) << "DeviceGraph needs a CUDA build";
   reset();
-  // Thread-local: only this thread's calls may not be made during the capture.
-  LNS_CUDA_CHECK(cudaStreamBeginCapture(cuda::stream(), cudaStreamCaptureModeThreadLocal));
-  cudaGraph_t graph = nullptr;
-  try {
-    work();
-  } catch (...) {
-    cudaStreamEndCapture(cuda::stream(), &graph);  // leave the stream usable
-    if (graph) cudaGraphDestroy(graph);
-    throw;
-  }
-  LNS_CUDA_CHECK(cudaStreamEndCapture(cuda::stream(), &graph));
-  cudaGraphExec_t exec = nullptr;
-  LNS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  LNS_CUDA_CHECK(cudaGraphDestroy(graph));
-  exec_ = exec;
-#else
-  (void)work;
-  LNS_CHECK(false) << "DeviceGraph needs a CUDA build";
-#endif
+  exec_ = cuda_backend()->graph_record(work);
 }
 
 void DeviceGraph::launch() const {
   LNS_CHECK(exec_) << "DeviceGraph::launch before record";
-#ifdef LNS_WITH_CUDA
-  LNS_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cuda::stream()));
-#endif
+  cuda_backend()->graph_launch(exec_);
 }
 
 void DeviceGraph::reset() {
-#ifdef LNS_WITH_CUDA
-  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
-#endif
+  if (exec_) cuda_backend()->graph_destroy(exec_);
   exec_ = nullptr;
 }
 

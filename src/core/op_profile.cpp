@@ -2,18 +2,19 @@
 
 #include <map>
 
+#include "lns/backend.h"
 #include "lns/errors.h"
-#ifdef LNS_WITH_CUDA
-#include "cuda/op_profile.h"
-#endif
+#include "lns/op_table.h"
 
 namespace lns {
 namespace {
 
-// src/cpu/<op file>.cpp -> its class. One table: the classes of the profile's rows.
+// The file that registered an op (src/cuda/<file>.cu or .cpp; the CPU's src/cpu/<file>.cpp
+// names the same ops) -> its class. One table: the classes of the profile's rows.
 const std::map<std::string, std::string>& file_classes() {
   static const std::map<std::string, std::string> m = {
       {"linear", "GEMMs (cuBLASLt)"},
+      {"gemm", "GEMMs (cuBLASLt)"},
       {"linear_fp8", "GEMMs (cuBLASLt)"},  // its casts are segments of their own (fp8_cast)
       {"fp8_cast", "FP8 casts (scale, amax, transpose)"},
       {"attention", "attention"},
@@ -25,6 +26,7 @@ const std::map<std::string, std::string>& file_classes() {
       {"embedding", "embedding, cross-entropy"},
       {"cross_entropy", "embedding, cross-entropy"},
       {"optimizer_kernels", "optimizer, gradient norm"},
+      {"optimizer", "optimizer, gradient norm"},
   };
   return m;
 }
@@ -48,26 +50,26 @@ const std::vector<std::string>& op_classes() {
   return order;
 }
 
+namespace {
+DeviceBackend& profiled_backend() {
+  DeviceBackend* b = device_backend(Device::CUDA);
+  if (!b) fail("the op profile (--profile) needs a CUDA build (-DLNS_CUDA=ON) and --device=cuda");
+  return *b;
+}
+}  // namespace
+
 void op_profile_start() {
-#ifdef LNS_WITH_CUDA
-  cuda::profile_start();
-#else
-  fail("the op profile (--profile) needs a CUDA build (-DLNS_CUDA=ON) and --device=cuda");
-#endif
+  profiled_backend().profile_start();
+  op_detail::g_profiling = true;
 }
 
-bool op_profile_running() {
-#ifdef LNS_WITH_CUDA
-  return cuda::g_profile_on;
-#else
-  return false;
-#endif
-}
+bool op_profile_running() { return op_detail::g_profiling; }
 
 std::vector<OpClassTime> op_profile_stop() {
-#ifdef LNS_WITH_CUDA
+  DeviceBackend& b = profiled_backend();
+  op_detail::g_profiling = false;
   std::map<std::string, OpClassTime> by;
-  for (const cuda::OpTiming& t : cuda::profile_stop()) {
+  for (const OpTiming& t : b.profile_stop()) {
     OpClassTime& c = by[op_class_of_file(t.file)];
     c.ms += t.ms, c.ops += 1;
   }
@@ -80,9 +82,6 @@ std::vector<OpClassTime> op_profile_stop() {
   }
   for (auto& [name, c] : by) c.name = name, out.push_back(c);
   return out;
-#else
-  fail("the op profile (--profile) needs a CUDA build (-DLNS_CUDA=ON) and --device=cuda");
-#endif
 }
 
 }  // namespace lns

@@ -7,12 +7,9 @@
 
 #include <absl/strings/str_join.h>
 
+#include "lns/backend.h"
 #include "lns/device.h"
 #include "lns/errors.h"
-
-#ifdef LNS_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace lns {
 namespace {
@@ -114,22 +111,18 @@ Buffer::Buffer(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) 
     while (now > peak && !g_host_peak.compare_exchange_weak(peak, now)) {
     }
   } else {
-#ifdef LNS_WITH_CUDA
-    if (cudaMalloc(&data_, nbytes) != cudaSuccess) {
-      cudaGetLastError();
+    DeviceBackend* b = device_backend(device);
+    if (!b) LOG(FATAL) << "this build has no CUDA support (configure with -DLNS_CUDA=ON)";
+    data_ = b->alloc(nbytes);  // zeroed
+    if (!data_) {
       size_t free_b = 0, total_b = 0;
-      cudaMemGetInfo(&free_b, &total_b);
-      data_ = nullptr;
+      b->memory_info(&free_b, &total_b);
       fail("out of GPU memory: allocating ", nbytes >> 20, " MiB with ", free_b >> 20, " MiB free of ",
            total_b >> 20, " MiB (", g_cuda_bytes >> 20,
            " MiB held by lns); lower --micro_batch_size or use more pipeline/tensor parallelism");
     }
-    LNS_CHECK(cudaMemset(data_, 0, nbytes) == cudaSuccess);
     g_cuda_bytes += nbytes;
     g_cuda_peak = std::max(g_cuda_peak, g_cuda_bytes);
-#else
-    LOG(FATAL) << "this build has no CUDA support (configure with -DLNS_CUDA=ON)";
-#endif
   }
 }
 
@@ -139,10 +132,8 @@ Buffer::~Buffer() {
     std::free(host_block_);
     g_host_bytes -= host_alloc_size(nbytes_);
   } else {
-#ifdef LNS_WITH_CUDA
-    cudaFree(data_);
+    device_backend(device_)->free(data_);
     g_cuda_bytes -= nbytes_;
-#endif
   }
 }
 

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <vector>
 
-#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
@@ -26,12 +25,9 @@ struct AttnDims {
 
 }  // namespace
 
-Shape attention_saved_shape(Device device, int64_t B, int64_t T, int64_t Hq) {
-  return device == Device::CUDA ? Shape{B, Hq, T} : Shape{B, Hq, T, T};
-}
+namespace cpu {
 
 void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v, AttentionImpl impl) {
-  LNS_DISPATCH(out, attention_forward(out, probs, q, k, v, impl));
   cpu::require_cpu({&out, &probs, &q, &k, &v});
   const AttnDims d(q, k);
   LNS_CHECK(probs.numel() == d.B * d.Hq * d.T * d.T && out.numel() == q.numel());
@@ -72,7 +68,6 @@ void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v, A
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor probs, Tensor q,
                         Tensor k, Tensor v, Tensor out, AttentionImpl impl) {
-  LNS_DISPATCH(dq, attention_backward(dq, dk, dv, dout, probs, q, k, v, out, impl));
   cpu::require_cpu({&dq, &dk, &dv, &dout, &probs, &q, &k, &v});
   const AttnDims d(q, k);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
@@ -111,6 +106,13 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor pro
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, d.D, T, 1.0f, dp, T, q.f32() + qoff,
                   ldq, 1.0f, dk.f32() + koff, ldk);
     }
+}
+
+}  // namespace cpu
+
+LNS_REGISTER_OPS(Device::CPU) {
+  LNS_REGISTER_OP(attention_forward, cpu::attention_forward);
+  LNS_REGISTER_OP(attention_backward, cpu::attention_backward);
 }
 
 }  // namespace lns

@@ -2,15 +2,15 @@
 #include <cmath>
 #include <vector>
 
-#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
 namespace lns {
 
+namespace cpu {
+
 void vocab_max_sumexp_target(Tensor rowmax, Tensor sumexp, Tensor target, Tensor logits, Tensor targets,
                              int64_t col_begin, int64_t valid) {
-  LNS_DISPATCH(logits, vocab_max_sumexp_target(rowmax, sumexp, target, logits, targets, col_begin, valid));
   cpu::require_cpu({&rowmax, &sumexp, &target, &logits, &targets});
   const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
   LNS_CHECK(rowmax.numel() == N && sumexp.numel() == N && target.numel() == N && targets.numel() == N &&
@@ -30,7 +30,6 @@ void vocab_max_sumexp_target(Tensor rowmax, Tensor sumexp, Tensor target, Tensor
 }
 
 void vocab_sumexp_rescale(Tensor sumexp, Tensor local_max, Tensor global_max) {
-  LNS_DISPATCH(sumexp, vocab_sumexp_rescale(sumexp, local_max, global_max));
   cpu::require_cpu({&sumexp, &local_max, &global_max});
   const int64_t N = sumexp.numel();
   LNS_CHECK(local_max.numel() == N && global_max.numel() == N);
@@ -44,7 +43,6 @@ void vocab_sumexp_rescale(Tensor sumexp, Tensor local_max, Tensor global_max) {
 
 void cross_entropy_combine(Tensor losses, Tensor rowmax, Tensor sumexp, Tensor target,
                            Tensor targets) {
-  LNS_DISPATCH(losses, cross_entropy_combine(losses, rowmax, sumexp, target, targets));
   cpu::require_cpu({&losses, &rowmax, &sumexp, &target, &targets});
   const int64_t N = losses.numel();
   for (int64_t n = 0; n < N; ++n)
@@ -57,7 +55,6 @@ void cross_entropy_combine(Tensor losses, Tensor rowmax, Tensor sumexp, Tensor t
 void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, Tensor sumexp,
                                   Tensor targets, int64_t col_begin, int64_t valid,
                                   float grad_scale) {
-  LNS_DISPATCH(logits, vocab_cross_entropy_backward(dlogits, logits, rowmax, sumexp, targets, col_begin, valid, grad_scale));
   cpu::require_cpu({&dlogits, &logits, &rowmax, &sumexp, &targets});
   const int64_t N = cpu::rows_of(logits), V = cpu::cols_of(logits);
   LNS_CHECK(dlogits.numel() == N * V);
@@ -79,6 +76,8 @@ void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, 
     if (t >= 0 && t < valid) dx[t] -= grad_scale;
   }
 }
+
+}  // namespace cpu
 
 namespace {
 
@@ -111,6 +110,14 @@ void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
 void cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor targets, float grad_scale) {
   const FullVocabStats st(logits, targets);
   vocab_cross_entropy_backward(dlogits, logits, st.max, st.sumexp, targets, 0, cpu::cols_of(logits), grad_scale);
+}
+
+
+LNS_REGISTER_OPS(Device::CPU) {
+  LNS_REGISTER_OP(vocab_max_sumexp_target, cpu::vocab_max_sumexp_target);
+  LNS_REGISTER_OP(vocab_sumexp_rescale, cpu::vocab_sumexp_rescale);
+  LNS_REGISTER_OP(cross_entropy_combine, cpu::cross_entropy_combine);
+  LNS_REGISTER_OP(vocab_cross_entropy_backward, cpu::vocab_cross_entropy_backward);
 }
 
 }  // namespace lns

@@ -1,12 +1,12 @@
-#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/bf16.h"
 #include "lns/ops.h"
 
 namespace lns {
 
+namespace cpu {
+
 void axpby(Tensor y, float a, Tensor x, float b) {
-  LNS_DISPATCH(y, axpby(y, a, x, b));
   cpu::require_cpu({&y, &x});
   LNS_CHECK(y.numel() == x.numel());
   float* yp = y.f32();
@@ -17,7 +17,6 @@ void axpby(Tensor y, float a, Tensor x, float b) {
 }
 
 void cast(Tensor dst, Tensor src) {
-  LNS_DISPATCH(src, cast(dst, src));
   cpu::require_cpu({&dst, &src});
   LNS_CHECK(dst.numel() == src.numel());
   const int64_t n = src.numel();
@@ -36,7 +35,6 @@ void cast(Tensor dst, Tensor src) {
 
 // r = a*x + f                                              x, f, r [N*C]; alpha [1]
 void scaled_residual_forward(Tensor r, Tensor x, Tensor f, Tensor alpha) {
-  LNS_DISPATCH(r, scaled_residual_forward(r, x, f, alpha));
   cpu::require_cpu({&r, &x, &f, &alpha});
   LNS_CHECK(r.numel() == x.numel() && f.numel() == x.numel() && alpha.numel() == 1);
   const float a = alpha.f32()[0];
@@ -49,7 +47,6 @@ void scaled_residual_forward(Tensor r, Tensor x, Tensor f, Tensor alpha) {
 
 // dalpha += sum(dr*x) in index order (f64), then dx = a*dr  dr, x, dx [N*C]; alpha, dalpha [1]
 void scaled_residual_backward(Tensor dx, Tensor dalpha, Tensor dr, Tensor x, Tensor alpha) {
-  LNS_DISPATCH(dx, scaled_residual_backward(dx, dalpha, dr, x, alpha));
   cpu::require_cpu({&dx, &dalpha, &dr, &x, &alpha});
   LNS_CHECK(dx.numel() == dr.numel() && x.numel() == dr.numel() && alpha.numel() == 1 && dalpha.numel() == 1);
   const float a = alpha.f32()[0];
@@ -61,6 +58,15 @@ void scaled_residual_backward(Tensor dx, Tensor dalpha, Tensor dr, Tensor x, Ten
   dalpha.f32()[0] += static_cast<float>(s);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) dxp[i] = a * drp[i];
+}
+
+}  // namespace cpu
+
+LNS_REGISTER_OPS(Device::CPU) {
+  LNS_REGISTER_OP(axpby, cpu::axpby);
+  LNS_REGISTER_OP(cast, cpu::cast);
+  LNS_REGISTER_OP(scaled_residual_forward, cpu::scaled_residual_forward);
+  LNS_REGISTER_OP(scaled_residual_backward, cpu::scaled_residual_backward);
 }
 
 }  // namespace lns

@@ -1,13 +1,13 @@
 #include <cstring>
 
-#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
 namespace lns {
 
+namespace cpu {
+
 void embedding_forward(Tensor out, Tensor ids, Tensor weight, int64_t row_begin) {
-  LNS_DISPATCH(out, embedding_forward(out, ids, weight, row_begin));
   cpu::require_cpu({&out, &ids, &weight});
   const int64_t N = ids.numel(), rows = weight.dim(0), C = weight.dim(1);
   LNS_CHECK(out.numel() == N * C);
@@ -25,7 +25,6 @@ void embedding_forward(Tensor out, Tensor ids, Tensor weight, int64_t row_begin)
 }
 
 void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_begin) {
-  LNS_DISPATCH(dweight, embedding_backward(dweight, ids, dout, row_begin));
   cpu::require_cpu({&dweight, &ids, &dout});
   const int64_t N = ids.numel(), rows = dweight.dim(0), C = dweight.dim(1);
   const int32_t* id = ids.i32();
@@ -37,6 +36,13 @@ void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_beg
     float* row = dw + r * C;
     for (int64_t c = 0; c < C; ++c) row[c] += d[n * C + c];
   }
+}
+
+}  // namespace cpu
+
+LNS_REGISTER_OPS(Device::CPU) {
+  LNS_REGISTER_OP(embedding_forward, cpu::embedding_forward);
+  LNS_REGISTER_OP(embedding_backward, cpu::embedding_backward);
 }
 
 }  // namespace lns

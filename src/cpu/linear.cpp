@@ -1,12 +1,12 @@
 // Linear layers on OpenBLAS sgemm, row-major, weights [out, in] as torch.nn.Linear.
-#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
 namespace lns {
 
+namespace cpu {
+
 void linear_forward(Tensor y, Tensor x, Tensor w) {
-  LNS_DISPATCH(y, linear_forward(y, x, w));
   cpu::require_cpu({&y, &x, &w});
   const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
   LNS_CHECK(w.dim(1) == in && y.numel() == N * out) << "linear: x " << x.shape.str() << " w "
@@ -18,7 +18,6 @@ void linear_forward(Tensor y, Tensor x, Tensor w) {
 }
 
 void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx) {
-  LNS_DISPATCH(dy, linear_backward(dx, dw, dy, x, w, accumulate_dx));
   cpu::require_cpu({&dx, &dw, &dy, &x, &w});
   const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x), out = w.dim(0);
   LNS_CHECK(dy.numel() == N * out && dw.numel() == out * in);
@@ -32,6 +31,13 @@ void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool a
   // dw[out,in] += dy^T[out,N] @ x[N,in]
   cpu::gemm_rows(CblasTrans, CblasNoTrans, out, in, N, 1.0f, dy.f32(), out, x.f32(), in, 1.0f,
                  dw.f32(), in);
+}
+
+}  // namespace cpu
+
+LNS_REGISTER_OPS(Device::CPU) {
+  LNS_REGISTER_OP(linear_forward, cpu::linear_forward);
+  LNS_REGISTER_OP(linear_backward, cpu::linear_backward);
 }
 
 }  // namespace lns

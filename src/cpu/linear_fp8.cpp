@@ -11,7 +11,6 @@
 #include <memory>
 #include <vector>
 
-#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/fp8.h"
 #include "lns/fp8_linear.h"
@@ -146,13 +145,13 @@ const float* weight_operand(std::unique_ptr<float[]>& own, const Tensor& w, cons
 
 }  // namespace
 
+namespace cpu {
+
 int64_t fp8_weight_cast_numel(Tensor w, const Fp8Linear& f) {
-  LNS_DISPATCH(w, fp8_weight_cast_numel(w, f));
   return w.numel();
 }
 
 void fp8_cast_weight(Tensor w_cast, Tensor w, const Fp8Linear& f) {
-  LNS_DISPATCH(w, fp8_cast_weight(w_cast, w, f));
   cpu::require_cpu({&w_cast, &w, &f.table});
   LNS_CHECK(w.shape.ndim == 2 && w.dtype == DType::F32 && w_cast.dtype == DType::F32 && w_cast.numel() == w.numel())
       << "fp8_cast_weight: w " << w.shape.str() << " into " << w_cast.shape.str();
@@ -161,8 +160,6 @@ void fp8_cast_weight(Tensor w_cast, Tensor w, const Fp8Linear& f) {
 
 void linear_forward_fp8_shared(const std::vector<Tensor>& ys, Tensor x, const std::vector<Tensor>& ws,
                                const std::vector<Fp8Linear>& fs) {
-  check_fp8_shared(ys.size(), ws.size(), fs);
-  LNS_DISPATCH(x, linear_forward_fp8_shared(ys, x, ws, fs));
   cpu::require_cpu({&x, &fs[0].table});
   LNS_CHECK(x.dtype == DType::F32) << "linear_fp8: x " << dtype_name(x.dtype);
   const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x);
@@ -190,9 +187,6 @@ void linear_forward_fp8_shared(const std::vector<Tensor>& ys, Tensor x, const st
 
 void linear_backward_fp8_shared(Tensor dx, const std::vector<Tensor>& dws, const std::vector<Tensor>& dys, Tensor x,
                                 const std::vector<Tensor>& ws, bool accumulate_dx, const std::vector<Fp8Linear>& fs) {
-  check_fp8_shared(dws.size(), ws.size(), fs);
-  LNS_CHECK(dys.size() == ws.size());
-  LNS_DISPATCH(x, linear_backward_fp8_shared(dx, dws, dys, x, ws, accumulate_dx, fs));
   cpu::require_cpu({&dx, &x, &fs[0].table});
   const int64_t N = cpu::rows_of(x), in = cpu::cols_of(x);
   LNS_CHECK(dx.empty() || dx.numel() == N * in) << "linear_fp8: dx " << dx.shape.str() << " x " << x.shape.str();
@@ -231,6 +225,15 @@ void linear_backward_fp8_shared(Tensor dx, const std::vector<Tensor>& dws, const
                      qx.get(), in, 1.0f, dw.f32(), in);
     }
   }
+}
+
+}  // namespace cpu
+
+LNS_REGISTER_OPS(Device::CPU) {
+  LNS_REGISTER_OP(fp8_weight_cast_numel, cpu::fp8_weight_cast_numel);
+  LNS_REGISTER_OP(fp8_cast_weight, cpu::fp8_cast_weight);
+  LNS_REGISTER_OP(linear_forward_fp8_shared, cpu::linear_forward_fp8_shared);
+  LNS_REGISTER_OP(linear_backward_fp8_shared, cpu::linear_backward_fp8_shared);
 }
 
 }  // namespace lns

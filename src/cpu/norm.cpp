@@ -4,7 +4,6 @@
 #include <cmath>
 #include <vector>
 
-#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
@@ -55,9 +54,10 @@ void check_norm_args(NormType type, const Tensor& out, const Tensor& mean, const
 
 }  // namespace
 
+namespace cpu {
+
 void norm_forward(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
                   Tensor bias, float scale, float eps) {
-  LNS_DISPATCH(x, norm_forward(type, out, mean, rstd, x, gain, bias, scale, eps));
   check_norm_args(type, out, mean, rstd, x, gain, bias);
   const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
   const float* b = bias.empty() ? nullptr : bias.f32();
@@ -71,7 +71,6 @@ void norm_forward(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x,
 void residual_norm_forward(NormType type, Tensor res_out, Tensor out, Tensor mean, Tensor rstd,
                            Tensor res_in, Tensor delta, float alpha, Tensor gain, Tensor bias,
                            float scale, float eps) {
-  LNS_DISPATCH(res_in, residual_norm_forward(type, res_out, out, mean, rstd, res_in, delta, alpha, gain, bias, scale, eps));
   check_norm_args(type, out, mean, rstd, res_in, gain, bias);
   LNS_CHECK(res_out.numel() == res_in.numel() && delta.numel() == res_in.numel());
   const int64_t N = cpu::rows_of(res_in), C = cpu::cols_of(res_in);
@@ -156,21 +155,11 @@ void norm_backward_cpu(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Ten
 
 void norm_backward(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres, Tensor dout,
                    Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale) {
-  LNS_DISPATCH(dout, norm_backward(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale));
   norm_backward_cpu(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale, false);
-}
-
-bool FixedDivisor::uses_pos0(int64_t n) const {
-  return fixed_uses_pos0(row0 + n, T, eot >= 0 ? ids.i32()[n] : 0, eot);
 }
 
 void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor gain,
                         Tensor bias, float scale, FixedDivisor d) {
-  // The constants come from calibration or a checkpoint: bad ones are the input's fault.
-  LNS_REQUIRE(d.pos0 > 0.0f && d.rest > 0.0f && std::isfinite(d.pos0) && std::isfinite(d.rest),
-              "--ln_free: fixed divisors must be finite and > 0, got ", d.pos0, " and ", d.rest);
-  LNS_CHECK(d.T > 0 && d.row0 >= 0);
-  LNS_DISPATCH(x, norm_forward_fixed(type, out, mean, rstd, x, gain, bias, scale, d));
   check_norm_args(type, out, mean, rstd, x, gain, bias);
   const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
   const float* b = bias.empty() ? nullptr : bias.f32();
@@ -188,13 +177,10 @@ void norm_forward_fixed(NormType type, Tensor out, Tensor mean, Tensor rstd, Ten
 
 void norm_backward_fixed(NormType type, Tensor dx, Tensor dgain, Tensor dbias, Tensor dres,
                          Tensor dout, Tensor x, Tensor mean, Tensor rstd, Tensor gain, float scale) {
-  LNS_DISPATCH(dout, norm_backward_fixed(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale));
   norm_backward_cpu(type, dx, dgain, dbias, dres, dout, x, mean, rstd, gain, scale, true);
 }
 
 void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sums[4], int64_t row0) {
-  LNS_CHECK(T > 0 && row0 >= 0);
-  LNS_DISPATCH(x, norm_divisor_sums(type, x, T, eps, sums, row0));
   cpu::require_cpu({&x});
   const int64_t N = cpu::rows_of(x), C = cpu::cols_of(x);
   // Serial, in row order: the sums (and so the calibrated constants) are deterministic.
@@ -210,6 +196,17 @@ void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sum
     sums[k] += std::sqrt(var / C + eps);
     sums[k + 1] += 1.0;
   }
+}
+
+}  // namespace cpu
+
+LNS_REGISTER_OPS(Device::CPU) {
+  LNS_REGISTER_OP(norm_forward, cpu::norm_forward);
+  LNS_REGISTER_OP(residual_norm_forward, cpu::residual_norm_forward);
+  LNS_REGISTER_OP(norm_backward, cpu::norm_backward);
+  LNS_REGISTER_OP(norm_forward_fixed, cpu::norm_forward_fixed);
+  LNS_REGISTER_OP(norm_backward_fixed, cpu::norm_backward_fixed);
+  LNS_REGISTER_OP(norm_divisor_sums, cpu::norm_divisor_sums);
 }
 
 }  // namespace lns

@@ -1,13 +1,13 @@
 #include <cmath>
 
-#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
 namespace lns {
 
+namespace cpu {
+
 void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h, Tensor p_compute) {
-  LNS_DISPATCH(p, adamw_step(p, g, m, v, h, p_compute));
   cpu::require_cpu({&p, &g, &m, &v});
   LNS_CHECK(p_compute.empty()) << "the CPU backend computes with the f32 weights";
   const int64_t n = p.numel();
@@ -26,7 +26,6 @@ void adamw_step(Tensor p, Tensor g, Tensor m, Tensor v, const AdamWHyper& h, Ten
 }
 
 double sum_squares(Tensor x) {
-  LNS_DISPATCH(x, sum_squares(x));
   cpu::require_cpu({&x});
   const float* p = x.f32();
   double s = 0.0;
@@ -35,12 +34,19 @@ double sum_squares(Tensor x) {
 }
 
 void scale_inplace(Tensor x, float a) {
-  LNS_DISPATCH(x, scale_inplace(x, a));
   cpu::require_cpu({&x});
   float* p = x.f32();
   const int64_t n = x.numel();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) p[i] *= a;
+}
+
+}  // namespace cpu
+
+LNS_REGISTER_OPS(Device::CPU) {
+  LNS_REGISTER_OP(adamw_step, cpu::adamw_step);
+  LNS_REGISTER_OP(sum_squares, cpu::sum_squares);
+  LNS_REGISTER_OP(scale_inplace, cpu::scale_inplace);
 }
 
 }  // namespace lns

@@ -1,5 +1,4 @@
 // Rotary embedding, half-split layout: pairs (j, j + D/2), as Hugging Face's rotate_half.
-#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
@@ -31,13 +30,20 @@ void rotate(Tensor x, Tensor cos, Tensor sin, float sign) {
 
 }  // namespace
 
+namespace cpu {
+
 void rope_forward(Tensor x, Tensor cos, Tensor sin) {
-  LNS_DISPATCH(x, rope_forward(x, cos, sin));
   rotate(x, cos, sin, 1.0f);
 }
 void rope_backward(Tensor dx, Tensor cos, Tensor sin) {
-  LNS_DISPATCH(dx, rope_backward(dx, cos, sin));
   rotate(dx, cos, sin, -1.0f);
+}
+
+}  // namespace cpu
+
+LNS_REGISTER_OPS(Device::CPU) {
+  LNS_REGISTER_OP(rope_forward, cpu::rope_forward);
+  LNS_REGISTER_OP(rope_backward, cpu::rope_backward);
 }
 
 }  // namespace lns

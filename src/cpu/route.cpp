@@ -4,7 +4,6 @@
 #include <cmath>
 #include <vector>
 
-#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
@@ -25,8 +24,9 @@ std::vector<double> sequence_means(const Tensor& x) {
 
 }  // namespace
 
+namespace cpu {
+
 void route_gate_forward(Tensor gate, Tensor soft, Tensor x, Tensor w, Tensor noise) {
-  LNS_DISPATCH(x, route_gate_forward(gate, soft, x, w, noise));
   cpu::require_cpu({&gate, &soft, &x, &w, &noise});
   const int64_t B = x.dim(0), C = x.dim(2);
   LNS_CHECK(x.shape.ndim == 3 && w.numel() == 2 * C && gate.numel() == 2 * B && soft.numel() == 2 * B &&
@@ -50,7 +50,6 @@ void route_gate_forward(Tensor gate, Tensor soft, Tensor x, Tensor w, Tensor noi
 }
 
 void route_gate_backward(Tensor dx, Tensor dw, Tensor dgate, Tensor soft, Tensor x, Tensor w) {
-  LNS_DISPATCH(x, route_gate_backward(dx, dw, dgate, soft, x, w));
   cpu::require_cpu({&dx, &dw, &dgate, &soft, &x, &w});
   const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
   LNS_CHECK(x.shape.ndim == 3 && dx.numel() == x.numel() && w.numel() == 2 * C && dw.numel() == 2 * C &&
@@ -79,7 +78,6 @@ void route_gate_backward(Tensor dx, Tensor dw, Tensor dgate, Tensor soft, Tensor
 }
 
 void route_mix_forward(Tensor y, Tensor p0, Tensor p1, Tensor gate) {
-  LNS_DISPATCH(y, route_mix_forward(y, p0, p1, gate));
   cpu::require_cpu({&y, &p0, &p1, &gate});
   const int64_t B = gate.numel() / 2, n = y.numel(), per = n / B;  // per sequence: T*C
   LNS_CHECK(p0.numel() == n && p1.numel() == n && n % B == 0);
@@ -90,7 +88,6 @@ void route_mix_forward(Tensor y, Tensor p0, Tensor p1, Tensor gate) {
 }
 
 void route_mix_backward(Tensor dp0, Tensor dp1, Tensor dgate, Tensor dy, Tensor p0, Tensor p1, Tensor gate) {
-  LNS_DISPATCH(dy, route_mix_backward(dp0, dp1, dgate, dy, p0, p1, gate));
   cpu::require_cpu({&dp0, &dp1, &dgate, &dy, &p0, &p1, &gate});
   const int64_t B = gate.numel() / 2, n = dy.numel(), per = n / B;
   LNS_CHECK(dp0.numel() == n && dp1.numel() == n && p0.numel() == n && p1.numel() == n && n % B == 0 &&
@@ -107,6 +104,15 @@ void route_mix_backward(Tensor dp0, Tensor dp1, Tensor dgate, Tensor dy, Tensor 
     const float dv = d[i];
     o0[i] = g[i / per * 2] * dv, o1[i] = g[i / per * 2 + 1] * dv;
   }
+}
+
+}  // namespace cpu
+
+LNS_REGISTER_OPS(Device::CPU) {
+  LNS_REGISTER_OP(route_gate_forward, cpu::route_gate_forward);
+  LNS_REGISTER_OP(route_gate_backward, cpu::route_gate_backward);
+  LNS_REGISTER_OP(route_mix_forward, cpu::route_mix_forward);
+  LNS_REGISTER_OP(route_mix_backward, cpu::route_mix_backward);
 }
 
 }  // namespace lns

@@ -1,13 +1,13 @@
 #include <cmath>
 
-#include "core/dispatch.h"
 #include "cpu/check.h"
 #include "lns/ops.h"
 
 namespace lns {
 
+namespace cpu {
+
 void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
-  LNS_DISPATCH(out, swiglu_forward(out, gate, up));
   cpu::require_cpu({&out, &gate, &up});
   const int64_t n = gate.numel();
   LNS_CHECK(up.numel() == n && out.numel() == n);
@@ -18,7 +18,6 @@ void swiglu_forward(Tensor out, Tensor gate, Tensor up) {
 }
 
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up) {
-  LNS_DISPATCH(dout, swiglu_backward(dgate, dup, dout, gate, up));
   cpu::require_cpu({&dgate, &dup, &dout, &gate, &up});
   const int64_t n = gate.numel();
   const float *g = gate.f32(), *u = up.f32(), *d = dout.f32();
@@ -31,6 +30,13 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
     dg[i] = d[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
     du[i] = d[i] * silu;
   }
+}
+
+}  // namespace cpu
+
+LNS_REGISTER_OPS(Device::CPU) {
+  LNS_REGISTER_OP(swiglu_forward, cpu::swiglu_forward);
+  LNS_REGISTER_OP(swiglu_backward, cpu::swiglu_backward);
 }
 
 }  // namespace lns

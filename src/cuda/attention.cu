@@ -16,10 +16,11 @@
 #include <cmath>
 
 #include "cuda/common.cuh"
+#include "cuda/flash_attention.h"
 #include "cuda/gemm.h"
 #include "cuda/pool.h"
 #include "cuda/sdpa.h"
-#include "cuda/ops_cuda.h"
+#include "lns/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -279,6 +280,12 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor sav
   permute(ptr<bf16>(dq), dqh, d.B, d.T, d.Hq, d.D, false);
   permute(ptr<bf16>(dk), dkh, d.B, d.T, d.Hkv, d.D, false);
   permute(ptr<bf16>(dv), dvh, d.B, d.T, d.Hkv, d.D, false);
+}
+
+// This file's ops on CUDA (lns/op_table.h).
+LNS_REGISTER_OPS(Device::CUDA) {
+  LNS_REGISTER_OP(attention_forward, cuda::attention_forward);
+  LNS_REGISTER_OP(attention_backward, cuda::attention_backward);
 }
 
 }  // namespace lns::cuda

@@ -3,7 +3,7 @@
 // logits and the row statistics and writes the gradient over the logits in place,
 // so probabilities are never stored.
 #include "cuda/common.cuh"
-#include "cuda/ops_cuda.h"
+#include "lns/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -143,6 +143,14 @@ void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, 
   LNS_LAUNCH(fn, N, kBlock, 0, stream())(ptr<bf16>(dlogits), ptr<bf16>(logits), ptr<float>(rowmax), ptr<float>(sumexp),
                                  ptr<int32_t>(targets), logits.dim(-1), col_begin, valid, grad_scale);
   LNS_CUDA_LAUNCHED();
+}
+
+// This file's ops on CUDA (lns/op_table.h).
+LNS_REGISTER_OPS(Device::CUDA) {
+  LNS_REGISTER_OP(vocab_max_sumexp_target, cuda::vocab_max_sumexp_target);
+  LNS_REGISTER_OP(vocab_sumexp_rescale, cuda::vocab_sumexp_rescale);
+  LNS_REGISTER_OP(cross_entropy_combine, cuda::cross_entropy_combine);
+  LNS_REGISTER_OP(vocab_cross_entropy_backward, cuda::vocab_cross_entropy_backward);
 }
 
 }  // namespace lns::cuda

@@ -11,7 +11,7 @@
 
 #include "cuda/common.cuh"
 #include "lns/device.h"
-#include "cuda/ops_cuda.h"
+#include "lns/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -152,6 +152,12 @@ void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_beg
   LNS_LAUNCH(fn, N, threads, 0, stream())(ptr<float>(dweight), ptr<bf16>(dout), order, ptr<int32_t>(ids), row_begin,
                                           N, C);
   LNS_CUDA_LAUNCHED();
+}
+
+// This file's ops on CUDA (lns/op_table.h).
+LNS_REGISTER_OPS(Device::CUDA) {
+  LNS_REGISTER_OP(embedding_forward, cuda::embedding_forward);
+  LNS_REGISTER_OP(embedding_backward, cuda::embedding_backward);
 }
 
 }  // namespace lns::cuda

@@ -28,7 +28,8 @@
 
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
-#include "cuda/ops_cuda.h"
+#include "cuda/flash_attention.h"
+#include "lns/ops.h"
 #include "cuda/launch.h"
 
 namespace lns::cuda {

@@ -12,7 +12,7 @@
 #include <tuple>
 
 #include "cuda/gemm.h"
-#include "cuda/ops_cuda.h"
+#include "lns/ops.h"
 #include "cuda/runtime.h"
 #include "lns/errors.h"
 
@@ -272,6 +272,12 @@ void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool a
   LNS_CHECK(x.numel() == rows * in && dw.numel() == out * in && (dx.empty() || dx.numel() == rows * in));
   if (!dx.empty()) gemm(linear_dgrad_args(dx.data, dx.dtype, dy.data, w.data, rows, in, out, accumulate_dx));
   gemm(linear_wgrad_args(static_cast<float*>(dw.data), dy.data, x.data, rows, in, out));
+}
+
+// This file's ops on CUDA (lns/op_table.h).
+LNS_REGISTER_OPS(Device::CUDA) {
+  LNS_REGISTER_OP(linear_forward, cuda::linear_forward);
+  LNS_REGISTER_OP(linear_backward, cuda::linear_backward);
 }
 
 }  // namespace lns::cuda

@@ -17,7 +17,8 @@
 
 #include "cuda/fp8_cast.h"
 #include "cuda/gemm.h"
-#include "cuda/ops_cuda.h"
+#include "lns/fp8_linear.h"
+#include "lns/ops.h"
 #include "cuda/runtime.h"
 #include "lns/errors.h"
 
@@ -243,6 +244,14 @@ void fp8_cast_weight(Tensor w_cast, Tensor w, const Fp8Linear& f) {
   LNS_CHECK(c.w8 != nullptr) << "fp8_cast_weight: no w_cast";
   if (f.blockwise) return fp8_cast_tiles_blocks(w, f.row(f.w), Fp8Format::E4M3, true, c.w8, c.wT8, c.s, c.sT);
   fp8_cast(w, f.row(f.w), Fp8Format::E4M3, true, c.w8, c.wT8);
+}
+
+// This file's ops on CUDA (lns/op_table.h).
+LNS_REGISTER_OPS(Device::CUDA) {
+  LNS_REGISTER_OP(linear_forward_fp8_shared, cuda::linear_forward_fp8_shared);
+  LNS_REGISTER_OP(linear_backward_fp8_shared, cuda::linear_backward_fp8_shared);
+  LNS_REGISTER_OP(fp8_weight_cast_numel, cuda::fp8_weight_cast_numel);
+  LNS_REGISTER_OP(fp8_cast_weight, cuda::fp8_cast_weight);
 }
 
 }  // namespace lns::cuda

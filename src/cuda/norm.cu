@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cuda/common.cuh"
-#include "cuda/ops_cuda.h"
+#include "lns/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -439,6 +439,16 @@ void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sum
     sums[k] += host[n];
     sums[k + 1] += 1.0;
   }
+}
+
+// This file's ops on CUDA (lns/op_table.h).
+LNS_REGISTER_OPS(Device::CUDA) {
+  LNS_REGISTER_OP(norm_forward, cuda::norm_forward);
+  LNS_REGISTER_OP(residual_norm_forward, cuda::residual_norm_forward);
+  LNS_REGISTER_OP(norm_backward, cuda::norm_backward);
+  LNS_REGISTER_OP(norm_forward_fixed, cuda::norm_forward_fixed);
+  LNS_REGISTER_OP(norm_backward_fixed, cuda::norm_backward_fixed);
+  LNS_REGISTER_OP(norm_divisor_sums, cuda::norm_divisor_sums);
 }
 
 }  // namespace lns::cuda

@@ -1,38 +1,21 @@
-// The CUDA side of lns/op_profile.h: events around each dispatched op. OpScope is
-// what LNS_DISPATCH (src/core/dispatch.h) puts around every call into lns::cuda; off,
-// it costs one load and a branch.
+// The CUDA side of lns/op_profile.h: events around each op dispatched to CUDA (the
+// backend's profile hooks, lns/backend.h, src/cuda/backend.cpp).
 #pragma once
 #include <vector>
+
+#include "lns/backend.h"
 
 namespace lns::cuda {
 
 extern bool g_profile_on;
 
-struct OpTiming {
-  const char* file;  // __FILE__ of the dispatch (its class: lns::op_class_of_file)
-  double ms;
-};
-
 void profile_start();
 std::vector<OpTiming> profile_stop();  // synchronizes the stream
 
+// Around each op dispatched to CUDA while the profile runs (lns/op_table.h's OpCall,
+// through the backend's profile hooks): events on the compute stream.
 void profile_op_begin(const char* file);
 void profile_op_end();
-
-class OpScope {
- public:
-  explicit OpScope(const char* file) : on_(g_profile_on) {
-    if (on_) profile_op_begin(file);
-  }
-  ~OpScope() {
-    if (on_) profile_op_end();
-  }
-  OpScope(const OpScope&) = delete;
-  OpScope& operator=(const OpScope&) = delete;
-
- private:
-  bool on_;
-};
 
 // A part of the current op timed as a class of its own (`file`, a name op_class_of_file
 // maps), e.g. the FP8 casts inside an FP8 linear: the op's time is cut at the segment's

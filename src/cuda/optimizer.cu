@@ -2,7 +2,7 @@
 // in the same pass, the deterministic sum of squares for the gradient norm, and
 // in-place scaling. CPU reference: src/cpu/optimizer_kernels.cpp.
 #include "cuda/common.cuh"
-#include "cuda/ops_cuda.h"
+#include "lns/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -144,6 +144,13 @@ void scale_inplace(Tensor x, float a) {
   else
     LNS_LAUNCH(scale_kernel<1>, grid_for(n), kBlock, 0, stream())(ptr<float>(x), a, n);
   LNS_CUDA_LAUNCHED();
+}
+
+// This file's ops on CUDA (lns/op_table.h).
+LNS_REGISTER_OPS(Device::CUDA) {
+  LNS_REGISTER_OP(adamw_step, cuda::adamw_step);
+  LNS_REGISTER_OP(sum_squares, cuda::sum_squares);
+  LNS_REGISTER_OP(scale_inplace, cuda::scale_inplace);
 }
 
 }  // namespace lns::cuda

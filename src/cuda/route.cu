@@ -4,7 +4,7 @@
 // The gate is [B,2]: tiny next to the two block paths it chooses between, so these
 // kernels are written for clarity; the mix is one pass over [B,T,C] each way.
 #include "cuda/common.cuh"
-#include "cuda/ops_cuda.h"
+#include "lns/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -189,6 +189,14 @@ void route_mix_backward(Tensor dp0, Tensor dp1, Tensor dgate, Tensor dy, Tensor 
   LNS_LAUNCH(route_dgate_kernel, static_cast<int>(ceil_div(2 * B, kBlock)), kBlock, 0, stream())(
       ptr<float>(dgate), partial, B);
   LNS_CUDA_LAUNCHED();
+}
+
+// This file's ops on CUDA (lns/op_table.h).
+LNS_REGISTER_OPS(Device::CUDA) {
+  LNS_REGISTER_OP(route_gate_forward, cuda::route_gate_forward);
+  LNS_REGISTER_OP(route_gate_backward, cuda::route_gate_backward);
+  LNS_REGISTER_OP(route_mix_forward, cuda::route_mix_forward);
+  LNS_REGISTER_OP(route_mix_backward, cuda::route_mix_backward);
 }
 
 }  // namespace lns::cuda

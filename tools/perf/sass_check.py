@@ -3,7 +3,7 @@
 
   python3 tools/perf/sass_check.py [--baseline=tools/perf/sass_baseline.json] [--update] FILE...
 
-FILE: objects or static libraries with device code (build-cuda/liblns_core.a). For every
+FILE: objects or static libraries with device code (build-cuda/liblns_cuda.a). For every
 kernel and architecture it reads, with `cuobjdump -res-usage` and `cuobjdump -sass`,
 registers, stack, local memory, static shared memory, and counts the 128-bit global
 loads/stores (LDG/STG .128), the 4-byte and 2-byte global stores (STG, STG .U16), and
