@@ -6,7 +6,9 @@
 namespace lns {
 
 // Timeouts and heartbeat period; rank, world, host and run_dir are the caller's.
-WatchdogConfig watchdog_config_from_flags();
+// stretch: multiplies the timeouts left at their defaults (the emulator's programs pass
+// 20: their "GPU" runs hundreds of times slower, and a slow CI step is not a hang).
+WatchdogConfig watchdog_config_from_flags(double stretch = 1);
 bool watchdog_flag();
 // Stragglers, re-runs, --async_save and --inject_fault into the trainer's config.
 void add_resilience_flags(TrainConfig& c);

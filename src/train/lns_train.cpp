@@ -158,7 +158,11 @@ int run() {
     cfg = train_config_from_flags();
     grid = ProcessGrid::create_mpi(tp_flag(), pp_flag());
     if (watchdog_flag()) {
+#ifdef LNS_CUDA_SIM
+      WatchdogConfig w = watchdog_config_from_flags(/*stretch=*/20);  // an emulated GPU: far slower steps
+#else
       WatchdogConfig w = watchdog_config_from_flags();
+#endif
       w.rank = grid->rank, w.world = grid->world_size(), w.host = host_name(), w.run_dir = cfg.out_dir;
       w.stage = grid->coords.pp;
       watchdog = std::make_unique<Watchdog>(w);

@@ -53,16 +53,9 @@ DEFINE_string(inject_fault, "",
 
 namespace lns {
 
-WatchdogConfig watchdog_config_from_flags() {
-  // The SIMT emulator runs a "GPU" step hundreds of times slower than a GPU: timeouts
-  // left at their defaults are stretched there, so that a slow CI machine is not a hang.
-#ifdef LNS_CUDA_SIM
-  constexpr double kStretch = 20;
-#else
-  constexpr double kStretch = 1;
-#endif
+WatchdogConfig watchdog_config_from_flags(double stretch) {
   auto timeout = [&](const char* name, double v) {
-    return gflags::GetCommandLineFlagInfoOrDie(name).is_default ? v * kStretch : v;
+    return gflags::GetCommandLineFlagInfoOrDie(name).is_default ? v * stretch : v;
   };
   WatchdogConfig w;
   w.setup_s = timeout("timeout_setup_s", FLAGS_timeout_setup_s);
