@@ -3,6 +3,8 @@
 // and the curse-of-depth diagnostics, under any layout.
 #pragma once
 #include <array>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "lns/data.h"
@@ -13,9 +15,19 @@
 
 namespace lns {
 
+// One source of a blended --val_data: its name as written and its own result.
+struct SourceEval {
+  std::string name;
+  double loss = 0, ppl = 0;
+  int64_t tokens = 0;
+};
+
 struct EvalStats {
   double loss = 0, ppl = 0;
   int64_t tokens = 0;
+  // A weighted --val_data: each source's result, in the order given; the fields above
+  // are then over all their target positions together (the mixture's loss).
+  std::vector<SourceEval> by_source;
 };
 
 struct EvalOptions {
@@ -82,6 +94,30 @@ class Evaluator {
   int64_t num_seq_ = 0;  // sequences that hold evaluated targets
   int64_t requested_tokens_ = 0;
   OwnedTensor in_, tg_;
+};
+
+// Validation on --val_data, which may be a weighted blend (lns/data.h): source k is
+// evaluated on its weight's share of --eval_tokens (rounded, at least one position;
+// an unweighted --val_data is one source with all of them, as before), each by its
+// own Evaluator. The mixture's loss is the mean over all those positions, so the
+// sources count by their weights, and each source's own loss is reported beside it.
+class BlendEvaluator {
+ public:
+  BlendEvaluator(ProcessGrid& grid, LlamaStage& stage, PipelineSchedule1F1B& pipeline,
+                 const DataBlend& data, EvalOptions opt);
+  // Every rank gets the result; by_source filled for a weighted blend.
+  EvalStats evaluate();
+  // The first source's Evaluator (the only one without weights): the sweep and the
+  // diagnostics read it.
+  Evaluator& first() { return *parts_.front(); }
+  // A warning for each source that holds fewer positions than its share asked for
+  // (each is then evaluated once, whole); empty when none does.
+  std::vector<std::string> shortfalls() const;
+
+ private:
+  const DataBlend& data_;
+  EvalOptions opt_;
+  std::vector<std::unique_ptr<Evaluator>> parts_;
 };
 
 // Gradient norm of each block's parameters (after GradientSync::reduce), every

@@ -32,8 +32,8 @@ class Metrics;
 class StepLog;
 
 struct TrainConfig {
-  std::string data = "random";  // token file, Megatron prefix, or "random"
-  std::string val_data;         // empty: no validation
+  std::string data = "random";  // token file, Megatron prefix, a weighted blend (lns/data.h), or "random"
+  std::string val_data;         // the same forms; empty: no validation
   SampleMode data_mode = SampleMode::Packed;
   int64_t seq_len = 256, micro_batch = 8, global_batch = 8;
   int64_t steps = 100;
@@ -119,10 +119,11 @@ class Trainer {
 
   LlamaStage& model() { return *model_; }
   ProcessGrid& grid() { return *grid_; }
-  Evaluator* evaluator() { return evaluator_.get(); }  // null without --val_data
+  // null without --val_data; of a blend, its first source's
+  Evaluator* evaluator() { return evaluator_ ? &evaluator_->first() : nullptr; }
   int micro_batches() const { return num_micro_; }  // per data-parallel rank and step
   AdamW& optimizer() { return *optim_; }
-  BatchSampler& sampler() { return *train_sampler_; }
+  BlendedSampler& sampler() { return *train_sampler_; }
 
   // Gradients of the next global batch accumulated into model().params().grad()
   // (zeroed first), normalised by its unmasked targets, before any cross-rank
@@ -202,9 +203,10 @@ class Trainer {
   std::unique_ptr<PipelineSchedule1F1B> pipeline_;
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<AdamW> optim_;
-  std::unique_ptr<TokenCorpus> train_data_, val_data_;
-  std::unique_ptr<BatchSampler> train_sampler_;
-  std::unique_ptr<Evaluator> evaluator_, diag_;
+  std::unique_ptr<DataBlend> train_data_, val_data_;
+  std::unique_ptr<BlendedSampler> train_sampler_;
+  std::unique_ptr<BlendEvaluator> evaluator_;
+  std::unique_ptr<Evaluator> diag_;
   std::vector<double> last_block_grad_norms_;
   OwnedTensor inputs_, targets_;  // [M * B, T]: this dp rank's share of the global batch
   // CUDA: their device copies, uploaded once per step, so that no micro-batch waits

@@ -81,11 +81,9 @@ int64_t BatchSampler::fill(uint64_t index, int32_t* inputs, int32_t* targets) {
 
 void BatchSampler::next_batch(int64_t global_batch, int dp_rank, int dp_size, Tensor inputs,
                               Tensor targets) {
-  LNS_CHECK(global_batch % dp_size == 0);
-  const int64_t n = global_batch / dp_size;
-  LNS_CHECK(inputs.numel() == n * T_ && targets.numel() == n * T_);
-  for (int64_t i = 0; i < n; ++i)
-    fill(consumed_ + dp_rank * n + i, inputs.i32() + i * T_, targets.i32() + i * T_);
+  LNS_CHECK(inputs.numel() * dp_size == global_batch * T_);
+  fill_dp_share(consumed_, global_batch, dp_rank, dp_size, inputs, targets,
+                [&](uint64_t i, int32_t* in, int32_t* tg) { fill(i, in, tg); });
   consumed_ += global_batch;
 }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <absl/strings/str_cat.h>
+
 #include "lns/errors.h"
 #include "lns/json_in.h"
 #include "lns/ops.h"
@@ -82,6 +84,49 @@ EvalStats Evaluator::evaluate() {
         return tg_.t.view({B * T});
       });
   return reduce(sum, tokens);
+}
+
+BlendEvaluator::BlendEvaluator(ProcessGrid& grid, LlamaStage& stage, PipelineSchedule1F1B& pipeline,
+                               const DataBlend& data, EvalOptions opt)
+    : data_(data), opt_(opt) {
+  LNS_REQUIRE(opt.eval_tokens > 0, "--eval_tokens must be positive, got ", opt.eval_tokens);
+  for (int k = 0; k < data.size(); ++k) {
+    EvalOptions part = opt;
+    if (data.size() > 1)
+      part.eval_tokens = std::max<int64_t>(1, std::llround(data.weight(k) * static_cast<double>(opt.eval_tokens)));
+    parts_.push_back(std::make_unique<Evaluator>(grid, stage, pipeline, data.corpus(k), part));
+  }
+}
+
+EvalStats BlendEvaluator::evaluate() {
+  if (!data_.weighted()) return parts_.front()->evaluate();
+  EvalStats all;
+  double loss_sum = 0;
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    const EvalStats e = parts_[k]->evaluate();  // collective: every rank walks the same sources
+    all.by_source.push_back({data_.name(static_cast<int>(k)), e.loss, e.ppl, e.tokens});
+    loss_sum += e.loss * static_cast<double>(e.tokens);
+    all.tokens += e.tokens;
+  }
+  all.loss = all.tokens > 0 ? loss_sum / static_cast<double>(all.tokens) : 0.0;
+  all.ppl = std::exp(all.loss);
+  return all;
+}
+
+std::vector<std::string> BlendEvaluator::shortfalls() const {
+  std::vector<std::string> out;
+  for (size_t k = 0; k < parts_.size(); ++k) {
+    const Evaluator& e = *parts_[k];
+    if (e.requested_tokens() == 0) continue;
+    const std::string& name = data_.name(static_cast<int>(k));
+    out.push_back(data_.size() > 1
+                      ? absl::StrCat("--val_data source ", name, ": its share of --eval_tokens=", opt_.eval_tokens, " (",
+                                     e.requested_tokens(), ") is more than it holds; each evaluation covers all of it ",
+                                     "once (", e.eval_tokens(), " target positions)")
+                      : absl::StrCat("--eval_tokens=", opt_.eval_tokens, " is more than ", name, " holds; each ",
+                                     "evaluation covers all of it once (", e.eval_tokens(), " target positions)"));
+  }
+  return out;
 }
 
 std::vector<EvalStats> Evaluator::sweep(const std::vector<int>& layers) {

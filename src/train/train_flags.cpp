@@ -11,8 +11,12 @@
 // ---- data -----------------------------------------------------------------------------
 DEFINE_string(data, "random",
               "Training tokens: an lns token file (tools/prepare_data.py), a Megatron indexed "
-              "dataset prefix (PREFIX.bin + PREFIX.idx), or 'random' for synthetic tokens.");
-DEFINE_string(val_data, "", "Validation tokens (same formats); empty disables validation.");
+              "dataset prefix (PREFIX.bin + PREFIX.idx), shards (a comma-separated list, a glob, an "
+              "index.json), a weighted blend of those (0.7:PATH_A,0.3:PATH_B; docs/data.md), or "
+              "'random' for synthetic tokens.");
+DEFINE_string(val_data, "",
+              "Validation tokens (same formats; a blend reports a loss per source); empty disables "
+              "validation.");
 DEFINE_string(data_mode, "packed",
               "packed: contiguous windows of the token stream; document: one document per "
               "sequence, truncated or padded with the loss masked (the paper's setup).");

@@ -182,18 +182,17 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
 
   // Data first: a missing file should fail before gigabytes are allocated.
   if (cfg_.data == "random") {
-    train_data_ = TokenCorpus::random(model_cfg_.vocab_size,
-                                      std::max<int64_t>(1024, cfg_.global_batch) * cfg_.seq_len + 1,
-                                      cfg_.seed);
+    train_data_ = std::make_unique<DataBlend>(TokenCorpus::random(
+        model_cfg_.vocab_size, std::max<int64_t>(1024, cfg_.global_batch) * cfg_.seq_len + 1, cfg_.seed));
   } else {
-    train_data_ = TokenCorpus::open(cfg_.data);
+    train_data_ = DataBlend::open(cfg_.data, "--data");
   }
-  train_sampler_ = std::make_unique<BatchSampler>(*train_data_, cfg_.data_mode, cfg_.seq_len,
-                                                  cfg_.seed, /*shuffle=*/cfg_.data != "random",
-                                                  model_cfg_.vocab_size);
+  train_sampler_ = std::make_unique<BlendedSampler>(*train_data_, cfg_.data_mode, cfg_.seq_len,
+                                                    cfg_.seed, /*shuffle=*/cfg_.data != "random",
+                                                    model_cfg_.vocab_size);
   if (!cfg_.val_data.empty()) {
-    val_data_ = TokenCorpus::open(cfg_.val_data);
-    BatchSampler check(*val_data_, cfg_.data_mode, cfg_.seq_len, 0, false, model_cfg_.vocab_size);
+    val_data_ = DataBlend::open(cfg_.val_data, "--val_data");
+    BlendedSampler check(*val_data_, cfg_.data_mode, cfg_.seq_len, 0, false, model_cfg_.vocab_size);
   }
   startup_.data = lap();
 
@@ -216,15 +215,14 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
   pipeline_->set_cuda_graphs(cfg_.cuda_graphs);
   const EvalOptions eval{cfg_.seq_len, cfg_.micro_batch, cfg_.eval_tokens, cfg_.data_mode, cfg_.eval_spread};
   if (val_data_) {
-    evaluator_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, *val_data_, eval);
-    if (evaluator_->requested_tokens() > 0 && is_root())
-      LOG(WARNING) << "--eval_tokens=" << cfg_.eval_tokens << " is more than " << cfg_.val_data << " holds; "
-                   << "each evaluation covers all of it once (" << evaluator_->eval_tokens() << " target positions)";
+    evaluator_ = std::make_unique<BlendEvaluator>(*grid_, *model_, *pipeline_, *val_data_, eval);
+    if (is_root())
+      for (const std::string& w : evaluator_->shortfalls()) LOG(WARNING) << w;
   }
   // Diagnostics read one fixed micro-batch, so steps compare like with like.
   EvalOptions one = eval;
   one.eval_tokens = cfg_.micro_batch * cfg_.seq_len;
-  diag_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, val_data_ ? *val_data_ : *train_data_, one);
+  diag_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, (val_data_ ? *val_data_ : *train_data_).corpus(0), one);
   sync_ = std::make_unique<GradientSync>(*grid_, model_->params(), model_cfg_.tie_embeddings, cfg_.dp_bucket_mb);
   model_->set_grad_ready_hook([this](int64_t from) { sync_->grads_ready(from); });
   // ZeRO: the optimizer owns this dp rank's shard; otherwise every rank updates all.
@@ -240,7 +238,7 @@ Trainer::Trainer(const LlamaConfig& model_cfg, const TrainConfig& cfg, ProcessGr
     EvalOptions calib = eval;
     calib.eval_tokens = cfg_.ln_free_calib_tokens;
     calib.spread = false;
-    calib_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, *train_data_, calib);
+    calib_ = std::make_unique<Evaluator>(*grid_, *model_, *pipeline_, train_data_->corpus(0), calib);
     if (is_root())
       LOG(INFO) << "ln_free: " << ln_free_schedule_->events().size() << " events (" << cfg_.ln_free
                 << "); each calibration reads " << calib_->eval_tokens() << " training tokens";
@@ -757,6 +755,10 @@ void Trainer::report_step(const StepStats& s, bool first, StepLog& log, Metrics&
     nlohmann::json j = log.record(s, now_seconds(), first ? &startup_ : nullptr, comm);
     if (ln_free_schedule_)
       j["ln_free_fixed"] = ln_free_.norms.size(), j["ln_free_next_event"] = ln_free_.progress.next_event;
+    if (train_data_->weighted()) {  // each source's samples so far (docs/data.md)
+      const std::vector<uint64_t> n = train_sampler_->samples_by_source();
+      for (int k = 0; k < train_data_->size(); ++k) j["samples_by_source"][train_data_->name(k)] = n[k];
+    }
     if (s.step == 1 && !comm.empty()) {
       std::string line;
       double total = 0;
@@ -790,8 +792,16 @@ void Trainer::run_eval(int64_t step, Metrics& metrics, double start) {
   if (!is_root()) return;
   LOG(INFO) << absl::StrFormat("eval  step %6d | val_loss %.4f | val_ppl %.2f | %d tokens | %.1f s",
                                step, e.loss, e.ppl, e.tokens, now_seconds() - t0);
-  metrics.write({{"step", step}, {"val_loss", e.loss}, {"val_ppl", e.ppl},
-                 {"val_tokens", e.tokens}, {"elapsed_s", now_seconds() - start}});
+  nlohmann::json rec = {{"step", step}, {"val_loss", e.loss}, {"val_ppl", e.ppl},
+                        {"val_tokens", e.tokens}, {"elapsed_s", now_seconds() - start}};
+  if (!e.by_source.empty()) {  // a weighted --val_data
+    rec["val_loss_by_source"] = nlohmann::json::object();
+    for (const SourceEval& s : e.by_source) {
+      LOG(INFO) << absl::StrFormat("eval  step %6d | %s: val_loss %.4f | %d tokens", step, s.name, s.loss, s.tokens);
+      rec["val_loss_by_source"][s.name] = s.loss;
+    }
+  }
+  metrics.write(rec);
 }
 
 // What runs between steps on its own schedule: FP8 health, validation, straggler

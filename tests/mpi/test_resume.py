@@ -8,7 +8,10 @@
 - a checkpoint saved under (tp=2, pp=2, dp=2) resumes under (1,1,1) and (1,4,2)
   with the uninterrupted run's losses within 1e-5 relative;
 - the interleaved pipeline's checkpoints are layout-free too: saved with
-  --virtual_stages=2 they resume with 1 and vice versa, equal to the uninterrupted run.
+  --virtual_stages=2 they resume with 1 and vice versa, equal to the uninterrupted run;
+- a weighted blend (--data=0.7:A,0.3:B) saved under (tp=1, pp=2, dp=2) resumes under the
+  same layout bit for bit and under (1,1,1) with the same samples of each source at every
+  step and the uninterrupted run's losses within 1e-5 relative.
 """
 import json
 import os
@@ -193,6 +196,49 @@ class Resume(unittest.TestCase):
         got = losses(out)
         for step in range(1, 13):
             self.assertAlmostEqual(got[step], self.ref[step], delta=1e-5 * self.ref[step], msg="step %d" % step)
+
+    def test_blend_resumes_under_any_layout(self):
+        # A second corpus with other token patterns; 70% of the samples from the first.
+        other = os.path.join(self.dir, "other.tok")
+        w = prepare_data.TokenFileWriter(other, 2, 64)
+        for d in range(200):
+            w.add_doc([(d * 7 + i * 3 + 1) % 64 for i in range(4 + d % 17)])
+        w.close()
+        first = [f for f in self.flags if f.startswith("--data=")][0][len("--data="):]
+        blend = ["--data=0.7:%s,0.3:%s" % (first, other)]
+
+        def records(out):
+            with open(os.path.join(out, "metrics.jsonl")) as f:
+                return {r["step"]: r for r in map(json.loads, f) if "loss" in r}
+
+        ref_dir = os.path.join(self.dir, "blend_ref")
+        self.run_train(ref_dir, *blend, "--steps=12")
+        ref = records(ref_dir)
+        self.assertNotIn("samples_by_source", records(self.ref_dir)[1])  # unweighted data: no counts
+        self.assertEqual(ref[12]["samples_by_source"], {first: 67, other: 29})  # 96 samples: 67.2 and 28.8
+        self.assertNotEqual(ref[12]["loss"], self.ref[12])  # the blend changes what is learned
+        saved = os.path.join(self.dir, "blend_122")
+        self.run_train(saved, *blend, "--steps=12", "--save_every=4", np=4, pp=2)
+        uninterrupted = records(saved)  # the same layout's own run, before the rollback rewrites it
+        ck = os.path.join(saved, "checkpoints")
+        for late in ("step_0000008", "step_0000012"):
+            shutil.rmtree(os.path.join(ck, late))
+        with open(os.path.join(ck, "latest"), "w") as f:
+            f.write("step_0000004\n")
+        moved = os.path.join(self.dir, "blend_to_111")
+        shutil.copytree(saved, moved)
+        r = self.run_train(saved, *blend, "--steps=12", "--resume=auto", np=4, pp=2)
+        self.assertIn("at step 4 (saved under layout tp=1 pp=2 dp=2", r.stderr)
+        got = records(saved)
+        for step in range(5, 13):  # the same layout: bit for bit
+            self.assertEqual(got[step]["loss"], uninterrupted[step]["loss"], "step %d" % step)
+            self.assertEqual(got[step]["samples_by_source"], ref[step]["samples_by_source"], "step %d" % step)
+        self.run_train(moved, *blend, "--steps=12", "--resume=auto")
+        got = records(moved)
+        for step in range(1, 13):  # another layout: the same samples, the losses to rounding
+            self.assertEqual(got[step]["samples_by_source"], ref[step]["samples_by_source"], "step %d" % step)
+            self.assertAlmostEqual(got[step]["loss"], ref[step]["loss"], delta=1e-5 * ref[step]["loss"],
+                                   msg="step %d" % step)
 
 
 if __name__ == "__main__":
