@@ -137,6 +137,17 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor sav
                         Tensor k, Tensor v, Tensor out = {},
                         AttentionImpl impl = AttentionImpl::Materialized);
 
+// ---- attention over a key/value cache (generation: LlamaStage::decode) -----------------
+// n new queries at positions pos..pos+n-1 against the cached keys and values of positions
+// 0..pos+n-1 (the new ones already written to the cache). For query i and head h (kv head
+// g = h / (Hq/Hkv)):
+//   out[i,h,:] = sum_{j <= pos+i} softmax_j(q[i,h,:] . kcache[j,g,:] / sqrt(D)) vcache[j,g,:]
+// which is what attention_forward gives the last n rows of a sequence of pos + n tokens.
+// q, out [n,Hq,D]; kcache, vcache [Tmax,Hkv,D] with pos + n <= Tmax; scores [n,Hq,Tmax] f32
+// scratch (the probabilities on return). f32 arithmetic on both devices (bf16 in and out
+// on CUDA, head dims up to 256).
+void attention_decode(Tensor out, Tensor scores, Tensor q, Tensor kcache, Tensor vcache, int64_t pos);
+
 // ---- SwiGLU ------------------------------------------------------------------------------
 // out[N,F] = silu(gate) * up
 void swiglu_forward(Tensor out, Tensor gate, Tensor up);

@@ -43,6 +43,8 @@ void flash_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor 
 void flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor lse, Tensor q, Tensor k,
                               Tensor v, Tensor out);
 
+void attention_decode(Tensor out, Tensor scores, Tensor q, Tensor kcache, Tensor vcache, int64_t pos);
+
 void swiglu_forward(Tensor out, Tensor gate, Tensor up);
 void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up);
 
