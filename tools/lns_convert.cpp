@@ -33,6 +33,7 @@
 #include <gflags/gflags.h>
 
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <set>
 
@@ -104,7 +105,9 @@ class ProgressSource : public TensorSource {
  public:
   ProgressSource(const TensorSource& src, const std::string& what, int64_t total)
       : src_(src), total_(total), bar_("lns_convert: " + what, total) {}
-  ~ProgressSource() override { bar_.update(total_); }  // the last line, whatever was counted
+  ~ProgressSource() override {  // the last line, whatever was counted; none when the write failed
+    if (std::uncaught_exceptions() == 0) bar_.update(total_);
+  }
   bool has(const std::string& name, const std::string& kind) const override { return src_.has(name, kind); }
   std::vector<float> logical(const std::string& name, const std::string& kind) const override {
     std::vector<float> v = src_.logical(name, kind);
