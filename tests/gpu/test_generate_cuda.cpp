@@ -52,7 +52,8 @@ TEST(GenerateCuda, DecodeAttentionEqualsTheCpu) {
   OwnedTensor od(DType::BF16, Shape{n, Hq, D}, Device::CUDA), sd(DType::F32, Shape{n, Hq, Tmax}, Device::CUDA);
   attention_decode(od, sd, qd, kd, vd, pos);
   const std::vector<float> got = to_host_f32(od);
-  // bf16 output: within half a unit in the last place of the largest value, and more.
+  // bf16 output of f32 arithmetic: 2.2e-3 of the largest value measured under the emulator
+  // (2026-11-29); bf16's half unit in the last place is 2e-3 to 4e-3.
   test::expect_close(got, out, 8e-3, "attention_decode CUDA vs CPU");
 }
 
@@ -84,6 +85,8 @@ TEST_P(DecodeCuda, CacheEqualsTheCpuWholeSequence) {
   }
   double scale = 0;
   for (const float w : want) scale = std::max(scale, std::abs(double(w)));
+  // bf16 weights and activations against f32: at most 1.3e-2 of the largest logit measured
+  // under the emulator (2026-11-29, over these five cases).
   for (int64_t t = 0; t < L; ++t) {
     const double e = test::rel_max_err(got.data() + t * V, want.data() + t * V, V, scale);
     EXPECT_LE(e, 3e-2) << c.name << ": position " << t << " (relative to the largest logit " << scale << ")";
