@@ -2,7 +2,8 @@
 # From a fresh clone to a model learning real text on the CPU:
 #   installs dependencies, builds lns_train, prepares the default corpus (the English
 #   text of Debian's `fortunes` package, byte-level), trains configs/tiny_lns.flags
-#   through mpirun, and plots the loss. Idempotent: a second run skips what is done
+#   through mpirun, plots the loss, and prints a fortune the model wrote (lns_generate,
+#   docs/generation.md). Idempotent: a second run skips what is done
 #   (the training resumes from runs/tiny_lns's last checkpoint: --resume=auto).
 # Extra arguments go to lns_train, e.g.  bash launch/quickstart.sh --steps=100
 set -euo pipefail
@@ -15,7 +16,7 @@ source launch/env.sh
 
 echo "== build"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target lns_train
+cmake --build build -j"$(nproc)" --target lns_train lns_generate
 
 echo "== data"
 if [ ! -f data/fortunes.train.tok ] || [ ! -f data/fortunes.val.tok ]; then
@@ -48,3 +49,8 @@ PY
 echo "quickstart: metrics  $ROOT/runs/tiny_lns/metrics.jsonl"
 echo "quickstart: config   $ROOT/runs/tiny_lns/config.flags"
 echo "quickstart: plot     $ROOT/runs/tiny_lns/loss.png"
+
+# A new document after an end-of-document token, sampled until it ends or reaches the
+# 128 positions the model was trained at (configs/tiny_lns.flags --seq_len).
+echo "== a fortune by the model (lns_generate)"
+./build/lns_generate --checkpoint=runs/tiny_lns --temperature=0.8 --top_p=0.95 --max_new_tokens=127 --seed="$RANDOM"

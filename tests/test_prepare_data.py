@@ -305,5 +305,69 @@ class PrepareDataErrors(unittest.TestCase):
         self.assertEqual(bytes(toks[:starts[1] - 1]).decode("utf-8"), "text then \ufffd\ufffd\ufffd bytes\n")
 
 
+class Progress(unittest.TestCase):
+    """Issue 48: a bar on a terminal, plain lines when piped, nothing with --no_progress;
+    durations as lns/progress.h writes them (tests/test_progress.cpp holds the same table)."""
+
+    TOOL = os.path.join(HERE, "..", "tools", "prepare_data.py")
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="lns_prep_progress_")
+        self.txt = os.path.join(self.dir, "big.txt")
+        with open(self.txt, "w") as f:  # 2000 documents: every tenth of the bytes is reached
+            f.write("\n\n".join("document %d with a few words in it" % i for i in range(2000)))
+
+    def test_durations(self):
+        cases = [(0, "0s"), (0.4, "0s"), (12.3, "12s"), (59.6, "1m00s"), (83, "1m23s"), (3599, "59m59s"),
+                 (3600, "1h00m"), (7530, "2h05m"), (86399, "23h59m"), (3 * 86400 + 4 * 3600 + 59, "3d04h"),
+                 (-1, "?"), (float("nan"), "?")]
+        for seconds, text in cases:
+            self.assertEqual(prepare_data.format_duration(seconds), text, seconds)
+
+    def test_piped_output_is_plain_lines(self):
+        r = subprocess.run([sys.executable, self.TOOL, "--input", self.txt, "--out", os.path.join(self.dir, "o")],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("\r", r.stderr)
+        self.assertNotIn("\033", r.stderr)
+        lines = r.stderr.splitlines()
+        self.assertGreaterEqual(len(lines), 5, r.stderr)  # tenths (some share a read) and the end
+        self.assertLessEqual(len(lines), 11, r.stderr)
+        for line in lines:
+            self.assertRegex(line, r"^prepare_data: +[0-9.]+% +\d+ docs +\d+ tokens .* s elapsed, ETA \S+$")
+        self.assertIn("100.0%", lines[-1])
+        quiet = subprocess.run([sys.executable, self.TOOL, "--input", self.txt, "--out",
+                                os.path.join(self.dir, "q"), "--no_progress"], capture_output=True, text=True,
+                               timeout=120)
+        self.assertEqual(quiet.stderr, "")
+
+    def test_terminal_gets_one_redrawn_line(self):
+        import pty
+        leader, follower = pty.openpty()
+        try:
+            r = subprocess.run([sys.executable, self.TOOL, "--input", self.txt, "--out", os.path.join(self.dir, "t")],
+                               stdout=subprocess.PIPE, stderr=follower, timeout=120)
+            os.close(follower)
+            follower = -1
+            err = b""
+            while True:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # EIO: the terminal's other end is closed and drained
+                    break
+                if not chunk:
+                    break
+                err += chunk
+        finally:
+            if follower >= 0:
+                os.close(follower)
+            os.close(leader)
+        self.assertEqual(r.returncode, 0)
+        text = err.decode()
+        self.assertTrue(text.startswith("\r["), text)  # redrawn in place, never a new line per update
+        self.assertEqual(text.count("\n"), 1, text)
+        self.assertIn("100.0%", text)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -33,6 +33,7 @@
 #include <gflags/gflags.h>
 
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <set>
 
@@ -48,7 +49,10 @@
 #include "lns/hf_llama.h"
 #include "lns/layer_removal.h"
 #include "lns/ln_free_schedule.h"
+#include "lns/model_layout.h"
+#include "lns/progress.h"
 #include "lns/retrofit.h"
+#include "lns/stage.h"
 #include "lns/train_flags.h"
 
 DEFINE_string(in, "", "Input checkpoint directory (or Hugging Face directory for import-hf).");
@@ -94,6 +98,54 @@ void print(const std::string& what, const std::vector<std::string>& lines) {
   for (const std::string& l : lines) std::printf("  %s\n", l.c_str());
 }
 
+// The writers' reads of a source, as progress: each weight a target rank loads (or an
+// export reads) is one unit; a bar on a terminal, a line per tenth when piped
+// (lns/progress.h). Moments ride along with their weight.
+class ProgressSource : public TensorSource {
+ public:
+  ProgressSource(const TensorSource& src, const std::string& what, int64_t total)
+      : src_(src), total_(total), bar_("lns_convert: " + what, total) {}
+  ~ProgressSource() override {  // the last line, whatever was counted; none when the write failed
+    if (std::uncaught_exceptions() == 0) bar_.update(total_);
+  }
+  bool has(const std::string& name, const std::string& kind) const override { return src_.has(name, kind); }
+  std::vector<float> logical(const std::string& name, const std::string& kind) const override {
+    std::vector<float> v = src_.logical(name, kind);
+    if (kind == "param") bar_.update(std::min(++done_, total_), name);
+    return v;
+  }
+  std::vector<int64_t> logical_shape(const std::string& name) const override { return src_.logical_shape(name); }
+  std::string where() const override { return src_.where(); }
+
+ private:
+  const TensorSource& src_;
+  int64_t total_;
+  mutable int64_t done_ = 0;
+  mutable ProgressBar bar_;
+};
+
+// The weights the ranks of a checkpoint for `target` hold, all of them: what
+// write_checkpoint_from_source reads.
+int64_t weights_to_write(const LlamaConfig& cfg, const Layout& target, const std::string& pp_layers) {
+  const Layout l = layout_for_model(cfg, target, pp_layers);
+  int64_t n = 0;
+  for (int r = 0; r < l.world_size(); ++r) {
+    const RankCoords at = l.coords_of(r);
+    n += LlamaStage::stage_params(cfg, stage_spec(l, at.pp), {at.tp, l.tp, nullptr}).size();
+  }
+  return n;
+}
+
+// write_checkpoint_from_source with progress.
+std::vector<std::string> write_checkpoint(const std::string& what, const TensorSource& src, const LlamaConfig& cfg,
+                                          const Layout& target, const std::string& pp_layers, const RunState& state,
+                                          const AdamWConfig& adam, int64_t optim_steps) {
+  const ProgressSource p(src, what, weights_to_write(cfg, target, pp_layers));
+  return write_checkpoint_from_source(p, cfg, target, pp_layers, state, adam, optim_steps, FLAGS_out, FLAGS_overwrite);
+}
+
+int64_t model_weights(const LlamaConfig& cfg) { return static_cast<int64_t>(LlamaStage::model_params(cfg).size()); }
+
 // --norm_scheme as the user gave it, or "" when left at its default (lns_train's).
 std::string norm_scheme_flag() {
   return gflags::GetCommandLineFlagInfoOrDie("norm_scheme").is_default ? "" : FLAGS_norm_scheme;
@@ -122,9 +174,8 @@ int run(const std::string& cmd) {
   if (cmd == "fold-norms") {
     const Checkpoint ck(FLAGS_in);
     const FoldedNorms folded(ck);
-    const auto lines = write_checkpoint_from_source(folded, folded.config(), target_layout(), FLAGS_pp_layers,
-                                                    folded.run_state(), AdamWConfig{}, 0, FLAGS_out,
-                                                    FLAGS_overwrite);
+    const auto lines = write_checkpoint(cmd, folded, folded.config(), target_layout(), FLAGS_pp_layers,
+                                        folded.run_state(), AdamWConfig{}, 0);
     print(absl::StrFormat("wrote %s: %s with its %d constant norms folded into the linears they feed (no norms, "
                           "no optimizer state; lns_eval --checkpoint=%s evaluates it, lns_train --resume=%s "
                           "--folded_norms fine-tunes it, export-folded exports it)",
@@ -134,7 +185,8 @@ int run(const std::string& cmd) {
   }
   if (cmd == "export-folded") {
     const Checkpoint ck(FLAGS_in);
-    const auto lines = export_folded(ck, ck.config(), FLAGS_out, FLAGS_overwrite);
+    const auto lines = export_folded(ProgressSource(ck, cmd, model_weights(ck.config())), ck.config(), FLAGS_out,
+                                     FLAGS_overwrite);
     print(absl::StrFormat("exported %s (%d layers, folded norms) for tools/reference/llama_nonorm.py to %s",
                           FLAGS_in, ck.config().num_layers, FLAGS_out),
           lines);
@@ -143,9 +195,8 @@ int run(const std::string& cmd) {
   if (cmd == "reshard" || cmd == "merge") {
     const Checkpoint ck(FLAGS_in);
     const Layout l = cmd == "merge" ? Layout{} : target_layout();
-    const auto lines = write_checkpoint_from_source(ck, ck.config(), l, cmd == "merge" ? "" : FLAGS_pp_layers,
-                                                    ck.run_state(), adam_of(ck), optim_steps(ck), FLAGS_out,
-                                                    FLAGS_overwrite);
+    const auto lines = write_checkpoint(cmd, ck, ck.config(), l, cmd == "merge" ? "" : FLAGS_pp_layers,
+                                        ck.run_state(), adam_of(ck), optim_steps(ck));
     print(absl::StrFormat("wrote %s (%s, step %d) from %s", FLAGS_out, l.brief(), ck.run_state().step, FLAGS_in),
           lines);
     return 0;
@@ -155,8 +206,8 @@ int run(const std::string& cmd) {
     LNS_REQUIRE(ck.run_state().ln_free.norms.empty(), FLAGS_in, ": ", ck.run_state().ln_free.norms.size(),
                 " norms divide by constants (LN-free, docs/ln_free.md); a Hugging Face LLaMA always normalises, so "
                 "export-hf would change what the model computes");
-    const auto lines = export_hf(ck, ck.config(), FLAGS_out, FLAGS_tokenizer, FLAGS_max_position_embeddings,
-                                 FLAGS_overwrite);
+    const auto lines = export_hf(ProgressSource(ck, cmd, model_weights(ck.config())), ck.config(), FLAGS_out,
+                                 FLAGS_tokenizer, FLAGS_max_position_embeddings, FLAGS_overwrite);
     print(absl::StrFormat("exported %s (%s, %d layers%s) as a Hugging Face LlamaForCausalLM to %s",
                           FLAGS_in, norm_scheme_name(ck.config().norm_scheme), ck.config().num_layers,
                           ck.config().norm_scheme == NormScheme::LNS ? ", LNS scales folded into the norm gains" : "",
@@ -169,8 +220,8 @@ int run(const std::string& cmd) {
     LNS_REQUIRE(ck.run_state().ln_free.norms.empty(), FLAGS_in, ": ", ck.run_state().ln_free.norms.size(),
                 " norms divide by constants (LN-free, docs/ln_free.md); the repository's model always normalises");
     const RepoNormType r = repo_norm_type_of(ck.config());
-    const auto lines = export_repo(ck, ck.config(), FLAGS_out, FLAGS_tokenizer, FLAGS_max_position_embeddings,
-                                   FLAGS_overwrite);
+    const auto lines = export_repo(ProgressSource(ck, cmd, model_weights(ck.config())), ck.config(), FLAGS_out,
+                                   FLAGS_tokenizer, FLAGS_max_position_embeddings, FLAGS_overwrite);
     print(absl::StrFormat("exported %s (%s, %d layers) for the LayerNorm-Scaling repository's LlamaForCausalLM to "
                           "%s; run it there with NORM_TYPE=%s POST_NUM=%d",
                           FLAGS_in, norm_scheme_name(ck.config().norm_scheme), ck.config().num_layers, FLAGS_out,
@@ -189,8 +240,7 @@ int run(const std::string& cmd) {
       cfg = r.config;
       state.conversions.push_back(r.record);
     }
-    const auto lines = write_checkpoint_from_source(hf, cfg, target_layout(), FLAGS_pp_layers, state,
-                                                    AdamWConfig{}, 0, FLAGS_out, FLAGS_overwrite);
+    const auto lines = write_checkpoint(cmd, hf, cfg, target_layout(), FLAGS_pp_layers, state, AdamWConfig{}, 0);
     std::string scheme_flags = absl::StrCat("--norm_scheme=", norm_scheme_name(cfg.norm_scheme));
     if (cfg.norm_scheme == NormScheme::Mix || cfg.norm_scheme == NormScheme::ScalePostPre)
       absl::StrAppend(&scheme_flags, " --post_layers=", cfg.post_layers);
@@ -209,8 +259,8 @@ int run(const std::string& cmd) {
     std::fprintf(stderr, "lns_convert: %s\n", r.warning.c_str());
     RunState state = ck.run_state();
     state.conversions.push_back(r.record);
-    const auto lines = write_checkpoint_from_source(ck, r.config, target_layout(), FLAGS_pp_layers, state,
-                                                    adam_of(ck), optim_steps(ck), FLAGS_out, FLAGS_overwrite);
+    const auto lines = write_checkpoint(cmd, ck, r.config, target_layout(), FLAGS_pp_layers, state, adam_of(ck),
+                                        optim_steps(ck));
     print(absl::StrFormat("wrote %s: %s as --norm_scheme=lns (same weights; fine-tune it with lns_train "
                           "--resume=%s --norm_scheme=lns)",
                           FLAGS_out, FLAGS_in, FLAGS_out),
@@ -234,9 +284,8 @@ int run(const std::string& cmd) {
                 FLAGS_in, ": the LN-free schedule '", lf.schedule, "' has events left (next: ", lf.next_event + 1,
                 "); finish it before removing layers");
     state.ln_free = ln_free_for_kept_layers(state.ln_free, plan.kept, old.num_layers);
-    const auto lines = write_checkpoint_from_source(src, cfg, target_layout(), FLAGS_pp_layers,
-                                                    state, adam_of(ck), optim_steps(ck), FLAGS_out,
-                                                    FLAGS_overwrite);
+    const auto lines = write_checkpoint(cmd, src, cfg, target_layout(), FLAGS_pp_layers, state, adam_of(ck),
+                                        optim_steps(ck));
     print(absl::StrFormat("wrote %s: %d of %d layers (removed %s), each keeping its trained depth "
                           "(layer_depths %s)",
                           FLAGS_out, cfg.num_layers, old.num_layers, FLAGS_layers,

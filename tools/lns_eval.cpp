@@ -28,6 +28,7 @@
 #include "lns/hf_llama.h"
 #include "lns/layer_removal.h"
 #include "lns/model_layout.h"
+#include "lns/progress.h"
 #include "lns/train_flags.h"
 
 DEFINE_string(checkpoint, "", "Checkpoint directory to evaluate (any layout).");
@@ -181,7 +182,15 @@ Result evaluate_all(ProcessGrid& grid) {
   }
   if (!sweep.empty()) {
     t0 = now();
-    const auto res = ev.sweep(sweep);
+    // A bar on a terminal, a line per tenth when piped (lns/progress.h); rank 0 says it.
+    std::unique_ptr<ProgressBar> bar;
+    if (is_rank0()) bar = std::make_unique<ProgressBar>("lns_eval: sweep", 0);
+    const auto res = ev.sweep(sweep, [&](int64_t done, int64_t total) {
+      if (!bar) return;
+      bar->set_total(total);
+      bar->update(done, grid.layout.pp > 1 ? "configurations" : "batches");
+    });
+    bar.reset();
     const double secs = now() - t0;
     nlohmann::json rows = nlohmann::json::array();
     r.csv = "layer,ppl,loss,loss_delta,relative_drop\n";

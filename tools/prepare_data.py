@@ -59,6 +59,9 @@ class ByteTokenizer:
     def encode(self, text):
         return list(text.encode("utf-8"))
 
+    def decode(self, ids):
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
 
 class HFTokenizer:
     def __init__(self, path, eos_token):
@@ -82,6 +85,9 @@ class HFTokenizer:
     def encode(self, text):
         return self.tok.encode(text, add_special_tokens=False).ids
 
+    def decode(self, ids):
+        return self.tok.decode(ids, skip_special_tokens=False)
+
 
 class SentencePieceTokenizer:
     def __init__(self, path):
@@ -101,6 +107,9 @@ class SentencePieceTokenizer:
 
     def encode(self, text):
         return self.sp.encode(text)
+
+    def decode(self, ids):
+        return self.sp.decode(ids)
 
 
 def first_line(e):
@@ -259,26 +268,61 @@ def _file_documents(path, fmt, text_key, doc_sep, on_error, progress, bad):
             yield "".join(buf), start
 
 
+def format_duration(seconds):
+    """A duration for people, as lns/progress.h writes it: 42s, 1m23s, 2h05m, 3d04h."""
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        return "?"
+    s = int(math.floor(seconds + 0.5))
+    if s < 60:
+        return "%ds" % s
+    if s < 3600:
+        return "%dm%02ds" % (s // 60, s % 60)
+    if s < 86400:
+        return "%dh%02dm" % (s // 3600, s % 3600 // 60)
+    return "%dd%02dh" % (s // 86400, s % 86400 // 3600)
+
+
 class Progress:
-    def __init__(self, total_bytes, enabled):
-        self.total, self.done, self.enabled = max(total_bytes, 1), 0, enabled
+    """Progress through the input bytes on stderr: a bar redrawn in place on a terminal,
+    plain lines (one per tenth, and the end) when stderr is a pipe or a file, nothing
+    with --no_progress. mode: "bar", "lines" or "off"."""
+
+    def __init__(self, total_bytes, mode):
+        self.total, self.done, self.mode = max(total_bytes, 1), 0, mode
+        self.enabled = mode != "off"
         self.t0 = self.last = time.time()
         self.docs = self.tokens = 0
+        self.tenth = 0
 
     def advance(self, nbytes):
         self.done += nbytes
         now = time.time()
-        if self.enabled and now - self.last > 0.5:
+        if self.mode == "bar" and now - self.last > 0.5:
             self.last = now
             self.show()
+        elif self.mode == "lines" and 10 * self.done // self.total > self.tenth and self.done < self.total:
+            self.tenth = 10 * self.done // self.total
+            self.show()
+
+    def text(self):
+        frac = min(self.done / self.total, 1.0)
+        elapsed = max(time.time() - self.t0, 1e-9)
+        eta = format_duration((1 - frac) * elapsed / frac) if frac > 0 else "?"
+        return "%5.1f%% %8d docs %10d tokens %6.1f MB/s | %.1f s elapsed, ETA %s" % (
+            100 * frac, self.docs, self.tokens, self.done / elapsed / 1e6, elapsed, eta)
 
     def show(self, end=""):
-        frac = min(self.done / self.total, 1.0)
-        rate = self.done / max(time.time() - self.t0, 1e-9) / 1e6
-        bar = "#" * int(30 * frac) + "." * (30 - int(30 * frac))
-        sys.stderr.write("\r[%s] %5.1f%% %8d docs %10d tokens %6.1f MB/s%s" %
-                         (bar, 100 * frac, self.docs, self.tokens, rate, end))
+        if self.mode == "bar":
+            frac = min(self.done / self.total, 1.0)
+            bar = "#" * int(30 * frac) + "." * (30 - int(30 * frac))
+            sys.stderr.write("\r[%s] %s\033[K%s" % (bar, self.text(), end))
+        elif self.mode == "lines":
+            sys.stderr.write("prepare_data: %s\n" % self.text())
         sys.stderr.flush()
+
+    def finish(self):
+        self.done = self.total
+        self.show(end="\n")
 
 
 def is_validation(doc_index, val_fraction):
@@ -468,7 +512,8 @@ def run(argv):
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     train = TokenFileWriter(args.out + ".train.tok", token_bytes, tok.vocab_size)
     val = TokenFileWriter(args.out + ".val.tok", token_bytes, tok.vocab_size)
-    progress = Progress(sum(os.path.getsize(p) for p in paths), not args.no_progress and sys.stderr.isatty())
+    progress = Progress(sum(os.path.getsize(p) for p in paths),
+                        "off" if args.no_progress else "bar" if sys.stderr.isatty() else "lines")
     bad = []
     i = 0
     for path in paths:
@@ -482,8 +527,7 @@ def run(argv):
         raise PrepareError("no documents in %s (empty, or only whitespace)" % ", ".join(paths))
     train.close()
     val.close()
-    if progress.enabled:
-        progress.show(end="\n")
+    progress.finish()
     manifest = {
         "tokenizer": tok.name, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
         "token_bytes": token_bytes, "inputs": [os.path.abspath(p) for p in paths],

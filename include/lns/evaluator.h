@@ -3,6 +3,7 @@
 // and the curse-of-depth diagnostics, under any layout.
 #pragma once
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,7 +61,10 @@ class Evaluator {
   // results[0]: intact; results[i + 1]: layers[i] skipped (the block is the identity,
   // the others keep their depth). With one pipeline stage the intact pass's
   // activations are reused (blocks before the skipped one are not recomputed).
-  std::vector<EvalStats> sweep(const std::vector<int>& layers);
+  // progress(done, total), when given, after each unit of work (a batch, or with several
+  // pipeline stages a configuration), on every rank.
+  std::vector<EvalStats> sweep(const std::vector<int>& layers,
+                               const std::function<void(int64_t, int64_t)>& progress = {});
   // Per-block statistics of the residual stream over the first `max_batches`
   // evaluation micro-batches (all of them when 0), for every layer of the model.
   std::vector<LayerDiagnostics> diagnostics(int max_batches = 0);

@@ -174,6 +174,19 @@ inline void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Ten
   LNS_OP(attention_backward, dq.device)(dq, dk, dv, dout, saved, q, k, v, out, impl);
 }
 
+// ---- attention over a key/value cache (generation: LlamaStage::decode) -----------------
+// n new queries at positions pos..pos+n-1 against the cached keys and values of positions
+// 0..pos+n-1 (the new ones already written to the cache). For query i and head h (kv head
+// g = h / (Hq/Hkv)):
+//   out[i,h,:] = sum_{j <= pos+i} softmax_j(q[i,h,:] . kcache[j,g,:] / sqrt(D)) vcache[j,g,:]
+// which is what attention_forward gives the last n rows of a sequence of pos + n tokens.
+// q, out [n,Hq,D]; kcache, vcache [Tmax,Hkv,D] with pos + n <= Tmax; scores [n,Hq,Tmax] f32
+// scratch (the probabilities on return). f32 arithmetic on both devices (bf16 in and out
+// on CUDA, head dims up to 256).
+inline void attention_decode(Tensor out, Tensor scores, Tensor q, Tensor kcache, Tensor vcache, int64_t pos) {
+  LNS_OP(attention_decode, out.device)(out, scores, q, kcache, vcache, pos);
+}
+
 // ---- SwiGLU ------------------------------------------------------------------------------
 // out[N,F] = silu(gate) * up
 inline void swiglu_forward(Tensor out, Tensor gate, Tensor up) {

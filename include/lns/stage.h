@@ -197,6 +197,23 @@ class LlamaStage {
   // from the last, then the embedding at from = 0): for overlapping their reduction.
   void set_grad_ready_hook(std::function<void(int64_t from)> hook) { grad_ready_ = std::move(hook); }
 
+  // ---- generation with a key/value cache (src/model/stage_decode.cpp; lns_generate) ----
+  // For a stage that holds the whole model on one rank (no tensor parallelism). The
+  // same blocks as forward() (every scheme of the block plan, LN-free divisors, folded
+  // norms, skipped layers), run a few positions at a time: each layer keeps the rotated
+  // keys and the values of every position so far, [max_len, Hkv, D] each, and a new
+  // token attends over them. Routed blocks are refused (UserError): their gate reads
+  // the mean over the whole sequence, future tokens included, which decoding does not
+  // have. start_decode allocates the cache and buffers for chunks of up to `chunk`
+  // tokens (a longer prompt is run in chunks); it forgets any earlier sequence.
+  void start_decode(int64_t max_len, int64_t chunk = 64);
+  int64_t decode_capacity() const;  // max_len of start_decode (0 before it)
+  // ids [n] (host) are the tokens at positions pos..pos+n-1, pos the number of tokens
+  // decoded so far for this sequence (0 starts a new one). Returns the logits of the last
+  // of them, [vocab_size] f32 on the host; all_logits, when given, receives every
+  // new token's row ([n, vocab_size], row-major). UserError when pos + n > max_len.
+  std::vector<float> decode(const std::vector<int32_t>& ids, int64_t pos, std::vector<float>* all_logits = nullptr);
+
   // The FP8 scaling state of the stage's linears under --fp8 (lns/fp8_state.h); null
   // without it. The trainer ends each optimizer step with fp8()->end_step().
   Fp8State* fp8() { return fp8_.get(); }
@@ -210,6 +227,7 @@ class LlamaStage {
   struct Scratch;
   struct Workspace;
   struct Stream;
+  struct DecodeState;
 
   struct ParamsOnly {};
   LlamaStage(const LlamaConfig& cfg, StageSpec spec, TensorParallel tp, ParamsOnly);
@@ -246,6 +264,10 @@ class LlamaStage {
   void attention_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
   void mlp_fwd(Layer& layer, Slot& s, Tensor u, Tensor f);
   void mlp_bwd(Layer& layer, Slot& s, Tensor df, Tensor du);
+  // The decode path's pieces (stage_decode.cpp): a norm on n rows, a sublayer, a chunk.
+  void decode_norm(const NormUse& n, Tensor out, Tensor x, int64_t pos);
+  Tensor decode_sublayer(const Layer& layer, int which, Tensor x, Tensor spare, int64_t pos);
+  void decode_chunk(const int32_t* ids, int64_t n, int64_t pos, float* logits_rows);
   std::vector<Fp8Linear> fp8_linears(const std::vector<int>& weights) const;  // fp8_->linear of each
   void lin_fwd(const std::vector<int>& weights, const std::vector<Tensor>& ys, Tensor x);
   void lin_bwd(const std::vector<int>& weights, Tensor dx, const std::vector<Tensor>& dys, Tensor x,
@@ -278,6 +300,7 @@ class LlamaStage {
   int final_stat_ = -1;                  // its index in each Slot's mean/rstd
   std::function<void(int64_t)> grad_ready_;
   std::unique_ptr<Fp8State> fp8_;  // --fp8 only
+  std::unique_ptr<DecodeState> dec_;  // start_decode()
 };
 
 }  // namespace lns

@@ -1,10 +1,12 @@
 // StepLog: what the trainer says about each step, in metrics.jsonl and on the log
 // (docs/training.md): the step's record (loss, learning rate, gradient norm, tokens/s,
-// MFU, time, the start-up account after the first step, the bytes sent by kind) and,
-// every --log_every steps, the training line with the tokens/s averaged since the last
-// one. Rank 0 only; pure formatting, no collective.
+// MFU, time, the time left, the start-up account after the first step, the bytes sent
+// by kind) and, every --log_every steps, the training line with the tokens/s averaged
+// since the last one, the time elapsed and the ETA. Rank 0 only; pure formatting, no
+// collective.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,13 +38,21 @@ class StepLog {
   // Whether the step prints the training line (every log_every, the first and the last).
   bool line_due(int64_t step) const;
   // The training line, with `extra` (" | ln_free ...") before the time; starts a new window.
+  // Ends "| 12.3 s elapsed, ETA 1m23s" (format_duration, lns/progress.h).
   std::string line(const StepStats& s, double now, const std::string& extra);
+  // Seconds left after `step`: the mean time of the last kEtaSteps steps added (without
+  // this process's first step, which pays one-time costs, once others exist) times the
+  // steps left to --steps. Evaluations and checkpoint saves are not in it. -1 before any step.
+  double eta_seconds(int64_t step) const;
+  static constexpr int kEtaSteps = 20;
 
  private:
   StepLogConfig cfg_;
   double start_;
   double window_time_ = 0;
   int64_t window_tokens_ = 0;
+  std::deque<double> recent_;  // the last kEtaSteps step times
+  int64_t added_ = 0;
 };
 
 }  // namespace lns

@@ -125,4 +125,23 @@ struct LlamaStage::Stream {
   bool pending() const { return !delta.empty(); }
 };
 
+// Generation's state (stage_decode.cpp), allocated by start_decode: each layer's
+// key/value cache and the activations of one chunk of new tokens (C hidden, F the
+// stored FFN width, V the stored vocabulary; device() dtypes, statistics f32).
+struct LlamaStage::DecodeState {
+  int64_t max_len = 0, chunk = 0;
+  std::vector<OwnedTensor> k, v;      // per local layer [max_len, Hkv, D]: rotated keys, values
+  std::unique_ptr<RopeTable> rope;    // [max_len, D/2] on the host
+  OwnedTensor rope_dev[2];            // its copies on the device (CUDA)
+  Tensor cos, sin;                    // the tables on device()
+  OwnedTensor ids;                    // [chunk] i32 on device(): LN-free end-of-text rows read them
+  OwnedTensor x[2];                   // [chunk, C] the residual stream and its spare
+  OwnedTensor u, uv, f, f2, hf;       // [chunk, C]
+  OwnedTensor q, ctx;                 // [chunk, Hq*D]
+  OwnedTensor gate, up, act;          // [chunk, F]
+  OwnedTensor scores;                 // [chunk, Hq, max_len] f32
+  OwnedTensor mean, rstd;             // [chunk] f32 (mean: LayerNorm)
+  OwnedTensor logits;                 // [chunk, V]
+};
+
 }  // namespace lns

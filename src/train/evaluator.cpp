@@ -129,14 +129,18 @@ std::vector<std::string> BlendEvaluator::shortfalls() const {
   return out;
 }
 
-std::vector<EvalStats> Evaluator::sweep(const std::vector<int>& layers) {
+std::vector<EvalStats> Evaluator::sweep(const std::vector<int>& layers,
+                                       const std::function<void(int64_t, int64_t)>& progress) {
   const int64_t B = opt_.micro_batch, T = opt_.seq_len;
   std::vector<EvalStats> out;
   if (grid_.layout.pp > 1) {  // each configuration is a full pipelined evaluation
+    const int64_t total = static_cast<int64_t>(layers.size()) + 1;
     out.push_back(evaluate());
+    if (progress) progress(1, total);
     for (int k : layers) {
       stage_.set_skipped_layers({k});
       out.push_back(evaluate());
+      if (progress) progress(static_cast<int64_t>(out.size()), total);
     }
     stage_.set_skipped_layers({});
     return out;
@@ -158,6 +162,7 @@ std::vector<EvalStats> Evaluator::sweep(const std::vector<int>& layers) {
       const size_t idx = std::find(layers.begin(), layers.end(), k) - layers.begin();
       sums[idx + 1] += stage_.loss(targets);
     }
+    if (progress) progress(j + 1, my_batches());
   }
   for (double s : sums) out.push_back(reduce(s, tokens));
   return out;
