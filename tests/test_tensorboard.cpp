@@ -80,7 +80,7 @@ TEST(TensorBoard, EventBytesAreTensorBoards) {
   // Each expected payload is tensorboard.compat.proto.event_pb2.Event(...).SerializeToString()
   // with wall_time 3.0, 2.0 and 1.5; ours carry the clock, so bytes 1..8 (the double) differ.
   const std::string dir = fresh_test_dir("tb_bytes");
-  make_tensorboard_sink(dir, 4)->write({{"step", 7}, {"loss", 2.5}});
+  make_tensorboard_sink(dir, 4, "0000abcd")->write({{"step", 7}, {"loss", 2.5}});
   const std::vector<std::string> ev = events_in(dir);
   ASSERT_EQ(ev.size(), 3u);
   const std::string want[] = {
@@ -173,42 +173,71 @@ std::vector<int64_t> summary_steps(const std::string& dir) {
 }
 
 TEST(TensorBoard, ResumeCutsBackAndOrdersFiles) {
-  const std::string dir = fresh_test_dir("tb_resume");
+  const std::string dir = fresh_test_dir("tb_resume"), other_dir = fresh_test_dir("tb_resume_other");
+  const std::string run = tensorboard_run_id(dir + "/run"), other = tensorboard_run_id(other_dir + "/run");
+  ASSERT_NE(run, other);
+  EXPECT_EQ(run, tensorboard_run_id(dir + "/./x/../run/"));  // the same directory, however spelled
   spit(dir + "/events.out.tfevents.1.other.tool", "not ours");  // another writer's file is left alone
   {
-    auto sink = make_tensorboard_sink(dir, 0);
+    auto sink = make_tensorboard_sink(dir, 0, other);  // another lns run sharing the directory
+    for (int s = 1; s <= 3; ++s) sink->write({{"step", s}, {"loss", 1.0 / s}});
+  }
+  std::string other_name;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (is_lns_event_file(e.path().filename().string())) other_name = e.path().string();
+  EXPECT_EQ(event_file_run_id(fs::path(other_name).filename().string()), other);
+  const std::string other_bytes = slurp(other_name);
+  fs::rename(other_name, other_dir + "/keep");  // out of the way until the end
+  {
+    auto sink = make_tensorboard_sink(dir, 0, run);
     for (int s = 1; s <= 6; ++s) sink->write({{"step", s}, {"loss", 1.0 / s}});
   }
   std::string name;
   for (const auto& e : fs::directory_iterator(dir))
     if (is_lns_event_file(e.path().filename().string())) name = e.path().string();
+  EXPECT_EQ(event_file_run_id(fs::path(name).filename().string()), run);
   spit(name, slurp(name) + frame_record("cut short by a crash").substr(0, 10));
   EXPECT_EQ(summary_steps(dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
 
-  EXPECT_EQ(truncate_tensorboard(dir, 4), 2);  // steps 5 and 6 (and the torn record)
+  EXPECT_EQ(truncate_tensorboard(dir, 4, run), 2);  // steps 5 and 6 (and the torn record)
   EXPECT_EQ(summary_steps(dir), (std::vector<int64_t>{1, 2, 3, 4}));
   const std::string kept = slurp(name);
   size_t end = 0;
   read_records(kept, &end);
   EXPECT_EQ(end, kept.size());
-  EXPECT_EQ(truncate_tensorboard(dir, 4), 0);  // nothing more to cut: the file is not rewritten
+  EXPECT_EQ(truncate_tensorboard(dir, 4, run), 0);  // nothing more to cut: the file is not rewritten
   EXPECT_EQ(slurp(name), kept);
   {
-    auto sink = make_tensorboard_sink(dir, 4);  // same second: still sorts after the first file
+    auto sink = make_tensorboard_sink(dir, 4, run);  // same second: still sorts after the first file
     for (int s = 5; s <= 8; ++s) sink->write({{"step", s}, {"loss", 1.0 / s}});
   }
   EXPECT_EQ(summary_steps(dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
 
-  EXPECT_EQ(truncate_tensorboard(dir, 0), 8);  // a start from scratch: no lns file is left
-  for (const auto& e : fs::directory_iterator(dir)) EXPECT_FALSE(is_lns_event_file(e.path().filename().string()));
+  // A start from scratch removes this run's files, and only those.
+  fs::rename(other_dir + "/keep", other_name);
+  EXPECT_EQ(truncate_tensorboard(dir, 0, run), 8);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{dir + "/events.out.tfevents.1.other.tool", other_name}));
   EXPECT_EQ(slurp(dir + "/events.out.tfevents.1.other.tool"), "not ours");
+  EXPECT_EQ(slurp(other_name), other_bytes);
+}
+
+TEST(TensorBoard, RunIdOfFileNames) {
+  EXPECT_EQ(event_file_run_id("events.out.tfevents.1795941112.n01.cluster.8212.0a1b2c3d.lns"), "0a1b2c3d");
+  EXPECT_TRUE(is_lns_event_file("events.out.tfevents.1795941112.n01.cluster.8212.0a1b2c3d.lns"));
+  EXPECT_FALSE(is_lns_event_file("events.out.tfevents.1795941112.n01.8212.lns"));        // no run id
+  EXPECT_FALSE(is_lns_event_file("events.out.tfevents.1795941112.n01.8212.0A1B2C3D.lns"));  // not ours
+  EXPECT_FALSE(is_lns_event_file("events.out.tfevents.x.n01.8212.0a1b2c3d.lns"));          // no time
+  EXPECT_FALSE(is_lns_event_file("events.out.tfevents.1795941112.n01.v2"));
 }
 
 TEST(TensorBoard, UncreatableDirectoryNamesTheFlag) {
   const std::string dir = fresh_test_dir("tb_bad");
   spit(dir + "/file", "");
   try {
-    make_tensorboard_sink(dir + "/file/tb", 0);
+    make_tensorboard_sink(dir + "/file/tb", 0, "0000abcd");
     FAIL() << "no error";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("--tensorboard_dir=" + dir + "/file/tb"), std::string::npos) << e.what();

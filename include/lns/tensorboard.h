@@ -41,20 +41,26 @@ struct TensorBoardScalar {
 std::vector<TensorBoardScalar> tensorboard_scalars(const nlohmann::json& record);
 
 // ---- the files ------------------------------------------------------------------------
-// lns's event files in `dir` are named events.out.tfevents.<unix time>.<host>.<pid>.lns;
-// other files are never touched.
+// lns names its event files events.out.tfevents.<unix time>.<host>.<pid>.<run id>.lns, the
+// run id being tensorboard_run_id of the run directory: a run cuts back only its own
+// files, never another run's or another writer's in the same directory.
 bool is_lns_event_file(const std::string& name);
-// Cuts this directory's lns event files back to the events with step <= keep_through (the
+std::string event_file_run_id(const std::string& name);  // "" when not an lns file
+// 8 hex digits: the CRC-32C of the directory's absolute, normalised path.
+std::string tensorboard_run_id(const std::string& run_dir);
+// Cuts this run's event files in `dir` back to the events with step <= keep_through (the
 // checkpoint a resumed run continues from; 0 for a fresh start), each rewritten atomically
 // (a new file renamed over the old) and removed when nothing of it is left; a record cut
 // short by a crash goes too. Returns the number of summary events dropped.
-int64_t truncate_tensorboard(const std::string& dir, int64_t keep_through);
-// Creates `dir` if needed and opens a new event file in it that sorts after every file
+int64_t truncate_tensorboard(const std::string& dir, int64_t keep_through, const std::string& run_id);
+// Creates `dir` if needed and opens a new event file in it that sorts after every lns file
 // there, starting with the file version and a SessionLog START at step keep_through + 1
 // (a TensorBoard already showing the old events drops those from that step on). Each
-// record's scalars are then one event, flushed at once. UserError naming `flag` when the
-// directory or file cannot be created.
+// record's scalars are then one event, flushed at once. Warns when the directory also
+// holds other runs' event files. UserError naming `flag` when the directory or file
+// cannot be created.
 std::unique_ptr<MetricsSink> make_tensorboard_sink(const std::string& dir, int64_t keep_through,
+                                                   const std::string& run_id,
                                                    const std::string& flag = "--tensorboard_dir");
 
 // --tensorboard_dir resolved against the run directory: "" (the default) is

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
@@ -197,21 +198,26 @@ double wall_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// The <unix time> of an lns event file's name, or -1.
+// The <unix time> of an event file's name, or -1.
 int64_t file_time(const std::string& name) {
+  if (!absl::StartsWith(name, kPrefix)) return -1;
   const std::vector<std::string> parts = absl::StrSplit(name.substr(sizeof(kPrefix) - 1), '.');
   int64_t t;
   return !parts.empty() && absl::SimpleAtoi(parts[0], &t) ? t : -1;
 }
 
-std::vector<std::string> lns_event_files(const std::string& dir) {
+// The names of dir's files that pass `keep`, sorted (TensorBoard's reading order).
+std::vector<std::string> files_in(const std::string& dir, const std::function<bool(const std::string&)>& keep) {
   std::vector<std::string> names;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file(ec) && is_lns_event_file(e.path().filename().string()))
-      names.push_back(e.path().filename().string());
+    if (e.is_regular_file(ec) && keep(e.path().filename().string())) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
+}
+
+std::vector<std::string> run_files(const std::string& dir, const std::string& run_id) {
+  return files_in(dir, [&](const std::string& n) { return is_lns_event_file(n) && event_file_run_id(n) == run_id; });
 }
 
 class TensorBoardSink : public MetricsSink {
@@ -260,12 +266,31 @@ class TensorBoardSink : public MetricsSink {
 }  // namespace
 
 bool is_lns_event_file(const std::string& name) {
-  return absl::StartsWith(name, kPrefix) && absl::EndsWith(name, kSuffix) && file_time(name) >= 0;
+  return file_time(name) >= 0 && absl::EndsWith(name, kSuffix) && !event_file_run_id(name).empty();
 }
 
-int64_t truncate_tensorboard(const std::string& dir, int64_t keep_through) {
+std::string event_file_run_id(const std::string& name) {
+  if (!absl::EndsWith(name, kSuffix)) return "";
+  const std::string stem = name.substr(0, name.size() - (sizeof(kSuffix) - 1));
+  const size_t dot = stem.rfind('.');
+  const std::string id = dot == std::string::npos ? "" : stem.substr(dot + 1);
+  const bool hex8 = id.size() == 8 && std::all_of(id.begin(), id.end(), [](char c) {
+                      return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+                    });
+  return hex8 ? id : "";
+}
+
+std::string tensorboard_run_id(const std::string& run_dir) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(run_dir, ec), ec).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();  // "runs/x/" is "runs/x"
+  const std::string s = p.string();
+  return absl::StrFormat("%08x", crc32c(s.data(), s.size()));
+}
+
+int64_t truncate_tensorboard(const std::string& dir, int64_t keep_through, const std::string& run_id) {
   int64_t dropped = 0;
-  for (const std::string& name : lns_event_files(dir)) {
+  for (const std::string& name : run_files(dir, run_id)) {
     const std::string path = dir + "/" + name;
     const std::string bytes = read_file(path, uint64_t{1} << 34, "TensorBoard event file");
     size_t end = 0;
@@ -298,19 +323,28 @@ int64_t truncate_tensorboard(const std::string& dir, int64_t keep_through) {
 }
 
 std::unique_ptr<MetricsSink> make_tensorboard_sink(const std::string& dir, int64_t keep_through,
-                                                   const std::string& flag) {
+                                                   const std::string& run_id, const std::string& flag) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir, ec)) fail(flag, "=", dir, ": cannot create the TensorBoard directory");
+  const std::vector<std::string> others = files_in(dir, [&](const std::string& n) {
+    return absl::StrContains(n, "tfevents") && !(is_lns_event_file(n) && event_file_run_id(n) == run_id);
+  });
+  if (!others.empty())
+    LOG(WARNING) << flag << "=" << dir << " also holds " << others.size() << " event file(s) of another run ("
+                 << others[0] << (others.size() > 1 ? ", ..." : "")
+                 << "), left as they are: TensorBoard shows a directory as one run, so their curves mix with "
+                    "this run's; give each run its own directory (TensorBoard's --logdir may be their parent)";
   // TensorBoard reads a directory's event files in the order of their names: the new
-  // one must come after every earlier run's, even within the same second.
+  // one must come after every earlier one, even within the same second.
   int64_t t = static_cast<int64_t>(wall_time());
-  for (const std::string& name : lns_event_files(dir)) t = std::max(t, file_time(name) + 1);
+  for (const std::string& name : files_in(dir, is_lns_event_file)) t = std::max(t, file_time(name) + 1);
   char host[256] = {};
   ::gethostname(host, sizeof(host) - 1);
   std::string h(host);
   std::replace_if(h.begin(), h.end(), [](char c) { return c == '/' || c < ' '; }, '_');
-  const std::string path = absl::StrFormat("%s/%s%010d.%s.%d%s", dir, kPrefix, t, h, ::getpid(), kSuffix);
+  const std::string path =
+      absl::StrFormat("%s/%s%010d.%s.%d.%s%s", dir, kPrefix, t, h, ::getpid(), run_id, kSuffix);
   return std::make_unique<TensorBoardSink>(path, flag, keep_through + 1);
 }
 

@@ -728,10 +728,11 @@ void Trainer::open_metrics(Metrics& metrics) {
     metrics.add(make_jsonl_sink(path));
   }
   if (!cfg_.tensorboard_dir.empty()) {
-    if (const int64_t dropped = truncate_tensorboard(cfg_.tensorboard_dir, from); dropped > 0)
+    const std::string run = tensorboard_run_id(cfg_.out_dir.empty() ? cfg_.tensorboard_dir : cfg_.out_dir);
+    if (const int64_t dropped = truncate_tensorboard(cfg_.tensorboard_dir, from, run); dropped > 0)
       LOG(INFO) << "tensorboard: dropped " << dropped << " event(s) after step " << from
                 << " (the checkpoint this run continues from)";
-    metrics.add(make_tensorboard_sink(cfg_.tensorboard_dir, from));
+    metrics.add(make_tensorboard_sink(cfg_.tensorboard_dir, from, run));
   }
 }
 
