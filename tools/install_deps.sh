@@ -8,19 +8,26 @@ PKGS=(cmake g++ make ccache pkg-config
       libopenmpi-dev openmpi-bin
       libgoogle-glog-dev libgflags-dev libabsl-dev
       libopenblas-dev libgtest-dev nlohmann-json3-dev
+      libprotobuf-dev protobuf-compiler libboost-dev
       python3 fortunes fortunes-min
       developers-reference)  # a slice of the real corpus for the width-512 pipeline test (test_scale_pipeline.py)
 
 # Python packages for the tools: tokenizers and sentencepiece (prepare_data.py),
-# matplotlib (plots); cuobjdump and nvdisasm (tools/perf/sass_check.py: the CUDA
-# toolkit here lacks them, NVIDIA's PyPI wheels carry them). Installed with pip only
-# when missing.
+# matplotlib (plots); tensorboard (`tensorboard --logdir` watches a run, and
+# tests/test_tensorboard.py reads the event files back with its loaders); cuobjdump and
+# nvdisasm (tools/perf/sass_check.py: the CUDA toolkit here lacks them, NVIDIA's PyPI
+# wheels carry them). Installed with pip only when missing.
 install_python_deps() {
   local py=${PYTHON:-python3}
   if ! "$py" -c "import tokenizers, sentencepiece, matplotlib" 2>/dev/null; then
     echo "[install_deps] pip installing tokenizers sentencepiece matplotlib"
     "$py" -m pip install -q --disable-pip-version-check tokenizers sentencepiece matplotlib \
       || echo "[install_deps] warning: pip install failed; tokenizer tests will skip, plots need matplotlib"
+  fi
+  if ! "$py" -c "import tensorboard" 2>/dev/null; then
+    echo "[install_deps] pip installing tensorboard"
+    "$py" -m pip install -q --disable-pip-version-check tensorboard \
+      || echo "[install_deps] warning: pip install failed; the tensorboard test will skip"
   fi
   if ! command -v cuobjdump >/dev/null && ! "$py" -c "import nvidia, glob, os, sys; \
       sys.exit(not any(glob.glob(os.path.join(r, '*', 'bin', 'cuobjdump')) for r in nvidia.__path__))" 2>/dev/null; then

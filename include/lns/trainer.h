@@ -45,6 +45,7 @@ struct TrainConfig {
   int64_t eval_every = 0, eval_tokens = 65536, log_every = 10;
   bool eval_spread = false;  // EvalOptions::spread
   std::string out_dir;  // empty: no files written
+  std::string tensorboard_dir;  // TensorBoard event files (lns/tensorboard.h); empty: none
   double peak_tflops = 0;  // for MFU in the log; 0 = not shown
   Device device = Device::CPU;  // where the stage computes (lns/device.h)
   std::string init_from;

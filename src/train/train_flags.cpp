@@ -1,6 +1,7 @@
 #include "lns/train_flags.h"
 
 #include "lns/resilience_flags.h"
+#include "lns/tensorboard.h"
 
 #include <gflags/gflags.h>
 
@@ -133,6 +134,7 @@ TrainConfig train_config_from_flags() {
   c.eval_spread = FLAGS_eval_spread;
   c.log_every = FLAGS_log_every;
   c.out_dir = FLAGS_out_dir;
+  c.tensorboard_dir = tensorboard_dir_from_flags(FLAGS_out_dir);
   c.peak_tflops = FLAGS_peak_tflops;
   c.device = parse_device(FLAGS_device);
   c.init_from = FLAGS_init_from;

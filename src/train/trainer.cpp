@@ -30,6 +30,7 @@
 #include "lns/run_dir.h"
 #include "lns/safetensors.h"
 #include "lns/step_log.h"
+#include "lns/tensorboard.h"
 #include "parallel/comm_activity.h"
 
 namespace lns {
@@ -713,16 +714,26 @@ void Trainer::dump_step_state(const std::string& path) {
   LOG(INFO) << "first batch: loss " << loss << "; wrote step state to " << path;
 }
 
-// Where this run's records go: metrics.jsonl on rank 0, cut back to the resumed
-// checkpoint's step first (one record per step: those after it are about to be redone).
+// Where this run's records go, on rank 0: metrics.jsonl and TensorBoard's event files,
+// each cut back to the resumed checkpoint's step first (one record per step: those after
+// it are about to be redone).
 void Trainer::open_metrics(Metrics& metrics) {
-  if (!is_root() || cfg_.out_dir.empty()) return;
-  const std::string path = cfg_.out_dir + "/metrics.jsonl";
+  if (!is_root()) return;
   const int64_t from = std::max<int64_t>(resumed_step_, 0);
-  if (const int64_t dropped = truncate_metrics(path, from); dropped > 0)
-    LOG(INFO) << "metrics.jsonl: dropped " << dropped << " record(s) after step " << from
-              << " (the checkpoint this run continues from)";
-  metrics.add(make_jsonl_sink(path));
+  if (!cfg_.out_dir.empty()) {
+    const std::string path = cfg_.out_dir + "/metrics.jsonl";
+    if (const int64_t dropped = truncate_metrics(path, from); dropped > 0)
+      LOG(INFO) << "metrics.jsonl: dropped " << dropped << " record(s) after step " << from
+                << " (the checkpoint this run continues from)";
+    metrics.add(make_jsonl_sink(path));
+  }
+  if (!cfg_.tensorboard_dir.empty()) {
+    const std::string run = tensorboard_run_id(cfg_.out_dir.empty() ? cfg_.tensorboard_dir : cfg_.out_dir);
+    if (const int64_t dropped = truncate_tensorboard(cfg_.tensorboard_dir, from, run); dropped > 0)
+      LOG(INFO) << "tensorboard: dropped " << dropped << " event(s) after step " << from
+                << " (the checkpoint this run continues from)";
+    metrics.add(make_tensorboard_sink(cfg_.tensorboard_dir, from, run));
+  }
 }
 
 void Trainer::log_plan() const {
@@ -750,9 +761,13 @@ void Trainer::report_step(const StepStats& s, bool first, StepLog& log, Metrics&
   for (const nlohmann::json& r : fault_records_) metrics.write(r);
   fault_records_.clear();
   log.add(s);
+  // On logged steps the record carries the memory peak so far (a collective max).
+  const bool line_due = log.line_due(s.step);
+  const double peak = line_due ? peak_memory_bytes() : -1;
   if (is_root()) {
     const auto comm = comm_bytes_by_kind(last_step_comm_);
     nlohmann::json j = log.record(s, now_seconds(), first ? &startup_ : nullptr, comm);
+    if (peak >= 0) j["peak_memory_bytes"] = peak;
     if (ln_free_schedule_)
       j["ln_free_fixed"] = ln_free_.norms.size(), j["ln_free_next_event"] = ln_free_.progress.next_event;
     if (train_data_->weighted()) {  // each source's samples so far (docs/data.md)
@@ -768,19 +783,16 @@ void Trainer::report_step(const StepStats& s, bool first, StepLog& log, Metrics&
     }
     metrics.write(j);
   }
-  if (!log.line_due(s.step)) return;
+  if (!line_due) return;
   std::string extra;
   if (ln_free_schedule_)
     extra = absl::StrFormat(" | ln_free %d/%d events, %d norms fixed", ln_free_.progress.next_event,
                             ln_free_schedule_->events().size(), ln_free_.norms.size());
   const std::string line = log.line(s, now_seconds(), extra);
   if (is_root()) LOG(INFO) << line;
-  if (s.step == 1 || s.step == cfg_.steps) {  // all ranks: the peak is a collective max
-    const double peak = peak_memory_bytes();
-    if (is_root())
-      LOG(INFO) << absl::StrFormat("memory: peak %.2f MiB held by lns buffers on the busiest rank (%s)",
-                                   peak / 1048576.0, cfg_.device == Device::CPU ? "host allocator" : "device high-water mark");
-  }
+  if ((s.step == 1 || s.step == cfg_.steps) && is_root())
+    LOG(INFO) << absl::StrFormat("memory: peak %.2f MiB held by lns buffers on the busiest rank (%s)",
+                                 peak / 1048576.0, cfg_.device == Device::CPU ? "host allocator" : "device high-water mark");
 }
 
 // Validation (every --eval_every steps and at the end), on the log and in the metrics.
