@@ -1,6 +1,6 @@
 # Sourced by the launchers (mpirun_multinode.sh, slurm/train.sbatch): which exit
 # statuses of a job are faults to restart from --resume=auto, and the restart loop.
-# The statuses are lns/exit_status.h's (tests/mpi/test_resilience.py checks that the
+# The statuses are lns/core/exit_status.h's (tests/mpi/test_resilience.py checks that the
 # two agree); docs/resilience.md explains them.
 LNS_EXIT_DONE=0
 LNS_EXIT_ERROR=1          # configuration or input: restarting would fail again

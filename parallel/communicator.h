@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "lns/tensor.h"
+#include "lns/core/tensor.h"
 
 namespace lns {
 

@@ -1,8 +1,8 @@
 #include <deque>
 
-#include "lns/bf16.h"
-#include "lns/device.h"
-#include "lns/errors.h"
+#include "lns/core/bf16.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
 #include "parallel/communicator.h"
 
 namespace lns {

@@ -4,8 +4,8 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_split.h>
 
-#include "lns/errors.h"
-#include "lns/json_in.h"
+#include "lns/core/errors.h"
+#include "lns/core/json_in.h"
 
 namespace lns {
 namespace {

@@ -28,7 +28,7 @@
 //    (tp, dp) sum the embedding gradient so both copies stay equal.
 //
 // The stage split needs the number of layers, which the model knows: the model side
-// fills it (layout_for_model in lns/model_layout.h); this file splits counts only.
+// fills it (layout_for_model in lns/model/model_layout.h); this file splits counts only.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,7 +1,7 @@
 #include <cstring>
 
-#include "lns/device.h"
-#include "lns/errors.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
 #include "parallel/communicator.h"
 
 namespace lns {

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 namespace {

@@ -5,15 +5,15 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "lns/errors.h"
-#include "lns/exit_status.h"
+#include "lns/core/errors.h"
+#include "lns/core/exit_status.h"
 #include "parallel/mpi_communicator.h"
 
 #ifdef LNS_WITH_CUDA
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include "lns/device.h"
+#include "lns/core/device.h"
 #endif
 
 namespace lns {
@@ -26,7 +26,7 @@ void nccl_check(ncclResult_t r, const char* what) {
   LOG(FATAL) << "NCCL " << what << " failed: " << ncclGetErrorString(r);
 }
 
-// NCCL's work goes on the compute stream of the CUDA backend (lns/device.h), so that it
+// NCCL's work goes on the compute stream of the CUDA backend (lns/core/device.h), so that it
 // is ordered with the ops; a failed CUDA call is a programmer or driver error.
 cudaStream_t compute_stream() { return static_cast<cudaStream_t>(device_stream(Device::CUDA)); }
 void cuda_check(cudaError_t e, const char* what, int line) {

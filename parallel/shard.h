@@ -10,7 +10,7 @@
 // A device may store more than `size`: `stored` is `size` rounded up to `align`
 // elements (the rows past `size` are zero like the others past `valid`). On CUDA every
 // tensor-parallel dimension that becomes a GEMM leading dimension is stored padded to
-// gemm_dim_align() = 64 (lns/device.h), so F = 5461 is held as 5504 and its GEMMs get a
+// gemm_dim_align() = 64 (lns/core/device.h), so F = 5461 is held as 5504 and its GEMMs get a
 // row pitch Hopper's TMA kernels take. Which indices a rank owns (begin, size, valid)
 // does not depend on `align`, so checkpoints, which hold `size` rows per piece, are the
 // same from every device.

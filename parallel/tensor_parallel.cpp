@@ -1,6 +1,6 @@
 #include "parallel/tensor_parallel.h"
 
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 

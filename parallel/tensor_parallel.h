@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-#include "lns/tensor.h"
+#include "lns/core/tensor.h"
 #include "parallel/communicator.h"
 #include "parallel/shard.h"
 

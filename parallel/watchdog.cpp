@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lns/errors.h"
-#include "lns/exit_status.h"
+#include "lns/core/errors.h"
+#include "lns/core/exit_status.h"
 #include "parallel/comm_activity.h"
 
 namespace fs = std::filesystem;

@@ -7,15 +7,14 @@ and of the layers below it, never above. The layers, lowest first:
   core < parallel < data < model < optim < checkpoint < train < apps
 
 The backends (src/cpu, src/cuda) sit beside them, above core: they include core only
-and register into it (lns/op_table.h, lns/backend.h), and only the programs (apps)
+and register into it (lns/core/op_table.h, lns/core/backend.h), and only the programs (apps)
 include them. CMake links each layer as its own library, so an upward call also fails
 to link (CMakeLists.txt, lns_link_<layer>); this check covers what a linker cannot
 see, an include of a header whose code is inline.
 
 A file's layer comes from the first matching rule of LAYERS (paths relative to the
-repository root). A header under include/lns/ that no rule names takes the layer of
-the source file with the same name (include/lns/foo.h -> src/<folder>/foo.cpp), so
-a new module needs no edit here unless it lives apart from its header.
+repository root): the folders are the layers (src/<layer>/, include/lns/<layer>/), so a
+new module needs no edit here.
 
   check_layering.py [ROOT]     exit 1 and one line per violation
   check_layering.py --self-test  shows the check firing on a deliberately bad tree
@@ -28,35 +27,28 @@ import tempfile
 LAYER_ORDER = ["core", "parallel", "data", "model", "optim", "checkpoint", "train", "apps"]
 BACKEND = "backend"
 
-# (path prefix or exact path, layer); first match wins.
+# (path prefix or exact path, layer); first match wins. The folders are the layers:
+# each layer's sources in src/<layer>/ (parallel/ at the top, as the product's layout
+# fixes it), its public headers in include/lns/<layer>/; the programs in src/apps/.
 LAYERS = [
-    ("src/train/lns_train.cpp", "apps"),
+    ("src/apps/", "apps"),
     ("tools/", "apps"),
     ("src/core/", "core"),
+    ("include/lns/core/", "core"),
     ("src/cpu/", BACKEND),
     ("src/cuda/", BACKEND),
+    ("include/lns/cpu/", BACKEND),
     ("parallel/", "parallel"),
     ("src/data/", "data"),
+    ("include/lns/data/", "data"),
     ("src/model/", "model"),
-    ("include/lns/optim.h", "optim"),
-    ("src/train/optim.cpp", "optim"),
+    ("include/lns/model/", "model"),
+    ("src/optim/", "optim"),
+    ("include/lns/optim/", "optim"),
     ("src/checkpoint/", "checkpoint"),
+    ("include/lns/checkpoint/", "checkpoint"),
     ("src/train/", "train"),
-    # Headers whose source file has another name.
-    ("include/lns/manifest.h", "checkpoint"),
-    ("include/lns/bf16.h", "core"),
-    ("include/lns/exit_status.h", "core"),
-    ("include/lns/config.h", "model"),
-    ("include/lns/stage.h", "model"),
-    ("include/lns/rope.h", "model"),
-    ("include/lns/ops.h", "core"),
-    ("include/lns/backend.h", "core"),
-    ("include/lns/data.h", "data"),
-    ("include/lns/hf_llama.h", "checkpoint"),
-    ("include/lns/model_layout.h", "model"),
-    ("include/lns/pipeline_schedule.h", "train"),
-    ("include/lns/gradient_sync.h", "train"),
-    ("include/lns/gather.h", "train"),
+    ("include/lns/train/", "train"),
 ]
 
 SOURCE_DIRS = ["include/lns", "src", "parallel", "tools"]
@@ -68,17 +60,6 @@ def layer_of(root, path):
     for prefix, layer in LAYERS:
         if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
             return layer
-    if path.startswith("include/lns/"):
-        # A public header belongs to its layer's source file, never to a backend's file
-        # of the same name (lns/fp8.h is src/core/fp8.cpp, not src/cuda/fp8.cu).
-        stem = os.path.splitext(os.path.basename(path))[0]
-        layers = []
-        for dirpath, _, files in sorted(os.walk(os.path.join(root, "src"))):
-            for f in sorted(files):
-                if os.path.splitext(f)[0] == stem and f.endswith((".cpp", ".cu")):
-                    layers.append(layer_of(root, os.path.relpath(os.path.join(dirpath, f), root)))
-        layers.sort(key=lambda layer: layer == BACKEND)
-        return layers[0] if layers else None
     return None
 
 
@@ -136,27 +117,27 @@ def self_test():
     """A tree with legal and illegal includes: the check must name the illegal ones only."""
     with tempfile.TemporaryDirectory() as root:
         files = {
-            "include/lns/tensor.h": "",
-            "src/core/tensor.cpp": '#include "lns/tensor.h"\n',
-            "include/lns/stage.h": '#include "lns/tensor.h"\n#include "parallel/layout.h"\n',
-            "src/model/stage.cpp": '#include "lns/stage.h"\n',
-            "parallel/layout.h": '#include "lns/tensor.h"\n',
-            "parallel/bad.cpp": '#include "parallel/layout.h"\n#include "lns/stage.h"\n',
-            "src/cuda/runtime.h": '#include "lns/tensor.h"\n',
-            "src/cuda/norm.cu": '#include "cuda/runtime.h"\n#include "lns/stage.h"\n',
+            "include/lns/core/tensor.h": "",
+            "src/core/tensor.cpp": '#include "lns/core/tensor.h"\n',
+            "include/lns/model/stage.h": '#include "lns/core/tensor.h"\n#include "parallel/layout.h"\n',
+            "src/model/stage.cpp": '#include "lns/model/stage.h"\n',
+            "parallel/layout.h": '#include "lns/core/tensor.h"\n',
+            "parallel/bad.cpp": '#include "parallel/layout.h"\n#include "lns/model/stage.h"\n',
+            "src/cuda/runtime.h": '#include "lns/core/tensor.h"\n',
+            "src/cuda/norm.cu": '#include "cuda/runtime.h"\n#include "lns/model/stage.h"\n',
             "src/core/device.cpp": '#include "cuda/runtime.h"\n',
-            "tools/bench.cpp": '#include "cuda/runtime.h"\n#include "lns/stage.h"\n',
+            "tools/bench.cpp": '#include "cuda/runtime.h"\n#include "lns/model/stage.h"\n',
         }
         for p, text in files.items():
             os.makedirs(os.path.join(root, os.path.dirname(p)), exist_ok=True)
             with open(os.path.join(root, p), "w") as fh:
                 fh.write(text)
         got = check(root)
-        want = ['parallel/bad.cpp (parallel) includes "lns/stage.h" (model): parallel sits below model '
+        want = ['parallel/bad.cpp (parallel) includes "lns/model/stage.h" (model): parallel sits below model '
                 "(docs/architecture.md)",
                 'src/core/device.cpp (core) includes "cuda/runtime.h" (backend): only the programs include '
                 "a backend; the layers reach it through core (docs/architecture.md)",
-                'src/cuda/norm.cu (backend) includes "lns/stage.h" (model): a backend includes core only '
+                'src/cuda/norm.cu (backend) includes "lns/model/stage.h" (model): a backend includes core only '
                 "(docs/architecture.md)"]
         if got != want:
             print("check_layering self-test: expected\n  %s\ngot\n  %s" % (want, "\n  ".join(got) or "nothing"))

@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "lns/device.h"
-#include "lns/fp8_state.h"
-#include "lns/ops.h"
-#include "lns/stage.h"
+#include "lns/core/device.h"
+#include "lns/model/fp8_state.h"
+#include "lns/core/ops.h"
+#include "lns/model/stage.h"
 #include "test_util.h"
 
 namespace lns::test {

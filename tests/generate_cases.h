@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "lns/config.h"
-#include "lns/ln_free.h"
-#include "lns/stage.h"
+#include "lns/model/config.h"
+#include "lns/model/ln_free.h"
+#include "lns/model/stage.h"
 #include "tests/test_util.h"
 
 namespace lns {

@@ -2,8 +2,8 @@
 // the flag's values, Auto's rule, and the one-line errors for impossible requests.
 #include <gtest/gtest.h>
 
-#include "lns/errors.h"
-#include "lns/ops.h"
+#include "lns/core/errors.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 namespace {

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <map>
 
-#include "lns/data.h"
-#include "lns/errors.h"
+#include "lns/data/data.h"
+#include "lns/core/errors.h"
 #include "test_util.h"
 
 namespace lns {

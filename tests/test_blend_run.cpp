@@ -7,7 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "lns/data.h"
+#include "lns/data/data.h"
 #include "test_util.h"
 
 namespace lns {

@@ -9,12 +9,12 @@
 #include <functional>
 #include <fstream>
 
-#include "lns/checkpoint.h"
-#include "lns/data.h"
-#include "lns/errors.h"
-#include "lns/fp8_state.h"
-#include "lns/manifest.h"
-#include "lns/trainer.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/data/data.h"
+#include "lns/core/errors.h"
+#include "lns/model/fp8_state.h"
+#include "lns/checkpoint/manifest.h"
+#include "lns/train/trainer.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

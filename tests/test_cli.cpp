@@ -8,11 +8,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "lns/data.h"
-#include "lns/device.h"
-#include "lns/trainer.h"
-#include "lns/param_io.h"
-#include "lns/stage.h"
+#include "lns/data/data.h"
+#include "lns/core/device.h"
+#include "lns/train/trainer.h"
+#include "lns/checkpoint/param_io.h"
+#include "lns/model/stage.h"
 #include "test_util.h"
 
 namespace lns {

@@ -2,9 +2,9 @@
 // paper (or the quickstart) specifies.
 #include <gflags/gflags.h>
 
-#include "lns/activation_memory.h"
-#include "lns/model_flags.h"
-#include "lns/train_flags.h"
+#include "lns/model/activation_memory.h"
+#include "lns/model/model_flags.h"
+#include "lns/train/train_flags.h"
 #include "test_util.h"
 
 namespace lns {

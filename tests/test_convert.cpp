@@ -10,12 +10,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lns/block_plan.h"
-#include "lns/checkpoint.h"
-#include "lns/errors.h"
-#include "lns/hf_llama.h"
-#include "lns/layer_removal.h"
-#include "lns/trainer.h"
+#include "lns/model/block_plan.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/core/errors.h"
+#include "lns/checkpoint/hf_llama.h"
+#include "lns/checkpoint/layer_removal.h"
+#include "lns/train/trainer.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -231,7 +231,7 @@ TEST(Convert, RefusesWhatAPlainLlamaCannotExpress) {
 }  // namespace
 }  // namespace lns
 
-// ---- the LNS retrofit (lns/retrofit.h) ------------------------------------------------------
+// ---- the LNS retrofit (lns/checkpoint/retrofit.h) ------------------------------------------------------
 namespace lns {
 namespace {
 

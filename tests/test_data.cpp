@@ -8,9 +8,9 @@
 #include <fstream>
 #include <set>
 
-#include "lns/data.h"
-#include "lns/errors.h"
-#include "lns/ops.h"
+#include "lns/data/data.h"
+#include "lns/core/errors.h"
+#include "lns/core/ops.h"
 #include "test_util.h"
 
 namespace lns {

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <filesystem>
 
-#include "lns/checkpoint.h"
-#include "lns/evaluator.h"
-#include "lns/layer_removal.h"
-#include "lns/trainer.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/train/evaluator.h"
+#include "lns/checkpoint/layer_removal.h"
+#include "lns/train/trainer.h"
 #include "test_util.h"
 
 namespace lns {

@@ -1,4 +1,4 @@
-// lns_convert fold-norms (docs/ln_free.md, lns/fold_norms.h): a model trained with
+// lns_convert fold-norms (docs/ln_free.md, lns/checkpoint/fold_norms.h): a model trained with
 // --ln_free until every norm divides by one constant, folded, computes what the LN-free
 // model computes (logits in process, lns_eval as a user runs it, a fine-tuning step),
 // has no norm tensors, and every input that cannot be folded is refused with one line
@@ -10,15 +10,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lns/checkpoint.h"
-#include "lns/data.h"
-#include "lns/errors.h"
-#include "lns/fold_norms.h"
-#include "lns/hf_llama.h"
-#include "lns/manifest.h"
-#include "lns/retrofit.h"
-#include "lns/safetensors.h"
-#include "lns/trainer.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/data/data.h"
+#include "lns/core/errors.h"
+#include "lns/checkpoint/fold_norms.h"
+#include "lns/checkpoint/hf_llama.h"
+#include "lns/checkpoint/manifest.h"
+#include "lns/checkpoint/retrofit.h"
+#include "lns/checkpoint/safetensors.h"
+#include "lns/train/trainer.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

@@ -1,7 +1,7 @@
-// The FP8 linear layer's CPU ops (include/lns/fp8_linear.h) against f64 math written out
-// here: each operand rounded by the OFP8 cast of lns/fp8.h (itself tested bit for bit in
+// The FP8 linear layer's CPU ops (include/lns/core/fp8_linear.h) against f64 math written out
+// here: each operand rounded by the OFP8 cast of lns/core/fp8.h (itself tested bit for bit in
 // test_fp8.cpp), the products summed in double and unscaled; the health counts against
-// counts taken independently; and the stage's FP8 state (lns/fp8_state.h) turning a
+// counts taken independently; and the stage's FP8 state (lns/model/fp8_state.h) turning a
 // step's amax into the next scale, reduced over ranks.
 #include <gtest/gtest.h>
 
@@ -9,10 +9,10 @@
 #include <cmath>
 #include <vector>
 
-#include "lns/errors.h"
-#include "lns/fp8.h"
-#include "lns/fp8_linear.h"
-#include "lns/fp8_state.h"
+#include "lns/core/errors.h"
+#include "lns/core/fp8.h"
+#include "lns/core/fp8_linear.h"
+#include "lns/model/fp8_state.h"
 #include "fp8_sharing.h"
 #include "test_util.h"
 

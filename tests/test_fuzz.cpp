@@ -21,12 +21,12 @@
 
 #include <gtest/gtest-spi.h>
 
-#include "lns/checkpoint.h"
-#include "lns/data.h"
-#include "lns/files.h"
-#include "lns/safetensors.h"
-#include "lns/stage.h"
-#include "lns/trainer.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/data/data.h"
+#include "lns/core/files.h"
+#include "lns/checkpoint/safetensors.h"
+#include "lns/model/stage.h"
+#include "lns/train/trainer.h"
 #include "test_util.h"
 
 // ---- allocation bound --------------------------------------------------------------

@@ -1,4 +1,4 @@
-// Generation (lns/generate.h, LlamaStage::decode): the key/value-cache path against
+// Generation (lns/model/generate.h, LlamaStage::decode): the key/value-cache path against
 // forward() on the whole sequence (the logits of every position) for the schemes of the
 // block plan, and the next-token distribution (greedy, temperature, top-k, top-p)
 // against a plain reference that ranks each token on its own.
@@ -8,9 +8,9 @@
 #include <cmath>
 #include <numeric>
 
-#include "lns/errors.h"
-#include "lns/generate.h"
-#include "lns/stage.h"
+#include "lns/core/errors.h"
+#include "lns/model/generate.h"
+#include "lns/model/stage.h"
 #include "tests/generate_cases.h"
 #include "tests/test_util.h"
 

@@ -198,7 +198,7 @@ class Cli(unittest.TestCase):
 
 
 class ProgressPiped(unittest.TestCase):
-    """Into a pipe the long tools print plain lines, never a redrawn bar (lns/progress.h)."""
+    """Into a pipe the long tools print plain lines, never a redrawn bar (lns/core/progress.h)."""
 
     LINE = re.compile(r"^(lns_convert: [a-z-]+|lns_eval: sweep): (\d+)/(\d+) \((\d+)%\).* \| [0-9.]+ s elapsed, "
                       r"ETA (\S+)$")

@@ -8,11 +8,11 @@
 #include <filesystem>
 #include <functional>
 
-#include "lns/checkpoint.h"
-#include "lns/files.h"
-#include "lns/hf_llama.h"
-#include "lns/safetensors.h"
-#include "lns/trainer.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/core/files.h"
+#include "lns/checkpoint/hf_llama.h"
+#include "lns/checkpoint/safetensors.h"
+#include "lns/train/trainer.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

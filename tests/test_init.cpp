@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "lns/rng.h"
-#include "lns/stage.h"
+#include "lns/core/rng.h"
+#include "lns/model/stage.h"
 #include "test_util.h"
 
 namespace lns {

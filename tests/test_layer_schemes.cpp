@@ -5,9 +5,9 @@
 // every bad pattern refused with a message naming the flag; a hybrid equal to the
 // scheme it spells (post:2,pre = Mix-LN with 2 post layers, bit for bit); and the
 // init rule of scale_post_pre against Mix-LN's.
-#include "lns/hf_llama.h"
-#include "lns/layer_schemes.h"
-#include "lns/stage.h"
+#include "lns/checkpoint/hf_llama.h"
+#include "lns/model/layer_schemes.h"
+#include "lns/model/stage.h"
 #include "test_util.h"
 
 namespace lns {

@@ -7,10 +7,10 @@
 #include <set>
 #include <utility>
 
-#include "lns/errors.h"
-#include "lns/json_in.h"
-#include "lns/model_layout.h"
-#include "lns/param_set.h"
+#include "lns/core/errors.h"
+#include "lns/core/json_in.h"
+#include "lns/model/model_layout.h"
+#include "lns/model/param_set.h"
 #include "parallel/communicator.h"
 #include "parallel/layout.h"
 

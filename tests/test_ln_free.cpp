@@ -5,10 +5,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "lns/json_in.h"
-#include "lns/ln_free_schedule.h"
-#include "lns/stage.h"
-#include "lns/trainer.h"
+#include "lns/core/json_in.h"
+#include "lns/train/ln_free_schedule.h"
+#include "lns/model/stage.h"
+#include "lns/train/trainer.h"
 #include "test_util.h"
 
 namespace lns {

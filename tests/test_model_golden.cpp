@@ -7,8 +7,8 @@
 // scale); tolerances leave ~6x room: logits and loss 5e-6, gradients 2e-5.
 #include <nlohmann/json.hpp>
 
-#include "lns/param_io.h"
-#include "lns/stage.h"
+#include "lns/checkpoint/param_io.h"
+#include "lns/model/stage.h"
 #include "test_util.h"
 
 namespace lns {

@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <set>
 
-#include "lns/checkpoint.h"
-#include "lns/files.h"
-#include "lns/trainer.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/core/files.h"
+#include "lns/train/trainer.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

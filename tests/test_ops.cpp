@@ -6,10 +6,10 @@
 #include <set>
 #include <string>
 
-#include "lns/device.h"
-#include "lns/fp8_linear.h"
-#include "lns/ops.h"
-#include "lns/rope.h"
+#include "lns/core/device.h"
+#include "lns/core/fp8_linear.h"
+#include "lns/core/ops.h"
+#include "lns/model/rope.h"
 #include "test_util.h"
 
 namespace lns {
@@ -557,7 +557,7 @@ TEST(Ops, AttentionSavesProbabilitiesOnCpuAndLogSumExpOnCuda) {
   EXPECT_EQ(attention_saved_shape(Device::CUDA, 2, 5, 3), (Shape{2, 3, 5}));
 }
 
-// ---- the op tables (lns/op_table.h) ----------------------------------------------------
+// ---- the op tables (lns/core/op_table.h) ----------------------------------------------------
 // The backends fill them at start-up from registrars that nothing calls, so a program
 // must link the backends whole (CMakeLists.txt, `lns`) or the linker drops them: then
 // the CPU table would be empty, or a CUDA build would have no CUDA backend.

@@ -307,7 +307,7 @@ class PrepareDataErrors(unittest.TestCase):
 
 class Progress(unittest.TestCase):
     """Issue 48: a bar on a terminal, plain lines when piped, nothing with --no_progress;
-    durations as lns/progress.h writes them (tests/test_progress.cpp holds the same table)."""
+    durations as lns/core/progress.h writes them (tests/test_progress.cpp holds the same table)."""
 
     TOOL = os.path.join(HERE, "..", "tools", "prepare_data.py")
 

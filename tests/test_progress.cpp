@@ -1,4 +1,4 @@
-// Progress for people (lns/progress.h, the step line of lns/step_log.h): durations, the
+// Progress for people (lns/core/progress.h, the step line of lns/train/step_log.h): durations, the
 // ETA from the recent steps, and a bar on a terminal against plain lines in a pipe.
 #include <gtest/gtest.h>
 
@@ -6,9 +6,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "lns/progress.h"
-#include "lns/step_log.h"
-#include "lns/trainer.h"
+#include "lns/core/progress.h"
+#include "lns/train/step_log.h"
+#include "lns/train/trainer.h"
 
 namespace lns {
 namespace {

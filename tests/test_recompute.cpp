@@ -1,15 +1,15 @@
-// Activation recomputation (lns/recompute.h) computes exactly what --recompute=none
-// computes, for every scheme, and holds the memory its account (lns/activation_memory.h)
+// Activation recomputation (lns/model/recompute.h) computes exactly what --recompute=none
+// computes, for every scheme, and holds the memory its account (lns/model/activation_memory.h)
 // predicts, measured by the host allocator's counter.
 #include <array>
 #include <cstring>
 
 #include <absl/strings/str_cat.h>
 
-#include "lns/activation_memory.h"
-#include "lns/device.h"
-#include "lns/stage.h"
-#include "lns/trainer.h"
+#include "lns/model/activation_memory.h"
+#include "lns/core/device.h"
+#include "lns/model/stage.h"
+#include "lns/train/trainer.h"
 #include "test_util.h"
 
 namespace lns {

@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lns/hf_llama.h"
-#include "lns/stage.h"
+#include "lns/checkpoint/hf_llama.h"
+#include "lns/model/stage.h"
 #include "test_util.h"
 
 namespace lns {

@@ -16,11 +16,11 @@
 #include <thread>
 #include <atomic>
 
-#include "lns/errors.h"
-#include "lns/exit_status.h"
-#include "lns/fault_injection.h"
-#include "lns/step_guard.h"
-#include "lns/straggler.h"
+#include "lns/core/errors.h"
+#include "lns/core/exit_status.h"
+#include "lns/train/fault_injection.h"
+#include "lns/train/step_guard.h"
+#include "lns/train/straggler.h"
 #include "parallel/comm_activity.h"
 #include "parallel/watchdog.h"
 #include "test_util.h"

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <filesystem>
 
-#include "lns/checkpoint.h"
-#include "lns/data.h"
-#include "lns/trainer.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/data/data.h"
+#include "lns/train/trainer.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

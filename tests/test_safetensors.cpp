@@ -7,10 +7,10 @@
 #include <fstream>
 #include <unistd.h>
 
-#include "lns/bf16.h"
-#include "lns/errors.h"
-#include "lns/param_io.h"
-#include "lns/stage.h"
+#include "lns/core/bf16.h"
+#include "lns/core/errors.h"
+#include "lns/checkpoint/param_io.h"
+#include "lns/model/stage.h"
 #include "test_util.h"
 
 namespace lns {

@@ -1,4 +1,4 @@
-// The 1F1B order (lns/pipeline_schedule.h) as a pure function, against its contract
+// The 1F1B order (lns/train/pipeline_schedule.h) as a pure function, against its contract
 // rather than its own formula: every micro-batch runs forward once and backward once,
 // forward before backward, backwards in micro-batch order, at most chunk_slots() in
 // flight, and the example of docs/parallelism.md. tests/mpi/ runs it across ranks.
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "lns/errors.h"
-#include "lns/pipeline_schedule.h"
+#include "lns/core/errors.h"
+#include "lns/train/pipeline_schedule.h"
 
 namespace lns {
 namespace {

@@ -5,7 +5,7 @@
 // with the split inside and outside the Post-LN range.
 #include <cstring>
 
-#include "lns/stage.h"
+#include "lns/model/stage.h"
 #include "test_util.h"
 
 namespace lns {

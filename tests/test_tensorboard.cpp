@@ -1,4 +1,4 @@
-// TensorBoard's event files (lns/tensorboard.h): the record framing against published
+// TensorBoard's event files (lns/train/tensorboard.h): the record framing against published
 // CRC-32C vectors and TensorBoard's own Python writer, the Events' bytes against
 // TensorBoard's protos, the scalars a record becomes, and the cut of a resumed run.
 // tests/test_tensorboard.py reads whole runs back with TensorBoard's loaders.
@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <random>
 
-#include "lns/errors.h"
-#include "lns/tensorboard.h"
+#include "lns/core/errors.h"
+#include "lns/train/tensorboard.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "lns/data.h"
-#include "lns/ops.h"
-#include "lns/fp8_state.h"
-#include "lns/trainer.h"
+#include "lns/data/data.h"
+#include "lns/core/ops.h"
+#include "lns/model/fp8_state.h"
+#include "lns/train/trainer.h"
 #include "test_util.h"
 
 namespace lns {

@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "lns/config.h"
-#include "lns/errors.h"
-#include "lns/param_set.h"
-#include "lns/rng.h"
-#include "lns/tensor.h"
+#include "lns/model/config.h"
+#include "lns/core/errors.h"
+#include "lns/model/param_set.h"
+#include "lns/core/rng.h"
+#include "lns/core/tensor.h"
 
 namespace lns::test {
 

@@ -269,7 +269,7 @@ def _file_documents(path, fmt, text_key, doc_sep, on_error, progress, bad):
 
 
 def format_duration(seconds):
-    """A duration for people, as lns/progress.h writes it: 42s, 1m23s, 2h05m, 3d04h."""
+    """A duration for people, as lns/core/progress.h writes it: 42s, 1m23s, 2h05m, 3d04h."""
     if not (seconds >= 0 and math.isfinite(seconds)):
         return "?"
     s = int(math.floor(seconds + 0.5))

@@ -1,4 +1,4 @@
-#include "lns/async_checkpoint.h"
+#include "lns/checkpoint/async_checkpoint.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,8 +6,8 @@
 #include <filesystem>
 
 #include "absl/strings/str_format.h"
-#include "lns/errors.h"
-#include "lns/exit_status.h"
+#include "lns/core/errors.h"
+#include "lns/core/exit_status.h"
 
 namespace lns {
 namespace {

@@ -1,4 +1,4 @@
-#include "lns/checkpoint.h"
+#include "lns/checkpoint/checkpoint.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,12 +14,12 @@
 
 #include <absl/strings/str_format.h>
 
-#include "lns/errors.h"
-#include "lns/files.h"
-#include "lns/json_in.h"
-#include "lns/output_dir.h"
-#include "lns/safetensors.h"
-#include "lns/stage.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
+#include "lns/core/json_in.h"
+#include "lns/core/output_dir.h"
+#include "lns/checkpoint/safetensors.h"
+#include "lns/model/stage.h"
 
 namespace fs = std::filesystem;
 

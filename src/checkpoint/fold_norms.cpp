@@ -1,11 +1,11 @@
-#include "lns/fold_norms.h"
+#include "lns/checkpoint/fold_norms.h"
 
 #include <absl/strings/str_cat.h>
 
-#include "lns/block_plan.h"
-#include "lns/errors.h"
-#include "lns/ln_free.h"
-#include "lns/stage.h"
+#include "lns/model/block_plan.h"
+#include "lns/core/errors.h"
+#include "lns/model/ln_free.h"
+#include "lns/model/stage.h"
 
 namespace lns {
 namespace {

@@ -1,4 +1,4 @@
-#include "lns/hf_llama.h"
+#include "lns/checkpoint/hf_llama.h"
 
 #include <algorithm>
 #include <cctype>
@@ -12,13 +12,13 @@
 #include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 
-#include "lns/block_plan.h"
-#include "lns/errors.h"
-#include "lns/files.h"
-#include "lns/json_in.h"
-#include "lns/output_dir.h"
-#include "lns/param_io.h"
-#include "lns/stage.h"
+#include "lns/model/block_plan.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
+#include "lns/core/json_in.h"
+#include "lns/core/output_dir.h"
+#include "lns/checkpoint/param_io.h"
+#include "lns/model/stage.h"
 
 namespace fs = std::filesystem;
 

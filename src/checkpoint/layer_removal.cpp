@@ -1,9 +1,9 @@
-#include "lns/layer_removal.h"
+#include "lns/checkpoint/layer_removal.h"
 
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_split.h>
 
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 

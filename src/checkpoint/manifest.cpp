@@ -1,12 +1,12 @@
-#include "lns/manifest.h"
+#include "lns/checkpoint/manifest.h"
 
 #include <map>
 #include <set>
 
-#include "lns/checkpoint.h"
-#include "lns/errors.h"
-#include "lns/files.h"
-#include "lns/json_in.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
+#include "lns/core/json_in.h"
 
 namespace lns {
 namespace {

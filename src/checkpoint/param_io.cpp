@@ -1,12 +1,12 @@
-#include "lns/param_io.h"
+#include "lns/checkpoint/param_io.h"
 
 #include <absl/strings/match.h>
 
 #include <set>
 
-#include "lns/checkpoint.h"
-#include "lns/errors.h"
-#include "lns/stage.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/core/errors.h"
+#include "lns/model/stage.h"
 
 namespace lns {
 

@@ -6,11 +6,11 @@
 
 #include <absl/strings/str_format.h>
 
-#include "lns/checkpoint.h"
-#include "lns/errors.h"
-#include "lns/model_layout.h"
-#include "lns/output_dir.h"
-#include "lns/stage.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/core/errors.h"
+#include "lns/model/model_layout.h"
+#include "lns/core/output_dir.h"
+#include "lns/model/stage.h"
 
 namespace lns {
 

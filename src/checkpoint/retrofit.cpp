@@ -1,11 +1,11 @@
-#include "lns/retrofit.h"
+#include "lns/checkpoint/retrofit.h"
 
 #include <absl/strings/str_format.h>
 
 #include <cmath>
 
-#include "lns/errors.h"
-#include "lns/files.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
 
 namespace lns {
 

@@ -1,4 +1,4 @@
-#include "lns/safetensors.h"
+#include "lns/checkpoint/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -10,10 +10,10 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "lns/bf16.h"
-#include "lns/errors.h"
-#include "lns/files.h"
-#include "lns/json_in.h"
+#include "lns/core/bf16.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
+#include "lns/core/json_in.h"
 
 namespace lns {
 namespace {

@@ -1,9 +1,9 @@
-// Which attention implementation a model runs (include/lns/ops.h, AttentionImpl): the
+// Which attention implementation a model runs (include/lns/core/ops.h, AttentionImpl): the
 // one place that knows which shapes the fused kernels take.
-#include "lns/backend.h"
-#include "lns/errors.h"
-#include "lns/files.h"
-#include "lns/ops.h"
+#include "lns/core/backend.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 

@@ -1,13 +1,13 @@
-#include "lns/device.h"
+#include "lns/core/device.h"
 
 #include <cstdlib>
 #include <cstring>
 
 #include <absl/strings/str_format.h>
 
-#include "lns/backend.h"
-#include "lns/bf16.h"
-#include "lns/errors.h"
+#include "lns/core/backend.h"
+#include "lns/core/bf16.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 

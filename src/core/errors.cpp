@@ -1,4 +1,4 @@
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lns/files.h"
+#include "lns/core/files.h"
 
 namespace lns {
 

@@ -1,4 +1,4 @@
-#include "lns/files.h"
+#include "lns/core/files.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,7 +12,7 @@
 #include <absl/strings/str_format.h>
 #include <nlohmann/json.hpp>
 
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 

@@ -1,9 +1,9 @@
 // --fp8's modes, the FP8 table's rows and the one-linear ops as groups of one
-// (include/lns/fp8_linear.h); the ops are in src/cpu/linear_fp8.cpp and
+// (include/lns/core/fp8_linear.h); the ops are in src/cpu/linear_fp8.cpp and
 // src/cuda/linear_fp8.cpp.
-#include "lns/fp8_linear.h"
+#include "lns/core/fp8_linear.h"
 
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 

@@ -1,10 +1,10 @@
-// Delayed per-tensor FP8 scaling (include/lns/fp8_scaling.h).
-#include "lns/fp8_scaling.h"
+// Delayed per-tensor FP8 scaling (include/lns/core/fp8_scaling.h).
+#include "lns/core/fp8_scaling.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 

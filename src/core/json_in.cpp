@@ -1,9 +1,9 @@
-#include "lns/json_in.h"
+#include "lns/core/json_in.h"
 
 #include <cmath>
 
-#include "lns/errors.h"
-#include "lns/files.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
 
 namespace lns {
 

@@ -1,10 +1,10 @@
-#include "lns/op_profile.h"
+#include "lns/core/op_profile.h"
 
 #include <map>
 
-#include "lns/backend.h"
-#include "lns/errors.h"
-#include "lns/op_table.h"
+#include "lns/core/backend.h"
+#include "lns/core/errors.h"
+#include "lns/core/op_table.h"
 
 namespace lns {
 namespace {

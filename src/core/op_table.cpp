@@ -1,9 +1,9 @@
-// The ops' dispatch tables (lns/op_table.h): what core keeps beside each op's slots.
-#include "lns/op_table.h"
+// The ops' dispatch tables (lns/core/op_table.h): what core keeps beside each op's slots.
+#include "lns/core/op_table.h"
 
-#include "lns/backend.h"
-#include "lns/device.h"
-#include "lns/errors.h"
+#include "lns/core/backend.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 namespace {

@@ -1,9 +1,9 @@
-// The rules of the ops (lns/ops.h) that hold on every device, asked by their dispatch
+// The rules of the ops (lns/core/ops.h) that hold on every device, asked by their dispatch
 // or by the backends.
 #include <cmath>
 
-#include "lns/errors.h"
-#include "lns/ops.h"
+#include "lns/core/errors.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 

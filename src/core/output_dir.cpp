@@ -1,4 +1,4 @@
-#include "lns/output_dir.h"
+#include "lns/core/output_dir.h"
 
 #include <fcntl.h>
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
@@ -10,8 +10,8 @@
 #include <filesystem>
 #include <vector>
 
-#include "lns/errors.h"
-#include "lns/files.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
 
 namespace fs = std::filesystem;
 

@@ -1,4 +1,4 @@
-#include "lns/progress.h"
+#include "lns/core/progress.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "lns/rng.h"
+#include "lns/core/rng.h"
 
 #include <cmath>
 

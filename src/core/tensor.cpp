@@ -1,4 +1,4 @@
-#include "lns/tensor.h"
+#include "lns/core/tensor.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,9 +7,9 @@
 
 #include <absl/strings/str_join.h>
 
-#include "lns/backend.h"
-#include "lns/device.h"
-#include "lns/errors.h"
+#include "lns/core/backend.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 namespace {

@@ -1,10 +1,10 @@
-// Attention of a few new queries over a key/value cache (lns/ops.h: attention_decode),
+// Attention of a few new queries over a key/value cache (lns/core/ops.h: attention_decode),
 // the CPU reference: plain loops, one task per (query, head). Generation runs one query
 // at a time, where a GEMM would have one row.
 #include <cmath>
 
 #include "cpu/check.h"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 

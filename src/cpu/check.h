@@ -1,7 +1,7 @@
 // Shape and device checks shared by the CPU kernels (programmer errors: CHECK).
 #pragma once
-#include "lns/errors.h"
-#include "lns/tensor.h"
+#include "lns/core/errors.h"
+#include "lns/core/tensor.h"
 
 namespace lns::cpu {
 

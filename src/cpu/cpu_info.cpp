@@ -1,4 +1,4 @@
-#include "lns/cpu_info.h"
+#include "lns/cpu/cpu_info.h"
 
 #include <cblas.h>
 

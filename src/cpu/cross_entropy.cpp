@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "cpu/check.h"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 

@@ -1,6 +1,6 @@
 #include "cpu/check.h"
-#include "lns/bf16.h"
-#include "lns/ops.h"
+#include "lns/core/bf16.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 

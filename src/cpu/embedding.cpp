@@ -1,7 +1,7 @@
 #include <cstring>
 
 #include "cpu/check.h"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 

@@ -1,6 +1,6 @@
 // Linear layers on OpenBLAS sgemm, row-major, weights [out, in] as torch.nn.Linear.
 #include "cpu/check.h"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 

@@ -1,6 +1,6 @@
 // Rotary embedding, half-split layout: pairs (j, j + D/2), as Hugging Face's rotate_half.
 #include "cpu/check.h"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 namespace {

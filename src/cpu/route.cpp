@@ -1,11 +1,11 @@
-// The Gumbel-routed block's ops (routed, mono, mono_reverse; include/lns/ops.h): the
+// The Gumbel-routed block's ops (routed, mono, mono_reverse; include/lns/core/ops.h): the
 // router's hard gate and the per-sequence mix of the two paths. CPU reference of
 // src/cuda/route.cu. Every sum is f64 in index order.
 #include <cmath>
 #include <vector>
 
 #include "cpu/check.h"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 namespace {

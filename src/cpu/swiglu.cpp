@@ -1,7 +1,7 @@
 #include <cmath>
 
 #include "cpu/check.h"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 

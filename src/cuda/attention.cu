@@ -20,7 +20,7 @@
 #include "cuda/gemm.h"
 #include "cuda/pool.h"
 #include "cuda/sdpa.h"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -282,7 +282,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor sav
   permute(ptr<bf16>(dv), dvh, d.B, d.T, d.Hkv, d.D, false);
 }
 
-// This file's ops on CUDA (lns/op_table.h).
+// This file's ops on CUDA (lns/core/op_table.h).
 LNS_REGISTER_OPS(Device::CUDA) {
   LNS_REGISTER_OP(attention_forward, cuda::attention_forward);
   LNS_REGISTER_OP(attention_backward, cuda::attention_backward);

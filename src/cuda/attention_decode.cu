@@ -1,4 +1,4 @@
-// Attention of a few new queries over a key/value cache (lns/ops.h: attention_decode),
+// Attention of a few new queries over a key/value cache (lns/core/ops.h: attention_decode),
 // for generation. CPU reference: src/cpu/attention_decode.cpp.
 //
 // One block per (query, head): its threads take the cached keys in turn (scores into
@@ -6,7 +6,7 @@
 // thread some of the D outputs, summing over the keys in order. Decoding is bound by
 // reading the cache once per token, which this does; the one-query shape has no GEMM.
 #include "cuda/common.cuh"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -70,6 +70,6 @@ void attention_decode(Tensor out, Tensor scores, Tensor q, Tensor kcache, Tensor
 }  // namespace lns::cuda
 
 namespace lns {
-// This file's op on CUDA (lns/op_table.h).
+// This file's op on CUDA (lns/core/op_table.h).
 LNS_REGISTER_OPS(Device::CUDA) { LNS_REGISTER_OP(attention_decode, cuda::attention_decode); }
 }  // namespace lns

@@ -1,6 +1,6 @@
-// The CUDA backend's device (lns/backend.h): memory, the compute stream of
+// The CUDA backend's device (lns/core/backend.h): memory, the compute stream of
 // cuda/runtime.h, graphs, the op profile's events and cuDNN's library, registered with
-// core at start-up. The ops register in their own files (lns/op_table.h).
+// core at start-up. The ops register in their own files (lns/core/op_table.h).
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <cuda_runtime.h>
@@ -9,8 +9,8 @@
 #include "cuda/pool.h"
 #include "cuda/runtime.h"
 #include "cuda/sdpa.h"
-#include "lns/backend.h"
-#include "lns/errors.h"
+#include "lns/core/backend.h"
+#include "lns/core/errors.h"
 
 namespace lns::cuda {
 namespace {

@@ -8,8 +8,8 @@
 
 #include "cuda/launch.h"
 #include "cuda/runtime.h"
-#include "lns/errors.h"
-#include "lns/tensor.h"
+#include "lns/core/errors.h"
+#include "lns/core/tensor.h"
 
 namespace lns::cuda {
 

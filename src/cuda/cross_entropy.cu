@@ -3,7 +3,7 @@
 // logits and the row statistics and writes the gradient over the logits in place,
 // so probabilities are never stored.
 #include "cuda/common.cuh"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -145,7 +145,7 @@ void vocab_cross_entropy_backward(Tensor dlogits, Tensor logits, Tensor rowmax, 
   LNS_CUDA_LAUNCHED();
 }
 
-// This file's ops on CUDA (lns/op_table.h).
+// This file's ops on CUDA (lns/core/op_table.h).
 LNS_REGISTER_OPS(Device::CUDA) {
   LNS_REGISTER_OP(vocab_max_sumexp_target, cuda::vocab_max_sumexp_target);
   LNS_REGISTER_OP(vocab_sumexp_rescale, cuda::vocab_sumexp_rescale);

@@ -2,7 +2,7 @@
 // src/cpu/elementwise.cpp, swiglu.cpp, rope.cpp. All are memory-bound and grid-stride;
 // arithmetic in f32, storage in the tensors' dtypes.
 #include "cuda/common.cuh"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -258,7 +258,7 @@ void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor 
 void rope_forward(Tensor x, Tensor cos, Tensor sin) { rope(x, cos, sin, 1.0f); }
 void rope_backward(Tensor dx, Tensor cos, Tensor sin) { rope(dx, cos, sin, -1.0f); }
 
-// This file's ops on CUDA (lns/op_table.h).
+// This file's ops on CUDA (lns/core/op_table.h).
 LNS_REGISTER_OPS(Device::CUDA) {
   LNS_REGISTER_OP(axpby, cuda::axpby);
   LNS_REGISTER_OP(cast, cuda::cast);

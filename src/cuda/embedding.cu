@@ -10,8 +10,8 @@
 #include <algorithm>
 
 #include "cuda/common.cuh"
-#include "lns/device.h"
-#include "lns/ops.h"
+#include "lns/core/device.h"
+#include "lns/core/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -154,7 +154,7 @@ void embedding_backward(Tensor dweight, Tensor ids, Tensor dout, int64_t row_beg
   LNS_CUDA_LAUNCHED();
 }
 
-// This file's ops on CUDA (lns/op_table.h).
+// This file's ops on CUDA (lns/core/op_table.h).
 LNS_REGISTER_OPS(Device::CUDA) {
   LNS_REGISTER_OP(embedding_forward, cuda::embedding_forward);
   LNS_REGISTER_OP(embedding_backward, cuda::embedding_backward);

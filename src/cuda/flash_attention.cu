@@ -29,7 +29,7 @@
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/flash_attention.h"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 #include "cuda/launch.h"
 
 namespace lns::cuda {

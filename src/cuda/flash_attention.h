@@ -1,8 +1,8 @@
 // The fused attention kernels behind AttentionImpl::Fused (flash_attention.cu), called by
 // attention.cu's dispatch of the attention ops; shapes as attention_forward's
-// (include/lns/ops.h), lse [B,Hq,T] the row log-sum-exp the backward reads.
+// (include/lns/core/ops.h), lse [B,Hq,T] the row log-sum-exp the backward reads.
 #pragma once
-#include "lns/tensor.h"
+#include "lns/core/tensor.h"
 
 namespace lns::cuda {
 

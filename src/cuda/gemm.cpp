@@ -12,9 +12,9 @@
 #include <tuple>
 
 #include "cuda/gemm.h"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 #include "cuda/runtime.h"
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns::cuda {
 namespace {
@@ -66,7 +66,7 @@ void check_fp8(const GemmArgs& g) {
   LNS_CHECK(!(g.a_scale_mode == GemmScale::Block128 && g.b_scale_mode == GemmScale::Block128))
       << "gemm: 128x128 tile scales on both operands have no FP8 kernel (one must be 1x128)";
   // Per-tensor scales too: on an H200 a scale 4 bytes past a 16-byte boundary made every
-  // algorithm return NOT_SUPPORTED (lns/fp8_linear.h lays the scales out for this).
+  // algorithm return NOT_SUPPORTED (lns/core/fp8_linear.h lays the scales out for this).
   LNS_CHECK(reinterpret_cast<uintptr_t>(g.a_scale) % 16 == 0 && reinterpret_cast<uintptr_t>(g.b_scale) % 16 == 0)
       << "gemm: FP8 scale pointers must be 16-byte aligned (A at " << g.a_scale << ", B at " << g.b_scale << ")";
 }
@@ -274,7 +274,7 @@ void linear_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool a
   gemm(linear_wgrad_args(static_cast<float*>(dw.data), dy.data, x.data, rows, in, out));
 }
 
-// This file's ops on CUDA (lns/op_table.h).
+// This file's ops on CUDA (lns/core/op_table.h).
 LNS_REGISTER_OPS(Device::CUDA) {
   LNS_REGISTER_OP(linear_forward, cuda::linear_forward);
   LNS_REGISTER_OP(linear_backward, cuda::linear_backward);

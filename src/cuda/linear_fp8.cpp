@@ -1,4 +1,4 @@
-// The FP8 linear layer on CUDA (include/lns/fp8_linear.h). CPU reference:
+// The FP8 linear layer on CUDA (include/lns/core/fp8_linear.h). CPU reference:
 // src/cpu/linear_fp8.cpp. cuBLASLt's FP8 matmul takes both operands K-major ("TN"), so
 // each product reads the operand layout it needs, cast (and transposed where needed)
 // by fp8_cast into one scratch buffer; its scale pointers point at the table's inverse
@@ -17,10 +17,10 @@
 
 #include "cuda/fp8_cast.h"
 #include "cuda/gemm.h"
-#include "lns/fp8_linear.h"
-#include "lns/ops.h"
+#include "lns/core/fp8_linear.h"
+#include "lns/core/ops.h"
 #include "cuda/runtime.h"
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns::cuda {
 namespace {
@@ -246,7 +246,7 @@ void fp8_cast_weight(Tensor w_cast, Tensor w, const Fp8Linear& f) {
   fp8_cast(w, f.row(f.w), Fp8Format::E4M3, true, c.w8, c.wT8);
 }
 
-// This file's ops on CUDA (lns/op_table.h).
+// This file's ops on CUDA (lns/core/op_table.h).
 LNS_REGISTER_OPS(Device::CUDA) {
   LNS_REGISTER_OP(linear_forward_fp8_shared, cuda::linear_forward_fp8_shared);
   LNS_REGISTER_OP(linear_backward_fp8_shared, cuda::linear_backward_fp8_shared);

@@ -13,14 +13,14 @@
 #include <vector>
 
 #include "cuda/common.cuh"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns::cuda {
 namespace {
 
 
 // LN-free fine-tuning (docs/ln_free.md): the divisor of x's row `row` is a constant,
-// pos0 or rest as fixed_uses_pos0 (include/lns/ops.h) says for micro-batch row row0 + row
+// pos0 or rest as fixed_uses_pos0 (include/lns/core/ops.h) says for micro-batch row row0 + row
 // and its token ids[row] (read here, on the device). rest == 0: the norm is live.
 struct FixedArgs {
   float pos0 = 0.0f, rest = 0.0f;
@@ -441,7 +441,7 @@ void norm_divisor_sums(NormType type, Tensor x, int64_t T, float eps, double sum
   }
 }
 
-// This file's ops on CUDA (lns/op_table.h).
+// This file's ops on CUDA (lns/core/op_table.h).
 LNS_REGISTER_OPS(Device::CUDA) {
   LNS_REGISTER_OP(norm_forward, cuda::norm_forward);
   LNS_REGISTER_OP(residual_norm_forward, cuda::residual_norm_forward);

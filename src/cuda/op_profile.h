@@ -1,9 +1,9 @@
-// The CUDA side of lns/op_profile.h: events around each op dispatched to CUDA (the
-// backend's profile hooks, lns/backend.h, src/cuda/backend.cpp).
+// The CUDA side of lns/core/op_profile.h: events around each op dispatched to CUDA (the
+// backend's profile hooks, lns/core/backend.h, src/cuda/backend.cpp).
 #pragma once
 #include <vector>
 
-#include "lns/backend.h"
+#include "lns/core/backend.h"
 
 namespace lns::cuda {
 
@@ -12,7 +12,7 @@ extern bool g_profile_on;
 void profile_start();
 std::vector<OpTiming> profile_stop();  // synchronizes the stream
 
-// Around each op dispatched to CUDA while the profile runs (lns/op_table.h's OpCall,
+// Around each op dispatched to CUDA while the profile runs (lns/core/op_table.h's OpCall,
 // through the backend's profile hooks): events on the compute stream.
 void profile_op_begin(const char* file);
 void profile_op_end();

@@ -2,7 +2,7 @@
 // in the same pass, the deterministic sum of squares for the gradient norm, and
 // in-place scaling. CPU reference: src/cpu/optimizer_kernels.cpp.
 #include "cuda/common.cuh"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -146,7 +146,7 @@ void scale_inplace(Tensor x, float a) {
   LNS_CUDA_LAUNCHED();
 }
 
-// This file's ops on CUDA (lns/op_table.h).
+// This file's ops on CUDA (lns/core/op_table.h).
 LNS_REGISTER_OPS(Device::CUDA) {
   LNS_REGISTER_OP(adamw_step, cuda::adamw_step);
   LNS_REGISTER_OP(sum_squares, cuda::sum_squares);

@@ -1,10 +1,10 @@
-// The Gumbel-routed block's kernels (routed, mono, mono_reverse; include/lns/ops.h):
+// The Gumbel-routed block's kernels (routed, mono, mono_reverse; include/lns/core/ops.h):
 // the router's hard Gumbel-softmax gate and the per-sequence mix of the two paths.
 // CPU reference: src/cpu/route.cpp. Sums are f64 in a fixed order (same bits each run).
 // The gate is [B,2]: tiny next to the two block paths it chooses between, so these
 // kernels are written for clarity; the mix is one pass over [B,T,C] each way.
 #include "cuda/common.cuh"
-#include "lns/ops.h"
+#include "lns/core/ops.h"
 
 namespace lns::cuda {
 namespace {
@@ -191,7 +191,7 @@ void route_mix_backward(Tensor dp0, Tensor dp1, Tensor dgate, Tensor dy, Tensor 
   LNS_CUDA_LAUNCHED();
 }
 
-// This file's ops on CUDA (lns/op_table.h).
+// This file's ops on CUDA (lns/core/op_table.h).
 LNS_REGISTER_OPS(Device::CUDA) {
   LNS_REGISTER_OP(route_gate_forward, cuda::route_gate_forward);
   LNS_REGISTER_OP(route_gate_backward, cuda::route_gate_backward);

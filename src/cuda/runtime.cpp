@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cuda/pool.h"
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns::cuda {
 

@@ -7,7 +7,7 @@
 //   src/cuda/sim/cudnn_sdpa.cpp    the emulator's stand-in: it checks what the library
 //                                  requires and computes on the CPU, as the cuBLASLt one.
 // attention.cu describes the tensors; nothing else knows cuDNN. Which head dims it
-// takes is cudnn_attention_takes() (include/lns/ops.h).
+// takes is cudnn_attention_takes() (include/lns/core/ops.h).
 //
 // Layout, the projections' own (no permutes): q, o, dout, dq [B,T,Hq,D]; k, v, dk, dv
 // [B,T,Hkv,D], all bf16 and dense; stats [B,Hq,T] f32, the natural-log log-sum-exp of

@@ -1,9 +1,9 @@
 #include <algorithm>
 
-#include "lns/data.h"
-#include "lns/errors.h"
-#include "lns/ops.h"
-#include "lns/rng.h"
+#include "lns/data/data.h"
+#include "lns/core/errors.h"
+#include "lns/core/ops.h"
+#include "lns/core/rng.h"
 
 namespace lns {
 

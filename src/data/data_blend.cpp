@@ -1,5 +1,5 @@
 // Weighted blends of corpora (--data=0.7:A,0.3:B): the text, the interleaving index,
-// the opened sources and the blended stream (lns/data.h, docs/data.md).
+// the opened sources and the blended stream (lns/data/data.h, docs/data.md).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -7,8 +7,8 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_split.h>
 
-#include "lns/data.h"
-#include "lns/errors.h"
+#include "lns/data/data.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 namespace {

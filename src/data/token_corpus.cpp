@@ -13,11 +13,11 @@
 #include <absl/strings/str_split.h>
 #include <nlohmann/json.hpp>
 
-#include "lns/data.h"
-#include "lns/errors.h"
-#include "lns/files.h"
-#include "lns/json_in.h"
-#include "lns/rng.h"
+#include "lns/data/data.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
+#include "lns/core/json_in.h"
+#include "lns/core/rng.h"
 
 namespace lns {
 namespace {
@@ -265,7 +265,7 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   LNS_CHECK(token_bytes == 2 || token_bytes == 4);
   LNS_CHECK(!doc_starts.empty() && doc_starts.front() == 0 &&
             doc_starts.back() == static_cast<int64_t>(tokens.size()));
-  // The one atomic write of lns/files.h: a reader never maps half a token file.
+  // The one atomic write of lns/core/files.h: a reader never maps half a token file.
   write_file_atomically(path, [&](std::FILE* f) {
     uint8_t header[kHeaderBytes] = {};
     std::memcpy(header, kMagic, 8);

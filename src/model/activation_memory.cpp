@@ -1,10 +1,10 @@
-#include "lns/activation_memory.h"
+#include "lns/model/activation_memory.h"
 
 #include <absl/strings/str_format.h>
 
-#include "lns/block_plan.h"
-#include "lns/device.h"
-#include "lns/errors.h"
+#include "lns/model/block_plan.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
 #include "parallel/shard.h"
 
 namespace lns {

@@ -1,10 +1,10 @@
-#include "lns/block_plan.h"
+#include "lns/model/block_plan.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "lns/layer_schemes.h"
-#include "lns/rng.h"
+#include "lns/model/layer_schemes.h"
+#include "lns/core/rng.h"
 
 namespace lns {
 

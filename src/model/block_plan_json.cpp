@@ -3,7 +3,7 @@
 // a scheme's norms, scales or residuals again.
 #include <nlohmann/json.hpp>
 
-#include "lns/block_plan.h"
+#include "lns/model/block_plan.h"
 
 namespace lns {
 namespace {

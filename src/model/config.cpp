@@ -1,14 +1,14 @@
-#include "lns/config.h"
+#include "lns/model/config.h"
 
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "lns/block_plan.h"
-#include "lns/errors.h"
-#include "lns/files.h"
-#include "lns/json_in.h"
-#include "lns/layer_schemes.h"
+#include "lns/model/block_plan.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
+#include "lns/core/json_in.h"
+#include "lns/model/layer_schemes.h"
 
 namespace lns {
 namespace {

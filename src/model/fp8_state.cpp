@@ -1,11 +1,11 @@
-// The FP8 scaling state of a stage (include/lns/fp8_state.h).
-#include "lns/fp8_state.h"
+// The FP8 scaling state of a stage (include/lns/model/fp8_state.h).
+#include "lns/model/fp8_state.h"
 
 #include <algorithm>
 #include <map>
 
-#include "lns/device.h"
-#include "lns/errors.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 namespace {

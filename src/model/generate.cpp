@@ -1,12 +1,12 @@
-#include "lns/generate.h"
+#include "lns/model/generate.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "lns/errors.h"
-#include "lns/rng.h"
-#include "lns/stage.h"
+#include "lns/core/errors.h"
+#include "lns/core/rng.h"
+#include "lns/model/stage.h"
 
 namespace lns {
 

@@ -1,10 +1,10 @@
-#include "lns/layer_schemes.h"
+#include "lns/model/layer_schemes.h"
 
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_split.h>
 
-#include "lns/errors.h"
-#include "lns/files.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
 
 namespace lns {
 

@@ -1,15 +1,15 @@
-#include "lns/ln_free.h"
+#include "lns/model/ln_free.h"
 
 #include <algorithm>
 #include <cmath>
 #include <set>
 
-#include "lns/block_plan.h"
-#include "lns/config.h"
-#include "lns/errors.h"
-#include "lns/files.h"
-#include "lns/json_in.h"
-#include "lns/stage.h"
+#include "lns/model/block_plan.h"
+#include "lns/model/config.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
+#include "lns/core/json_in.h"
+#include "lns/model/stage.h"
 
 namespace lns {
 namespace {

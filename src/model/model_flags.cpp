@@ -1,8 +1,8 @@
-#include "lns/model_flags.h"
+#include "lns/model/model_flags.h"
 
 #include <gflags/gflags.h>
 
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 DEFINE_int32(vocab_size, 32000, "Vocabulary size (rows of the embedding and the LM head).");
 DEFINE_int32(hidden_size, 768, "Model width C.");

@@ -1,6 +1,6 @@
-#include "lns/model_layout.h"
+#include "lns/model/model_layout.h"
 
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 

@@ -1,11 +1,11 @@
-#include "lns/param_set.h"
+#include "lns/model/param_set.h"
 
 #include <cmath>
 #include <cstring>
 
-#include "lns/device.h"
-#include "lns/errors.h"
-#include "lns/ops.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 

@@ -1,7 +1,7 @@
-#include "lns/recompute.h"
+#include "lns/model/recompute.h"
 
-#include "lns/errors.h"
-#include "lns/files.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
 
 namespace lns {
 

@@ -1,6 +1,6 @@
 #include <cmath>
 
-#include "lns/rope.h"
+#include "lns/model/rope.h"
 
 namespace lns {
 

@@ -1,4 +1,4 @@
-#include "lns/stage.h"
+#include "lns/model/stage.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,11 +6,11 @@
 
 #include <glog/logging.h>
 
-#include "lns/device.h"
-#include "lns/errors.h"
-#include "lns/fp8_state.h"
-#include "lns/ops.h"
-#include "lns/rng.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
+#include "lns/model/fp8_state.h"
+#include "lns/core/ops.h"
+#include "lns/core/rng.h"
 #include "stage_types.h"
 
 namespace lns {
@@ -164,7 +164,7 @@ bool LlamaStage::has_routed_layers() const {
 }
 
 // A block: its two sublayers, or for a routed block both paths from the same input,
-// mixed by the router's gate (lns/block_plan.h).
+// mixed by the router's gate (lns/model/block_plan.h).
 LlamaStage::Stream LlamaStage::block_forward(Layer& l, Slot& s, Stream x) {
   if (!l.alt) return sublayer_forward(l, 1, s, sublayer_forward(l, 0, s, x));
   settle(x);
@@ -527,7 +527,7 @@ std::vector<Fp8Linear> LlamaStage::fp8_linears(const std::vector<int>& ws) const
 }
 
 // A block's linears that read one input x: ys[i][N,out_i] = x @ ws[i]^T, in FP8 under
-// --fp8 (lns/fp8_linear.h), where each run of them that Fp8State gives one x row casts x
+// --fp8 (lns/core/fp8_linear.h), where each run of them that Fp8State gives one x row casts x
 // once (the shared ops).
 void LlamaStage::lin_fwd(const std::vector<int>& ws, const std::vector<Tensor>& ys, Tensor x) {
   LNS_CHECK(ws.size() == ys.size());

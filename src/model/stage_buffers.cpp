@@ -1,11 +1,11 @@
-// LlamaStage's activation buffers (lns/stage.h): the micro-batch slots each chunk
+// LlamaStage's activation buffers (lns/model/stage.h): the micro-batch slots each chunk
 // keeps in flight, the workspace that recomputing layers share, and backward's scratch
 // gradients, all planned once at construction (nothing is allocated in the hot loop).
-// Which buffers a layer keeps is its recompute mode's (lns/recompute.h).
+// Which buffers a layer keeps is its recompute mode's (lns/model/recompute.h).
 #include <algorithm>
 
-#include "lns/errors.h"
-#include "lns/ops.h"
+#include "lns/core/errors.h"
+#include "lns/core/ops.h"
 #include "stage_types.h"
 
 namespace lns {
@@ -84,7 +84,7 @@ void LlamaStage::plan_buffers(const std::vector<int>& chunk_slots) {
 }
 
 // Binds layer `local`'s activations in `slot` to buffers of the slot, or, for those
-// its recompute mode drops, to the workspace's (lns/recompute.h). A full layer keeps
+// its recompute mode drops, to the workspace's (lns/model/recompute.h). A full layer keeps
 // only its output, the next layer's input (r, or y after an N_add); its input is the
 // previous layer's kept output or h0.
 void LlamaStage::bind_layer_acts(int local, Slot& slot) {

@@ -1,15 +1,15 @@
-// LlamaStage's decode path (lns/stage.h: start_decode, decode): the blocks of forward()
+// LlamaStage's decode path (lns/model/stage.h: start_decode, decode): the blocks of forward()
 // run on a few new positions at a time against a key/value cache, for generation. The
-// sublayer is the general form of lns/block_plan.h, read from the same Layer and NormUse
+// sublayer is the general form of lns/model/block_plan.h, read from the same Layer and NormUse
 // values forward() reads, so every scheme, LN-free divisor and folded model decodes as
 // it trains; only the attention core differs (attention_decode over the cache instead
 // of attention_forward over the sequence). tests/test_generate.cpp holds it against
 // forward() on whole sequences, scheme by scheme.
 #include <algorithm>
 
-#include "lns/device.h"
-#include "lns/errors.h"
-#include "lns/ops.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
+#include "lns/core/ops.h"
 #include "stage_types.h"
 
 namespace lns {
@@ -74,7 +74,7 @@ void LlamaStage::decode_norm(const NormUse& n, Tensor out, Tensor x, int64_t pos
   norm_forward(cfg_.norm_type, out, mean, rstd, x, params_.param(n.gain), bias, n.scale, cfg_.norm_eps);
 }
 
-// One sublayer on x[n,C] (lns/block_plan.h's form; sublayer_forward's arithmetic):
+// One sublayer on x[n,C] (lns/model/block_plan.h's form; sublayer_forward's arithmetic):
 //   u = s*N_pre(x); f = F(u); f2 = N_out(f); r = alpha*x + f2 (or x + b*f2); y = N_add(r).
 // r goes to `spare`, y over x. Returns the tensor that holds the output (y or r).
 Tensor LlamaStage::decode_sublayer(const Layer& l, int w, Tensor x, Tensor spare, int64_t pos) {

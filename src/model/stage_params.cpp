@@ -3,8 +3,8 @@
 // their initial values. The checkpoint names and the flat layout come from here.
 #include <cmath>
 
-#include "lns/errors.h"
-#include "lns/rng.h"
+#include "lns/core/errors.h"
+#include "lns/core/rng.h"
 #include "stage_types.h"
 
 namespace lns {

@@ -1,4 +1,4 @@
-// The private types of LlamaStage (lns/stage.h), shared by its units: stage.cpp (the
+// The private types of LlamaStage (lns/model/stage.h), shared by its units: stage.cpp (the
 // forward and backward), stage_params.cpp (which parameters a stage registers and how
 // they start) and stage_buffers.cpp (the activation buffers it plans). Not a public
 // header: only those files include it.
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "lns/stage.h"
+#include "lns/model/stage.h"
 
 namespace lns {
 

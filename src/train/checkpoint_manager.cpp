@@ -1,8 +1,8 @@
-#include "lns/checkpoint_manager.h"
+#include "lns/train/checkpoint_manager.h"
 
 #include "absl/strings/str_format.h"
-#include "lns/async_checkpoint.h"
-#include "lns/errors.h"
+#include "lns/checkpoint/async_checkpoint.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 

@@ -1,13 +1,13 @@
-#include "lns/evaluator.h"
+#include "lns/train/evaluator.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include <absl/strings/str_cat.h>
 
-#include "lns/errors.h"
-#include "lns/json_in.h"
-#include "lns/ops.h"
+#include "lns/core/errors.h"
+#include "lns/core/json_in.h"
+#include "lns/core/ops.h"
 
 namespace lns {
 namespace {

@@ -1,4 +1,4 @@
-#include "lns/fault_injection.h"
+#include "lns/train/fault_injection.h"
 
 #include <unistd.h>
 
@@ -12,7 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace fs = std::filesystem;
 

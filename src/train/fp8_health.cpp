@@ -1,12 +1,12 @@
-#include "lns/fp8_health.h"
+#include "lns/train/fp8_health.h"
 
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lns/errors.h"
-#include "lns/fp8_state.h"
+#include "lns/core/errors.h"
+#include "lns/model/fp8_state.h"
 #include "parallel/process_grid.h"
 
 namespace lns {

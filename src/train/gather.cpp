@@ -1,8 +1,8 @@
-#include "lns/gather.h"
+#include "lns/train/gather.h"
 
 #include <cstring>
 
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 namespace {

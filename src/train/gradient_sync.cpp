@@ -1,13 +1,13 @@
-#include "lns/gradient_sync.h"
+#include "lns/train/gradient_sync.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "lns/device.h"
-#include "lns/errors.h"
-#include "lns/ops.h"
-#include "lns/step_guard.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
+#include "lns/core/ops.h"
+#include "lns/train/step_guard.h"
 
 namespace lns {
 namespace {

@@ -1,4 +1,4 @@
-#include "lns/ln_free_schedule.h"
+#include "lns/train/ln_free_schedule.h"
 
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_split.h>
@@ -7,8 +7,8 @@
 #include <cmath>
 #include <set>
 
-#include "lns/errors.h"
-#include "lns/files.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
 
 namespace lns {
 namespace {

@@ -1,8 +1,8 @@
-#include "lns/metrics.h"
+#include "lns/train/metrics.h"
 
 #include <fstream>
 
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 namespace {

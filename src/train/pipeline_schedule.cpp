@@ -1,11 +1,11 @@
-#include "lns/pipeline_schedule.h"
+#include "lns/train/pipeline_schedule.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "lns/device.h"
-#include "lns/errors.h"
-#include "lns/op_profile.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
+#include "lns/core/op_profile.h"
 
 namespace lns {
 

@@ -2,7 +2,7 @@
 // re-run of suspicious steps, asynchronous checkpoints, and fault injection for tests.
 #include <gflags/gflags.h>
 
-#include "lns/resilience_flags.h"
+#include "lns/train/resilience_flags.h"
 
 // ---- hang detection (parallel/watchdog.h) -------------------------------------------------
 DEFINE_bool(watchdog, true,
@@ -23,14 +23,14 @@ DEFINE_double(timeout_eval_s, 420, "Watchdog: seconds allowed for one evaluation
 DEFINE_double(heartbeat_s, 5,
               "Seconds between rewrites of OUT_DIR/heartbeats/rank_N.json, which other ranks read to "
               "name a rank that stopped.");
-// ---- stragglers (lns/straggler.h) ---------------------------------------------------------
+// ---- stragglers (lns/train/straggler.h) ---------------------------------------------------------
 DEFINE_int64(straggler_every, 20,
              "Every N steps, compare each rank's compute time (step time less time waiting on "
              "communication) with its peers'; 0 = off.");
 DEFINE_double(straggler_threshold, 0.2,
               "A rank slower than its peers' median by more than this fraction is a straggler candidate.");
 DEFINE_int32(straggler_windows, 3, "Name a straggler after this many windows in a row (log and metrics.jsonl).");
-// ---- suspicious steps (lns/step_guard.h) ----------------------------------------------------
+// ---- suspicious steps (lns/train/step_guard.h) ----------------------------------------------------
 DEFINE_bool(rerun_suspicious_steps, true,
             "Run a step again from the state before it when its loss or gradient norm is non-finite or "
             "the loss spikes: the same result blames the batch, another one a transient fault.");
@@ -46,7 +46,7 @@ DEFINE_bool(async_save, false,
             "Checkpoints are copied to host memory at the step boundary and written by a background "
             "thread while training goes on (at most one save in flight); `latest` moves once every "
             "rank's file is durable.");
-// ---- fault injection, for tests (lns/fault_injection.h) -------------------------------------
+// ---- fault injection, for tests (lns/train/fault_injection.h) -------------------------------------
 DEFINE_string(inject_fault, "",
               "Tests only: KIND@STEP[:rank=R][:factor=F],... with KIND hang, stop, exit, slow, bitflip, nan, "
               "spike or hang_save (docs/resilience.md). Fires once per --out_dir.");

@@ -1,4 +1,4 @@
-#include "lns/run_dir.h"
+#include "lns/train/run_dir.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lns/checkpoint.h"
-#include "lns/errors.h"
-#include "lns/files.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
 
 namespace fs = std::filesystem;
 

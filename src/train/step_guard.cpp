@@ -1,4 +1,4 @@
-#include "lns/step_guard.h"
+#include "lns/train/step_guard.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_format.h"
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 

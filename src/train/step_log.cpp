@@ -1,10 +1,10 @@
-#include "lns/step_log.h"
+#include "lns/train/step_log.h"
 #include <algorithm>
 
 
 #include "absl/strings/str_format.h"
-#include "lns/progress.h"
-#include "lns/trainer.h"
+#include "lns/core/progress.h"
+#include "lns/train/trainer.h"
 
 namespace lns {
 

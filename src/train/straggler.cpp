@@ -1,4 +1,4 @@
-#include "lns/straggler.h"
+#include "lns/train/straggler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns {
 

@@ -1,4 +1,4 @@
-#include "lns/tensorboard.h"
+#include "lns/train/tensorboard.h"
 
 #include <unistd.h>
 
@@ -16,8 +16,8 @@
 #include <absl/strings/str_split.h>
 #include <boost/crc.hpp>
 
-#include "lns/errors.h"
-#include "lns/files.h"
+#include "lns/core/errors.h"
+#include "lns/core/files.h"
 #include "tensorboard_event.pb.h"
 
 namespace lns {

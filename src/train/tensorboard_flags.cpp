@@ -1,8 +1,8 @@
-// The TensorBoard flag (lns/tensorboard.h; docs/training.md, "TensorBoard").
+// The TensorBoard flag (lns/train/tensorboard.h; docs/training.md, "TensorBoard").
 #include <gflags/gflags.h>
 
-#include "lns/errors.h"
-#include "lns/tensorboard.h"
+#include "lns/core/errors.h"
+#include "lns/train/tensorboard.h"
 
 DEFINE_string(tensorboard_dir, "",
               "Where rank 0 writes TensorBoard event files while training (the scalars of metrics.jsonl); "

@@ -1,7 +1,7 @@
-#include "lns/train_flags.h"
+#include "lns/train/train_flags.h"
 
-#include "lns/resilience_flags.h"
-#include "lns/tensorboard.h"
+#include "lns/train/resilience_flags.h"
+#include "lns/train/tensorboard.h"
 
 #include <gflags/gflags.h>
 

@@ -1,4 +1,4 @@
-#include "lns/trainer.h"
+#include "lns/train/trainer.h"
 
 #include <chrono>
 #include <cmath>
@@ -15,22 +15,22 @@
 #include <atomic>
 #include <thread>
 
-#include "lns/activation_memory.h"
-#include "lns/checkpoint.h"
-#include "lns/checkpoint_manager.h"
-#include "lns/device.h"
-#include "lns/errors.h"
-#include "lns/fault_injection.h"
-#include "lns/fp8_health.h"
-#include "lns/fp8_state.h"
-#include "lns/gather.h"
-#include "lns/model_layout.h"
-#include "lns/ops.h"
-#include "lns/param_io.h"
-#include "lns/run_dir.h"
-#include "lns/safetensors.h"
-#include "lns/step_log.h"
-#include "lns/tensorboard.h"
+#include "lns/model/activation_memory.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/train/checkpoint_manager.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
+#include "lns/train/fault_injection.h"
+#include "lns/train/fp8_health.h"
+#include "lns/model/fp8_state.h"
+#include "lns/train/gather.h"
+#include "lns/model/model_layout.h"
+#include "lns/core/ops.h"
+#include "lns/checkpoint/param_io.h"
+#include "lns/train/run_dir.h"
+#include "lns/checkpoint/safetensors.h"
+#include "lns/train/step_log.h"
+#include "lns/train/tensorboard.h"
 #include "parallel/comm_activity.h"
 
 namespace lns {
@@ -118,7 +118,7 @@ void TrainConfig::validate() const {
 Trainer::~Trainer() = default;
 
 // Rank 0 prints every stage's activation-memory account (a pure function of the
-// layout, lns/activation_memory.h), so one log shows what each pipeline rank holds.
+// layout, lns/model/activation_memory.h), so one log shows what each pipeline rank holds.
 void Trainer::log_activation_accounts() const {
   if (!is_root()) return;
   const Layout& layout = grid_->layout;

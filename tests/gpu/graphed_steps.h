@@ -7,8 +7,8 @@
 #include <functional>
 #include <vector>
 
-#include "lns/device.h"
-#include "lns/trainer.h"
+#include "lns/core/device.h"
+#include "lns/train/trainer.h"
 #include "tests/test_util.h"
 
 namespace lns::test {

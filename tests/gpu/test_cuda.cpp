@@ -23,15 +23,15 @@
 #include <fstream>
 #include <tuple>
 
-#include "lns/bf16.h"
-#include "lns/checkpoint.h"
-#include "lns/optim.h"
-#include "lns/device.h"
-#include "lns/op_profile.h"
-#include "lns/fp8_linear.h"
-#include "lns/fp8_state.h"
-#include "lns/ops.h"
-#include "lns/stage.h"
+#include "lns/core/bf16.h"
+#include "lns/checkpoint/checkpoint.h"
+#include "lns/optim/optim.h"
+#include "lns/core/device.h"
+#include "lns/core/op_profile.h"
+#include "lns/core/fp8_linear.h"
+#include "lns/model/fp8_state.h"
+#include "lns/core/ops.h"
+#include "lns/model/stage.h"
 #include "tests/fp8_sharing.h"
 #include "tests/test_util.h"
 

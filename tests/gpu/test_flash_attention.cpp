@@ -12,11 +12,11 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "lns/bf16.h"
-#include "lns/device.h"
-#include "lns/errors.h"
-#include "lns/ops.h"
-#include "lns/stage.h"
+#include "lns/core/bf16.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
+#include "lns/core/ops.h"
+#include "lns/model/stage.h"
 #include "tests/test_util.h"
 
 namespace lns {

@@ -9,11 +9,11 @@
 
 #include <absl/strings/str_format.h>
 
-#include "lns/bf16.h"
-#include "lns/device.h"
-#include "lns/generate.h"
-#include "lns/ops.h"
-#include "lns/stage.h"
+#include "lns/core/bf16.h"
+#include "lns/core/device.h"
+#include "lns/model/generate.h"
+#include "lns/core/ops.h"
+#include "lns/model/stage.h"
 #include "tests/generate_cases.h"
 #include "tests/test_util.h"
 

@@ -6,7 +6,7 @@
 
 #include <cstring>
 
-#include "lns/device.h"
+#include "lns/core/device.h"
 #include "tests/gpu/graphed_steps.h"
 
 namespace lns {

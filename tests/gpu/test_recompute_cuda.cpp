@@ -6,9 +6,9 @@
 
 #include <cstring>
 
-#include "lns/activation_memory.h"
-#include "lns/device.h"
-#include "lns/stage.h"
+#include "lns/model/activation_memory.h"
+#include "lns/core/device.h"
+#include "lns/model/stage.h"
 #include "tests/test_util.h"
 
 namespace lns {

@@ -16,7 +16,7 @@
 #include "cuda/sim/counters.h"
 #include "cuda/sdpa.h"
 #include "cuda/sim/sim_internal.h"
-#include "lns/trainer.h"
+#include "lns/train/trainer.h"
 #include "tests/gpu/graphed_steps.h"
 
 namespace lns::cuda {

@@ -1,7 +1,7 @@
 // A deliberately broken core-level file for layering_link_fires (tests/CMakeLists.txt):
 // it calls the model layer (block_plan.h's LNS scale) while its library links only
 // core, so the layer link check must fail to link it.
-#include "lns/block_plan.h"
+#include "lns/model/block_plan.h"
 
 namespace lns {
 

@@ -15,8 +15,8 @@
 #include <cstring>
 #include <vector>
 
-#include "lns/device.h"
-#include "lns/train_flags.h"
+#include "lns/core/device.h"
+#include "lns/train/train_flags.h"
 
 namespace lns {
 namespace {

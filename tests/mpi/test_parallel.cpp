@@ -18,13 +18,13 @@
 #include <cstdlib>
 #include <map>
 
-#include "lns/data.h"
-#include "lns/device.h"
-#include "lns/errors.h"
-#include "lns/fp8_state.h"
-#include "lns/safetensors.h"
-#include "lns/train_flags.h"
-#include "lns/trainer.h"
+#include "lns/data/data.h"
+#include "lns/core/device.h"
+#include "lns/core/errors.h"
+#include "lns/model/fp8_state.h"
+#include "lns/checkpoint/safetensors.h"
+#include "lns/train/train_flags.h"
+#include "lns/train/trainer.h"
 #include "parallel/process_grid.h"
 
 DECLARE_bool(zero);

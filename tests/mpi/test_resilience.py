@@ -396,7 +396,7 @@ class Resilience(unittest.TestCase):
 
     # ---- exit statuses ------------------------------------------------------------------
     def test_exit_statuses_agree_and_configuration_errors_are_not_restarted(self):
-        with open(os.path.join(ROOT, "include/lns/exit_status.h")) as f:
+        with open(os.path.join(ROOT, "include/lns/core/exit_status.h")) as f:
             header = dict((k, int(v)) for k, v in re.findall(r"(kExit\w+) = (\d+)", f.read()))
         with open(os.path.join(ROOT, "launch/restart_policy.sh")) as f:
             shell = dict((k, int(v)) for k, v in re.findall(r"^(LNS_EXIT_\w+)=(\d+)", f.read(), re.M))

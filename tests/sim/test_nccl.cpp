@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "lns/bf16.h"
+#include "lns/core/bf16.h"
 #include "parallel/mpi_communicator.h"
 #include "tests/sim/device_mem.h"
 

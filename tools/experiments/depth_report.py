@@ -91,7 +91,7 @@ def read_curve(path):
     return sorted(curve.items())
 
 
-FP8_TENSORS = ("x", "w", "dy")  # the FP8 health rows' tensors (lns/fp8_state.h): input, weight, gradient
+FP8_TENSORS = ("x", "w", "dy")  # the FP8 health rows' tensors (lns/model/fp8_state.h): input, weight, gradient
 
 
 def read_fp8_health(path, layers):

@@ -4,7 +4,7 @@ src/model/block_plan_json.cpp): per global layer the form it runs (its effective
 scheme), the norms it owns, and for each sublayer its pre-norm with its LNS scale, its
 output norm, its residual scale and its post-add norm. The perf models (step_model.py,
 memory_model.py, comm_model.py) read the schemes here and never restate them: a new
-scheme that fits the block's general form (lns/block_plan.h) needs nothing in tools/perf.
+scheme that fits the block's general form (lns/model/block_plan.h) needs nothing in tools/perf.
 
 Where a plan comes from, first found first:
 1. block_plans.json beside this file: lns_train's answers for every model of configs/

@@ -54,7 +54,7 @@ def sublayer_norms(s, layer):
 
 
 def layer_recompute(mode, recompute_layers, local):
-    """lns/recompute.h: full on the first N layers of a stage (0: all), else as given."""
+    """lns/model/recompute.h: full on the first N layers of a stage (0: all), else as given."""
     if mode != "full" or recompute_layers == 0:
         return mode
     return "full" if local < recompute_layers else "none"

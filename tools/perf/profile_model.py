@@ -8,7 +8,7 @@ a profile (lns_bench_step --profile; the cuDNN and --fp8 steps' too, the latter 
 the model of that mode: its GEMMs at the FP8 peak, its casts a row of their own), prints
 each class of work as measured beside the time step_model.py says it cannot beat on that
 GPU (the model's kernels of one step, grouped into the same classes as the profile's
-rows, include/lns/op_profile.h), and their ratio: where the step is far from its bound
+rows, include/lns/core/op_profile.h), and their ratio: where the step is far from its bound
 is where the work is. The model's figures are projections, not measurements.
 """
 import json

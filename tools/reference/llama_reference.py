@@ -14,7 +14,7 @@ Config keys (a plain dict):
                   | "deeppost_corrected" | "mono_reverse_corrected"
     post_layers : int (mix / scale_post_pre: blocks with index < post_layers are post-norm)
     layer_schemes : str (hybrid only, optional key otherwise): the per-layer pattern
-                  FORM[:COUNT],...[,*] of include/lns/layer_schemes.h
+                  FORM[:COUNT],...[,*] of include/lns/model/layer_schemes.h
     tie_embeddings : bool (logits use model.embed_tokens.weight, no lm_head.weight)
     seq_len, micro_batch_size
 
@@ -101,7 +101,7 @@ def head_dim(cfg):
 
 def layer_forms(pattern, L):
     """The block form of each of L layers from a --layer_schemes pattern, written
-    from its specification (include/lns/layer_schemes.h), not from the C++ code."""
+    from its specification (include/lns/model/layer_schemes.h), not from the C++ code."""
     items = pattern.split(",")
     repeat = items[-1] == "*"
     if repeat:

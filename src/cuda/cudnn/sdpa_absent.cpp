@@ -1,7 +1,7 @@
 // A CUDA build configured without cuDNN's headers (src/cuda/sdpa.h): --attention=cudnn
 // stops before the first step and says how to get them; the other attentions run.
 #include "cuda/sdpa.h"
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace lns::cuda {
 namespace {

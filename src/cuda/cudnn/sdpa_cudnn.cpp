@@ -27,7 +27,7 @@
 
 #include "cuda/runtime.h"
 #include "cuda/sdpa.h"
-#include "lns/errors.h"
+#include "lns/core/errors.h"
 
 namespace cudnn_frontend {
 void* cudnn_dlhandle = nullptr;  // the frontend's dynamic-loading shim looks symbols up here

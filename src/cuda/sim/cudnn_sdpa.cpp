@@ -19,7 +19,7 @@
 
 #include "cuda/sdpa.h"
 #include "cuda/sim/sim_api.h"
-#include "lns/bf16.h"
+#include "lns/core/bf16.h"
 
 namespace lns::cuda {
 namespace {

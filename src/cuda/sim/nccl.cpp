@@ -46,7 +46,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda/sim/sim_api.h"
-#include "lns/bf16.h"
+#include "lns/core/bf16.h"
 
 namespace {
 

@@ -1,8 +1,8 @@
 // lns built without protobuf or Boost (CMakeLists.txt): no TensorBoard files. The trainer
 // never gets a --tensorboard_dir then (tensorboard_dir_from_flags refuses one), so these
 // are never reached with a directory.
-#include "lns/errors.h"
-#include "lns/tensorboard.h"
+#include "lns/core/errors.h"
+#include "lns/train/tensorboard.h"
 
 namespace lns {
 

@@ -1,11 +1,11 @@
 // bfloat16 as the SIMT emulator provides it (-DLNS_CUDA_SIM=ON): the storage type and
 // the conversions src/cuda uses. The rounding (to nearest even, NaN kept quiet, like
-// the GPU's cvt.rn.bf16.f32) is the project's one rule in include/lns/bf16.h.
+// the GPU's cvt.rn.bf16.f32) is the project's one rule in include/lns/core/bf16.h.
 #pragma once
 #include <cstdint>
 
 #include "cuda_runtime.h"
-#include "lns/bf16.h"
+#include "lns/core/bf16.h"
 
 struct __nv_bfloat16 {
   uint16_t __x;
