@@ -14,7 +14,7 @@ PKGS=(cmake g++ make ccache pkg-config
 
 # Python packages for the tools: tokenizers and sentencepiece (prepare_data.py),
 # matplotlib (plots); tensorboard (`tensorboard --logdir` watches a run, and
-# tests/test_tensorboard.py reads the event files back with its loaders); cuobjdump and
+# tests/python/test_tensorboard.py reads the event files back with its loaders); cuobjdump and
 # nvdisasm (tools/perf/sass_check.py: the CUDA toolkit here lacks them, NVIDIA's PyPI
 # wheels carry them). Installed with pip only when missing.
 install_python_deps() {

@@ -3,7 +3,7 @@
 // sublayer is the general form of lns/model/block_plan.h, read from the same Layer and NormUse
 // values forward() reads, so every scheme, LN-free divisor and folded model decodes as
 // it trains; only the attention core differs (attention_decode over the cache instead
-// of attention_forward over the sequence). tests/test_generate.cpp holds it against
+// of attention_forward over the sequence). tests/unit/test_generate.cpp holds it against
 // forward() on whole sequences, scheme by scheme.
 #include <algorithm>
 

@@ -9,7 +9,7 @@
 
 #include "lns/core/device.h"
 #include "lns/train/trainer.h"
-#include "tests/test_util.h"
+#include "tests/common/test_util.h"
 
 namespace lns::test {
 

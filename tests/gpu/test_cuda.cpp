@@ -32,8 +32,8 @@
 #include "lns/model/fp8_state.h"
 #include "lns/core/ops.h"
 #include "lns/model/stage.h"
-#include "tests/fp8_sharing.h"
-#include "tests/test_util.h"
+#include "tests/common/fp8_sharing.h"
+#include "tests/common/test_util.h"
 
 #ifdef LNS_WITH_CUDA
 #include "src/cuda/gemm.h"
@@ -892,7 +892,7 @@ TEST(Fp8Linear, CudaBlockwiseMatchesTheCpuReference) {
 }
 
 // The shared ops on CUDA (x8 and xT8 cast once for q, k and v) against the one-linear
-// ops, both modes, bit for bit (tests/fp8_sharing.h).
+// ops, both modes, bit for bit (tests/common/fp8_sharing.h).
 TEST(Fp8Linear, CudaSharedInputIsTheSingleOps) {
   REQUIRE_GPU();
   for (const bool blockwise : {false, true}) {
@@ -943,7 +943,7 @@ TEST(ModelStep, Fp8BlockwiseGpuStepMatchesCpuStep) {
 // The weights cast once per step on CUDA (fp8_cast_weight: w8 and wT8 in one pass, and
 // under blockwise both directions' tile factors, carved from one buffer) against each
 // op casting w itself: the same losses and gradients bit for bit over two steps with
-// a weight update between them (tests/fp8_sharing.h).
+// a weight update between them (tests/common/fp8_sharing.h).
 TEST(ModelStep, Fp8StepCastsAreThePerCallCasts) {
   REQUIRE_GPU();
   for (const Fp8Mode m : {Fp8Mode::Delayed, Fp8Mode::Blockwise}) {

@@ -17,7 +17,7 @@
 #include "lns/core/errors.h"
 #include "lns/core/ops.h"
 #include "lns/model/stage.h"
-#include "tests/test_util.h"
+#include "tests/common/test_util.h"
 
 namespace lns {
 namespace {

@@ -14,8 +14,8 @@
 #include "lns/model/generate.h"
 #include "lns/core/ops.h"
 #include "lns/model/stage.h"
-#include "tests/generate_cases.h"
-#include "tests/test_util.h"
+#include "tests/common/generate_cases.h"
+#include "tests/common/test_util.h"
 
 namespace lns {
 namespace {

@@ -9,7 +9,7 @@
 #include "lns/model/activation_memory.h"
 #include "lns/core/device.h"
 #include "lns/model/stage.h"
-#include "tests/test_util.h"
+#include "tests/common/test_util.h"
 
 namespace lns {
 namespace {

@@ -20,7 +20,7 @@ import tempfile
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 TRAIN = os.environ.get("LNS_TRAIN_BIN", os.path.join(ROOT, "build-cuda", "lns_train"))
 # The SIMT emulator build (docs/cuda.md) runs fewer steps: its ctest entry sets
-# LNS_TINY_RUN_STEPS=20 (tests/CMakeLists.txt), however ctest is run.
+# LNS_TINY_RUN_STEPS=20 (tests/gpu/CMakeLists.txt), however ctest is run.
 # 160 on a GPU: on the first H200 run (2026-11-26) the bf16 loss wandered around the f32
 # one by up to 5% between steps 30 and 80 as the model memorised (gap over steps 61-80:
 # 3.12% of a 0.30 loss, over the bound) and settled after (steps 141-160: 0.47%).

@@ -1,4 +1,4 @@
-// A deliberately broken core-level file for layering_link_fires (tests/CMakeLists.txt):
+// A deliberately broken core-level file for layering_link_fires (tests/layering/CMakeLists.txt):
 // it calls the model layer (block_plan.h's LNS scale) while its library links only
 // core, so the layer link check must fail to link it.
 #include "lns/model/block_plan.h"

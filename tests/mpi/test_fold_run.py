@@ -22,7 +22,7 @@ EVAL = os.path.join(os.path.dirname(TRAIN or "."), "lns_eval")
 CONVERT = os.path.join(os.path.dirname(TRAIN or "."), "lns_convert")
 MPIRUN = os.environ.get("MPIRUN", "mpirun")
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))  # eot_tokens
+sys.path.insert(0, os.path.join(HERE, "..", "common"))  # eot_tokens
 import eot_tokens  # noqa: E402
 
 MODEL = ["--vocab_size=64", "--hidden_size=32", "--intermediate_size=45", "--num_layers=4", "--num_heads=4",

@@ -26,7 +26,7 @@ EVAL = os.path.join(os.path.dirname(TRAIN or "."), "lns_eval")
 CONVERT = os.path.join(os.path.dirname(TRAIN or "."), "lns_convert")
 MPIRUN = os.environ.get("MPIRUN", "mpirun")
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))  # eot_tokens
+sys.path.insert(0, os.path.join(HERE, "..", "common"))  # eot_tokens, kept_folder
 import eot_tokens  # noqa: E402
 import kept_folder  # noqa: E402  (a failed test keeps the folder and shows its runs' logs)
 

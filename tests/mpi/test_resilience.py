@@ -39,7 +39,7 @@ MPIRUN = os.environ.get("MPIRUN", "mpirun")
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "common"))
 import prepare_data  # noqa: E402
 
 MODEL = ["--vocab_size=64", "--hidden_size=32", "--intermediate_size=48", "--num_layers=4",

@@ -254,7 +254,7 @@ TEST(SimNcclInit, TwoRanksOnOneDeviceIsInvalidUsage) {
   lns::simtest::set_device(g_rank);
 }
 
-// ---- deliberately broken calls (tests/CMakeLists.txt: sim_nccl_break_*) -----------
+// ---- deliberately broken calls (tests/sim/CMakeLists.txt: sim_nccl_break_*) -----------
 int run_broken(const std::string& what) {
   ncclComm_t comm = make_comm(MPI_COMM_WORLD);
   DevBuf b(1024);

@@ -2,7 +2,7 @@
 std, seed, model shape, FP8), in order of priority, the cells' run names and the cost
 model of the ETA (block-steps). Data only: no runs, no files. depth_study.py runs the
 cells and depth_report.py reads their records; both import this module, and
-depth_study.py imports depth_report.py, never the reverse (tests/test_tool_imports.py).
+depth_study.py imports depth_report.py, never the reverse (tests/python/test_tool_imports.py).
 """
 import math
 

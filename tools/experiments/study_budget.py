@@ -10,7 +10,7 @@ Parameters of a LLaMA model with untied embedding and head:
 with kv_width = hidden x kv_heads / heads and 2 norms a block (4 under sandwich).
 Tokens: steps x global batch x sequence length; the paper's configs train in document
 mode (--data_mode=document), where a sequence may end in padding, so their token counts
-are upper bounds and their ratios too. tests/test_depth_scale.py checks the count against
+are upper bounds and their ratios too. tests/python/test_depth_scale.py checks the count against
 a checkpoint's tensors.
 """
 import os

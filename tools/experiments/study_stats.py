@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The statistics every study page states its claims with (issue 45): one place, so that
 each page calls a difference or a trend by the same rule and prints the statistic beside
-the claim. Plain Python (no scipy), checked in tests/test_study_stats.py against values
+the claim. Plain Python (no scipy), checked in tests/python/test_study_stats.py against values
 worked out by hand and textbook table values.
 
 - welch(a, b): the difference of means b - a of two independent samples (seeds), its

@@ -9,7 +9,7 @@ scheme that fits the block's general form (lns/model/block_plan.h) needs nothing
 Where a plan comes from, first found first:
 1. block_plans.json beside this file: lns_train's answers for every model of configs/
    (committed, so that a config's model runs where no lns_train is, such as the GPU
-   node that writes a benchmark record); tests/perf/test_block_plan.py holds it equal to
+   node that writes a benchmark record); tests/python/test_block_plan.py holds it equal to
    what lns_train prints;
 2. lns_train itself: $LNS_TRAIN_BIN, else build/lns_train.
 
@@ -143,7 +143,7 @@ def write(binary=None):
                 keys.append(k)
     plans = [ask_lns_train(request(*k), binary) for k in keys]
     lines = ['{"about": "lns_train --print_block_plan for every model of configs/ (python3 tools/perf/block_plan.py '
-             '--write); tests/perf/test_block_plan.py holds it equal to what lns_train prints",', ' "plans": [']
+             '--write); tests/python/test_block_plan.py holds it equal to what lns_train prints",', ' "plans": [']
     for i, p in enumerate(plans):
         head = {k: v for k, v in p.items() if k != "layers"}
         lines.append("  " + json.dumps(head)[:-1] + ', "layers": [')

@@ -6,7 +6,7 @@ src/model/stage.cpp and src/train run, under the ring model the communicator cou
 (parallel/communicator.h, CommCounts): an all-reduce of S bytes over p ranks sends
 2(p-1)/p*S per rank, an all-gather or reduce-scatter (p-1)/p*S (S the full buffer), a
 pipeline send S. The same count, written out in tests/mpi/test_parallel.cpp
-(CommCounter.*), equals the counter on the CPU; tests/perf/test_comm_model.py checks
+(CommCounter.*), equals the counter on the CPU; tests/python/test_comm_model.py checks
 this file against the values the counter measured there. Larger shapes are
 projections: nothing here is measured.
 

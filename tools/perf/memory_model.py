@@ -6,7 +6,7 @@ and the rule that picks a layout, --recompute and the micro-batch for a flagfile
 
 `activation_account()` is the one Python copy of src/model/activation_memory.cpp
 (what LlamaStage plans for its activations, per micro-batch in flight and per layer,
-by recompute mode); tests/perf/test_memory_model.py holds it to the bytes lns_train
+by recompute mode); tests/python/test_memory_model.py holds it to the bytes lns_train
 prints at start-up. Everything else is the model of the other buffers of a rank
 (weights, gradients, optimizer state, kernel scratch) and is a projection, not a
 measurement.

@@ -1,6 +1,6 @@
 """The shape of a LLaMA model as the perf models take it (tools/perf: step_model.py,
 memory_model.py, comm_model.py), from lns_train's flags. Its own module so that the
-models import it, and each other, one way only (tests/test_tool_imports.py). What a
+models import it, and each other, one way only (tests/python/test_tool_imports.py). What a
 scheme puts in a block comes from lns_train's block plan (block_plan.py), never from
 the scheme's name here.
 """

@@ -358,7 +358,7 @@ class StepModel:
 
     def own_launches(self):
         """Launches of our kernels (LNS_LAUNCH) per micro-batch: what the emulator counts
-        (its cuBLASLt stand-in runs GEMMs without a launch); tests/perf/test_emulator_counts.py
+        (its cuBLASLt stand-in runs GEMMs without a launch); tests/gpu/test_emulator_counts.py
         checks it against lns_bench_step under -DLNS_CUDA_SIM."""
         return sum(k.launches for k in self.kernels if not k.cublas)
 

@@ -15,7 +15,7 @@
    tie: a gap far above float32 rounding means any correct float32 implementation picks
    the same tokens), with the versions of torch and transformers.
 
-tests/test_generate_cli.py (ctest generate_cli) runs lns_generate on the committed
+tests/python/test_generate_cli.py (ctest generate_cli) runs lns_generate on the committed
 checkpoint and on its export, and requires the same ids token for token.
 """
 import argparse

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checkpoints saved by the LayerNorm-Scaling repository's own model, one per variant it
 runs, with what that model computes on them: the fixtures of
-tests/test_repo_checkpoints.cpp (`lns_convert import-hf --repo_norm_type` must read each
+tests/format/test_repo_checkpoints.cpp (`lns_convert import-hf --repo_norm_type` must read each
 and compute the same logits, loss and gradients).
 
     python3 tools/reference/repo_checkpoints.py --repo_dir DIR [--out_dir DIR] [--check]
@@ -31,7 +31,7 @@ Weights: drawn here in float32 so that every block, norm and scale matters (the
 repository's init, std 0.02 and branch scales of 0.001, leaves the blocks near the
 identity and the logits near uniform): linears N(0, 1/fan_in), embedding N(0, 1), norm
 gains 1 + 0.2 N(0,1), branch scales 0.5 + 0.2 N(0,1); its init rules are checked by
-tests/test_init.cpp instead. Computed in float64 (model.double()); the Gumbel noise is chosen (and
+tests/unit/test_init.cpp instead. Computed in float64 (model.double()); the Gumbel noise is chosen (and
 stored) so that layer 3 takes the Pre-LN path and layer 7 the Post-LN one.
 """
 import argparse

@@ -1,7 +1,7 @@
 // The exit statuses of lns_train, said once. The launchers (launch/restart_policy.sh)
 // restart a job from --resume=auto after a fault and never after an error of the
 // configuration or the input, so each cause has a status of its own;
-// tests/test_resilience.py checks that the shell file and this header agree.
+// tests/mpi/test_resilience.py checks that the shell file and this header agree.
 #pragma once
 
 namespace lns {

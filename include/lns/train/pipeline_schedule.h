@@ -43,7 +43,7 @@ void check_micro_batches(int num_micro, int stages, int chunks);
 // pipeline_schedule(): the activation slots its LlamaStage needs per chunk.
 std::vector<int> chunk_slots(int num_micro, int stage, int stages, int chunks);
 // Idle time over useful time of the schedule, (P-1)/(V*M): the pipeline bubble,
-// logged at start-up (tests/test_schedule.cpp times the op lists against it).
+// logged at start-up (tests/unit/test_schedule.cpp times the op lists against it).
 double pipeline_bubble(int num_micro, int stages, int chunks);
 
 class PipelineSchedule1F1B {
