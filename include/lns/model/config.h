@@ -37,6 +37,8 @@ enum class NormScheme {
 // "scale_post_pre", "hybrid", "scale_res_pre_norm", "routed", "mono", "mono_reverse",
 // "deeppost_corrected", "mono_reverse_corrected"
 const char* norm_scheme_name(NormScheme s);
+// Every scheme's name, in the table's order (what --norm_scheme accepts).
+std::vector<std::string> norm_scheme_names();
 // Throws UserError naming `flag` and the accepted values.
 NormScheme parse_norm_scheme(const std::string& s, const std::string& flag = "--norm_scheme");
 const char* norm_type_name(NormType t);  // "rmsnorm", "layernorm"
