@@ -1,9 +1,9 @@
 // The FP8 cast of the CUDA backend (src/cuda/fp8.cu), for the FP8 linear layers
-// (include/lns/core/fp8_linear.h). CPU reference: lns::cast_to_fp8 (src/core/fp8.cpp).
+// (include/lns/core/fp8_linear.h). CPU reference: lns::cast_to_fp8 (src/core/fp8_format.cpp).
 #pragma once
 #include <cstdint>
 
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 #include "lns/core/tensor.h"
 
 namespace lns::cuda {

@@ -16,7 +16,7 @@
 
 #include "lns/core/bf16.h"
 #include "lns/core/device.h"
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 #include "lns/core/fp8_linear.h"
 
 #ifdef LNS_WITH_CUDA
