@@ -199,7 +199,7 @@ __global__ void fp8_cast_vec_kernel(const bf16* __restrict__ x, int64_t R, int64
 
 
 // ---- --fp8=blockwise: tiles of 128 along K, each with its own power-of-two scale -------
-// (include/lns/core/fp8_linear.h; CPU reference quantize_tiles in src/cpu/linear_fp8.cpp).
+// (include/lns/core/fp8_linear.h; CPU reference quantize_tiles in src/cpu/fp8_linear.cpp).
 // The factor written for a tile is 1/s (exact), in the layouts cuda/gemm.h states for
 // GemmScale::Vec128 and Block128; their padding is left unwritten (never read).
 constexpr int kTileK = 128;

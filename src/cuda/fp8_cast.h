@@ -17,7 +17,7 @@ void fp8_cast(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q,
 
 // --fp8=blockwise's casts (include/lns/core/fp8_linear.h), each tile of 128 along K with its
 // own power-of-two scale and its factor 1/s in the layouts of cuda/gemm.h's GemmScale
-// (CPU reference: quantize_tiles, src/cpu/linear_fp8.cpp). x, w bf16 viewed as [R, C].
+// (CPU reference: quantize_tiles, src/cpu/fp8_linear.cpp). x, w bf16 viewed as [R, C].
 // 1 x 128 along C: q[R,C], s Vec128 for an operand of R rows (K = C); record as fp8_cast.
 void fp8_cast_tiles_rows(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q, float* s);
 // 128 x 1 down R, transposed: qT[C,R], s Vec128 for an operand of C rows (K = R); never recorded.
