@@ -52,6 +52,7 @@
 #include <absl/strings/str_split.h>
 
 #include "cuda/fp8_cast.h"
+#include "cuda/fp8_tiles.h"
 #include "cuda/gemm.h"
 #include "cuda/runtime.h"
 #include "lns/core/device.h"

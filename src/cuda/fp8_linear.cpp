@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda/fp8_cast.h"
+#include "cuda/fp8_tiles.h"
 #include "cuda/gemm.h"
 #include "lns/core/fp8_linear.h"
 #include "lns/core/ops.h"

@@ -21,6 +21,7 @@
 
 #ifdef LNS_WITH_CUDA
 #include "src/cuda/fp8_cast.h"
+#include "src/cuda/fp8_tiles.h"
 
 namespace lns {
 namespace {
