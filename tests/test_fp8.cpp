@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 
 namespace lns {
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "lns/core/errors.h"
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 #include "lns/core/fp8_linear.h"
 #include "lns/model/fp8_state.h"
 #include "fp8_sharing.h"

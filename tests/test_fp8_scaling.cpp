@@ -9,7 +9,7 @@
 #include <string>
 
 #include "lns/core/errors.h"
-#include "lns/core/fp8_scaling.h"
+#include "lns/core/fp8_recipe.h"
 
 namespace lns {
 namespace {

@@ -16,11 +16,12 @@
 
 #include "lns/core/bf16.h"
 #include "lns/core/device.h"
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 #include "lns/core/fp8_linear.h"
 
 #ifdef LNS_WITH_CUDA
 #include "src/cuda/fp8_cast.h"
+#include "src/cuda/fp8_tiles.h"
 
 namespace lns {
 namespace {

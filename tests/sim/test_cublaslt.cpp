@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "lns/core/bf16.h"
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 #include "tests/sim/device_mem.h"
 
 namespace {
