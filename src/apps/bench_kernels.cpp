@@ -15,7 +15,7 @@
 //                            record's best_candidate is the fastest of the heuristic's
 //                            candidates (-1: the one the step runs)
 //   gemm_fp8_<name>_<M>x<N>x<K>, gemm_fp8bw_<name>_...  the same products in FP8 as
-//                            --fp8 runs them (src/cuda/linear_fp8.cpp): E4M3 x E4M3 with
+//                            --fp8 runs them (src/cuda/fp8_linear.cpp): E4M3 x E4M3 with
 //                            per-tensor scales, and with 1x128 / 128x128 tile scales
 //   fp8_cast_<N>x<C>         --fp8=delayed's cast of an activation: reads x bf16, writes
 //                            its E4M3 codes and the health (recorded): 3*N*C bytes;
@@ -52,6 +52,7 @@
 #include <absl/strings/str_split.h>
 
 #include "cuda/fp8_cast.h"
+#include "cuda/fp8_tiles.h"
 #include "cuda/gemm.h"
 #include "cuda/runtime.h"
 #include "lns/core/device.h"

@@ -32,45 +32,35 @@ void check_hf_exportable(const LlamaConfig& cfg) {
   if (cfg.norm_type != NormType::RMSNorm)
     fail("export-hf: LlamaForCausalLM has RMSNorm only; this model uses --norm_type=layernorm ",
          "(mean subtraction and norm biases would be lost)");
-  if (cfg.norm_scheme == NormScheme::Hybrid) {
-    for (int i = 0; i < cfg.num_layers; ++i) {
-      const NormScheme e = block_plan(cfg, i).effective;
-      if (e != NormScheme::Pre && e != NormScheme::LNS)  // scale_res_pre_norm: learned branch scales
-        fail("export-hf: --norm_scheme=hybrid layer ", i, " is ", norm_scheme_name(e),
-             "; LlamaForCausalLM expresses pre-norm (pre, lns) blocks only");
-    }
-    return;
-  }
-  switch (cfg.norm_scheme) {
-    case NormScheme::Pre:
-    case NormScheme::LNS:
-    case NormScheme::ScaledInit:
-    case NormScheme::Hybrid:
-      return;
-    case NormScheme::Post:
-    case NormScheme::Mix:
-    case NormScheme::DeepNorm:
-    case NormScheme::DeepPost:
-    case NormScheme::DeepPostCorrected:
-    case NormScheme::ScalePostPre:
-      fail("export-hf: --norm_scheme=", norm_scheme_name(cfg.norm_scheme),
-           " normalizes after the residual add (x = N(alpha*x + F(x))), which LlamaForCausalLM ",
-           "cannot express; exporting would silently change the model");
-    case NormScheme::Sandwich:
-      fail("export-hf: --norm_scheme=sandwich normalizes each sublayer's output ",
-           "(post_attention_layernorm, post_feedforward_layernorm), which LlamaForCausalLM lacks; ",
-           "Gemma 2 has such norms but also scales embeddings and soft-caps logits, so no exact ",
-           "format exists");
-    case NormScheme::ScaleResPre:
-      fail("export-hf: --norm_scheme=scale_res_pre_norm multiplies each sublayer's output by a learned scale, ",
-           "which LlamaForCausalLM cannot express (export-repo writes it for the reference repository's model)");
-    case NormScheme::Routed:
-    case NormScheme::Mono:
-    case NormScheme::MonoReverse:
-    case NormScheme::MonoReverseCorrected:
-      fail("export-hf: --norm_scheme=", norm_scheme_name(cfg.norm_scheme),
+  // What LlamaForCausalLM computes is one block plan: a norm before each sublayer (the
+  // LNS scale folds into its gain), nothing after it, a plain residual. Each layer's plan
+  // (block_plan, the one place that knows a scheme) is held to it, so a new scheme needs
+  // no case here.
+  const std::string scheme = norm_scheme_name(cfg.norm_scheme);
+  const bool hybrid = cfg.norm_scheme == NormScheme::Hybrid;
+  // A routed layer first: its path 0 may be post-norm, and the route is what to name.
+  for (int i = 0; i < cfg.num_layers; ++i)
+    if (block_plan(cfg, i).route)
+      fail("export-hf: --norm_scheme=", scheme, hybrid ? absl::StrCat(" layer ", i, " is routed; it") : "",
            " routes blocks between a pre- and a post-norm path with a learned gate, which ",
            "LlamaForCausalLM cannot express");
+  for (int i = 0; i < cfg.num_layers; ++i) {
+    const BlockPlan b = block_plan(cfg, i);
+    const std::string where = absl::StrCat("export-hf: --norm_scheme=", scheme, hybrid ? absl::StrCat(" layer ", i) : "");
+    for (const SublayerPlan* sl : {&b.attn, &b.mlp}) {
+      if (sl->add_norm || sl->residual_alpha != 1.0f)
+        fail(where, " normalizes after the residual add (x = N(alpha*x + F(x))), which LlamaForCausalLM ",
+             "cannot express; exporting would silently change the model");
+      if (sl->out_norm)
+        fail(where, " normalizes each sublayer's output (post_attention_layernorm, post_feedforward_layernorm), ",
+             "which LlamaForCausalLM lacks; Gemma 2 has such norms but also scales embeddings and soft-caps ",
+             "logits, so no exact format exists");
+      if (sl->learned_branch_scale)
+        fail(where, " multiplies each sublayer's output by a learned scale, which LlamaForCausalLM cannot ",
+             "express (export-repo writes it for the reference repository's model)");
+      if (!sl->pre_norm)
+        fail(where, " has a sublayer without a norm before it, which LlamaForCausalLM cannot express");
+    }
   }
 }
 

@@ -1,20 +1,11 @@
-// --fp8's modes, the FP8 table's rows and the one-linear ops as groups of one
-// (include/lns/core/fp8_linear.h); the ops are in src/cpu/linear_fp8.cpp and
-// src/cuda/linear_fp8.cpp.
+// The FP8 table's rows and the one-linear ops as groups of one
+// (include/lns/core/fp8_linear.h); the backends' ops are in src/cpu/fp8_linear.cpp and
+// src/cuda/fp8_linear.cpp.
 #include "lns/core/fp8_linear.h"
 
 #include "lns/core/errors.h"
 
 namespace lns {
-
-const char* fp8_mode_name(Fp8Mode m) {
-  switch (m) {
-    case Fp8Mode::None: return "none";
-    case Fp8Mode::Delayed: return "delayed";
-    case Fp8Mode::Blockwise: return "blockwise";
-  }
-  return "?";
-}
 
 float* Fp8Linear::row(int64_t r) const {
   LNS_CHECK(table.dtype == DType::F32 && table.shape.ndim == 2 && table.dim(1) == kFp8Fields && r >= 0 &&
@@ -39,13 +30,5 @@ void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bo
                          const Fp8Linear& f) {
   linear_backward_fp8_shared(dx, {dw}, {dy}, x, {w}, accumulate_dx, {f});
 }
-
-Fp8Mode parse_fp8_mode(const std::string& s, const std::string& flag) {
-  if (s == "none") return Fp8Mode::None;
-  if (s == "delayed") return Fp8Mode::Delayed;
-  if (s == "blockwise") return Fp8Mode::Blockwise;
-  fail(flag, "=", s, ": expected none, delayed or blockwise");
-}
-
 
 }  // namespace lns

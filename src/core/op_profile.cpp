@@ -15,7 +15,7 @@ const std::map<std::string, std::string>& file_classes() {
   static const std::map<std::string, std::string> m = {
       {"linear", "GEMMs (cuBLASLt)"},
       {"gemm", "GEMMs (cuBLASLt)"},
-      {"linear_fp8", "GEMMs (cuBLASLt)"},  // its casts are segments of their own (fp8_cast)
+      {"fp8_linear", "GEMMs (cuBLASLt)"},  // its casts are segments of their own (fp8_cast)
       {"fp8_cast", "FP8 casts (scale, amax, transpose)"},
       {"attention", "attention"},
       {"norm", "norms with residual adds and LNS scale"},

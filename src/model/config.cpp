@@ -7,6 +7,7 @@
 #include "lns/model/block_plan.h"
 #include "lns/core/errors.h"
 #include "lns/core/files.h"
+#include "absl/strings/str_join.h"
 #include "lns/core/json_in.h"
 #include "lns/model/layer_schemes.h"
 
@@ -32,12 +33,17 @@ const char* norm_scheme_name(NormScheme s) {
   return "?";
 }
 
+std::vector<std::string> norm_scheme_names() {
+  std::vector<std::string> out;
+  for (auto& [k, v] : kSchemes) out.push_back(v);
+  return out;
+}
+
 NormScheme parse_norm_scheme(const std::string& s, const std::string& flag) {
   for (auto& [k, v] : kSchemes)
     if (s == v) return k;
-  fail(flag, "=", printable(s), " is not a normalization scheme; expected one of pre, lns, post, mix, ",
-       "sandwich, deepnorm, scaled_init, deeppost, scale_post_pre, hybrid, scale_res_pre_norm, routed, mono, ",
-       "mono_reverse, deeppost_corrected, mono_reverse_corrected");
+  fail(flag, "=", printable(s), " is not a normalization scheme; expected one of ",
+       absl::StrJoin(norm_scheme_names(), ", "));
 }
 
 const char* norm_type_name(NormType t) { return t == NormType::RMSNorm ? "rmsnorm" : "layernorm"; }

@@ -26,14 +26,10 @@ DEFINE_string(recompute, "none",
 DEFINE_int32(recompute_layers, 0,
              "--recompute=full: only the first N layers of each pipeline stage recompute; 0 = all.");
 DEFINE_string(norm_scheme, "lns",
-              "pre, lns (LayerNorm Scaling), post, mix (Mix-LN), sandwich, deepnorm, scaled_init, or the "
-              "reference repository's variants as it computes them: deeppost (post, residual x 2*sqrt(2), "
-              "Xavier gain (8L)^(1/4)), scale_post_pre (mix, scaled init in its Pre-LN layers), "
-              "scale_res_pre_norm (pre, each sublayer's output times a learned scalar, 0.001 at init), "
-              "mono (pre, every 4th layer Gumbel-routed between pre and post paths), mono_reverse (post "
-              "normalising the MLP input twice, every 4th layer routed); hybrid (per layer, "
-              "--layer_schemes), routed (every layer routed); corrected forms: deeppost_corrected "
-              "(gain (8L)^(-1/4)), mono_reverse_corrected (plain post layers). docs/model.md.");
+              "The block's normalization scheme: pre, lns (LayerNorm Scaling), post, mix (Mix-LN), sandwich, "
+              "deepnorm, scaled_init, the reference repository's variants as it computes them (deeppost, "
+              "scale_post_pre, scale_res_pre_norm, mono, mono_reverse, and corrected forms), hybrid (per layer, "
+              "--layer_schemes) and routed. docs/model.md says what each computes; a bad value lists every name.");
 DEFINE_int32(post_layers, 1,
              "mix, scale_post_pre: layers with 0-based index below this use Post-LN (the reference "
              "repository's POST_NUM, whose default is 1).");

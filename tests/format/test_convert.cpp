@@ -210,6 +210,23 @@ TEST(Convert, RefusesWhatTheRepositoryCannotRun) {
   EXPECT_EQ(config_for_repo_norm_type(c, "pre_sandwich", 1, "x").num_kv_heads, c.num_heads);
 }
 
+TEST(Convert, ExportsExactlyThePlainPreNormSchemes) {
+  // The rule reads each layer's block plan, not a list of schemes: held against every
+  // scheme --norm_scheme accepts, the exportable ones are the pre-norm family.
+  for (const std::string& name : norm_scheme_names()) {
+    LlamaConfig c = small_model(NormScheme::Pre);
+    c.norm_scheme = parse_norm_scheme(name, "--norm_scheme");
+    if (c.norm_scheme == NormScheme::Hybrid) c.layer_schemes = "lns,pre,*";
+    const bool plain = name == "pre" || name == "lns" || name == "scaled_init" || name == "hybrid";
+    const std::string err = error_of([&] { check_hf_exportable(c); });
+    EXPECT_EQ(err == "(no error)", plain) << name << ": " << err;
+  }
+  LlamaConfig h = small_model(NormScheme::Hybrid);
+  h.layer_schemes = "pre,post,*";
+  EXPECT_NE(error_of([&] { check_hf_exportable(h); }).find("--norm_scheme=hybrid layer 1 normalizes after"),
+            std::string::npos);
+}
+
 TEST(Convert, RefusesWhatAPlainLlamaCannotExpress) {
   LlamaConfig c = small_model(NormScheme::Post);
   EXPECT_NE(error_of([&] { check_hf_exportable(c); }).find("--norm_scheme=post normalizes after the residual add"),

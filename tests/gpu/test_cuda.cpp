@@ -765,7 +765,7 @@ TEST(ModelStep, FfnOf5461StoredAs5504MatchesCpuStep) {
   gpu_step_matches_cpu_step(c, "lns, F = 5461");
 }
 
-// The FP8 linear on CUDA (the casts of src/cuda/fp8.cu, cuBLASLt's FP8 matmul) against
+// The FP8 linear on CUDA (the casts of src/cuda/fp8_cast.cu and fp8_tiles.cu, cuBLASLt's FP8 matmul) against
 // the CPU reference on the same bf16 values and table: the health the casts record is
 // equal exactly (same codes, same counts); the products agree to the bf16 output's
 // rounding (y, dx) or f32 summation order (dw), since both sum the same exact products.
@@ -856,7 +856,7 @@ TEST(Fp8Linear, CudaMatchesTheCpuReference) {
   EXPECT_EQ(table[2 * kFp8Fields + kFp8Elements], N * out);
 }
 
-// --fp8=blockwise's CUDA op (the tile casts of src/cuda/fp8.cu and the block-scaled
+// --fp8=blockwise's CUDA op (the tile casts of src/cuda/fp8_tiles.cu and the block-scaled
 // GEMMs) against the CPU op on the same bf16 values: the same tile scales and codes, so
 // the health rows are equal exactly and the products agree to the output's rounding.
 // Shapes cross tile edges (N 144, in 272: three K tiles, the last partial; out 160), rows

@@ -1,7 +1,7 @@
-// The FP8 cast kernels of src/cuda/fp8.cu, each path, against the CPU's cast rule (label
+// The FP8 cast kernels of src/cuda/fp8_cast.cu and fp8_tiles.cu, each path, against the CPU's cast rule (label
 // `gpu`; emulated in CI): per-tensor (lns::cast_to_fp8: the codes and the health counts)
 // and the blockwise tiles (each tile's scale fp8_pow2_scale of its amax, then
-// fp8_encode_satfinite: lns/core/fp8.h, themselves tested against f32_to_fp8). The shapes
+// fp8_encode_satfinite: lns/core/fp8_format.h, themselves tested against f32_to_fp8). The shapes
 // take the vector paths (rows of a multiple of 8, 16-byte aligned; with a transpose, a
 // multiple of 16 rows) and the scalar ones, cross tile edges, and the largest ones give
 // the vector kernels more tiles than blocks (kCastBlocks), so blocks stride. The kernels
@@ -16,11 +16,12 @@
 
 #include "lns/core/bf16.h"
 #include "lns/core/device.h"
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 #include "lns/core/fp8_linear.h"
 
 #ifdef LNS_WITH_CUDA
 #include "src/cuda/fp8_cast.h"
+#include "src/cuda/fp8_tiles.h"
 
 namespace lns {
 namespace {

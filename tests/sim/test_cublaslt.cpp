@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "lns/core/bf16.h"
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 #include "tests/sim/device_mem.h"
 
 namespace {
@@ -403,9 +403,9 @@ TEST_F(SimCublasLtDeathTest, AttributeOfTheWrongSize) {
 
 // ---- FP8 ------------------------------------------------------------------------------
 
-// An FP8 product as src/cuda/linear_fp8.cpp asks for it: A [k,m] transposed and B [k,n]
+// An FP8 product as src/cuda/fp8_linear.cpp asks for it: A [k,m] transposed and B [k,n]
 // (column-major, both K-major), E4M3 or E5M2 codes, f32 scale pointers in device memory,
-// bf16 D. The reference decodes the codes exactly (lns/core/fp8.h) and sums in f64.
+// bf16 D. The reference decodes the codes exactly (lns/core/fp8_format.h) and sums in f64.
 struct Fp8Call {
   int64_t m = 16, n = 32, k = 48;
   cudaDataType ta = CUDA_R_8F_E4M3, tb = CUDA_R_8F_E5M2;

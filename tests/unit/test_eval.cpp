@@ -165,7 +165,11 @@ TEST(Eval, SpreadSampleRepresentsEverySourceOfTheFile) {
     std::filesystem::remove(one);
   }
   EXPECT_EQ(sources_seen, 3);
-  EXPECT_NEAR(all.loss, sum / 8, 1e-9 * std::abs(all.loss));
+  // The windows run 4 to a batch there and 1 here: the f32 GEMMs block the rows
+  // differently (by CPU: OpenBLAS picks its kernel at start-up), so the two agree to f32
+  // rounding, not bitwise (5e-9 relative seen on one CI machine). A wrong window moves
+  // the mean by 1e-2 or more.
+  EXPECT_NEAR(all.loss, sum / 8, 1e-6 * std::abs(all.loss));
   std::filesystem::remove(path);
 }
 

@@ -1,5 +1,5 @@
 // The FP8 linear layer's CPU ops (include/lns/core/fp8_linear.h) against f64 math written out
-// here: each operand rounded by the OFP8 cast of lns/core/fp8.h (itself tested bit for bit in
+// here: each operand rounded by the OFP8 cast of lns/core/fp8_format.h (itself tested bit for bit in
 // test_fp8.cpp), the products summed in double and unscaled; the health counts against
 // counts taken independently; and the stage's FP8 state (lns/model/fp8_state.h) turning a
 // step's amax into the next scale, reduced over ranks.
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "lns/core/errors.h"
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 #include "lns/core/fp8_linear.h"
 #include "lns/model/fp8_state.h"
 #include "fp8_sharing.h"

@@ -5,6 +5,10 @@
 // embeddings. Errors are relative to each tensor's largest entry. Measured worst
 // cases (2026-11-29): logits 8.5e-7, gradients 3.4e-6 (a scale_res_pre_norm branch
 // scale); tolerances leave ~6x room: logits and loss 5e-6, gradients 2e-5.
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
 #include <nlohmann/json.hpp>
 
 #include "lns/checkpoint/param_io.h"
@@ -70,21 +74,40 @@ TEST_P(GoldenModel, LogitsLossAndEveryGradient) {
   EXPECT_EQ(checked, in_file);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllSchemes, GoldenModel,
-    ::testing::Values("rmsnorm_pre", "rmsnorm_lns", "rmsnorm_post", "rmsnorm_mix",
-                      "rmsnorm_sandwich", "rmsnorm_deepnorm", "rmsnorm_scaled_init",
-                      "layernorm_pre", "layernorm_lns", "layernorm_post", "layernorm_mix",
-                      "layernorm_sandwich", "layernorm_deepnorm", "layernorm_scaled_init",
-                      // the reference repository's other variants (docs/model.md)
-                      "rmsnorm_deeppost", "rmsnorm_scale_post_pre", "rmsnorm_hybrid",
-                      "rmsnorm_scale_res_pre_norm", "layernorm_deeppost", "layernorm_scale_post_pre",
-                      "layernorm_hybrid", "layernorm_scale_res_pre_norm",
-                      // the Gumbel-routed blocks, with the reference's noise
-                      "rmsnorm_mono", "rmsnorm_mono_reverse", "layernorm_mono", "layernorm_mono_reverse",
-                      // mono_reverse with plain Post-LN layers (the repository's doubled norm corrected)
-                      "rmsnorm_mono_reverse_corrected", "layernorm_mono_reverse_corrected"),
-    [](const auto& info) { return info.param; });
+// Every golden file there is: a new scheme's two files (make_golden.py writes them from
+// the reference's scheme list) are tested without an edit here.
+std::vector<std::string> golden_files() {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(LNS_SOURCE_DIR) + "/tests/golden")) {
+    const std::string n = e.path().filename().string();
+    if (e.is_regular_file() && e.path().extension() == ".safetensors" &&
+        (n.rfind("rmsnorm_", 0) == 0 || n.rfind("layernorm_", 0) == 0))
+      names.push_back(e.path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllSchemes, GoldenModel, ::testing::ValuesIn(golden_files()),
+                         [](const auto& info) { return info.param; });
+
+// And every scheme --norm_scheme accepts has them, for both norm types, but those the
+// reference has no model of, each with its reason.
+TEST(GoldenModel, EverySchemeHasItsGoldenFiles) {
+  const std::map<std::string, std::string> exempt = {
+      {"routed", "every layer routed: the mono files test the routed block, with the reference's noise"},
+      {"deeppost_corrected", "deeppost's block with DeepNet's init gain: the init is tested in Init.*"},
+  };
+  const std::vector<std::string> have = golden_files();
+  for (const std::string& scheme : norm_scheme_names()) {
+    if (exempt.count(scheme)) continue;
+    for (const char* type : {"rmsnorm_", "layernorm_"})
+      EXPECT_TRUE(std::binary_search(have.begin(), have.end(), type + scheme))
+          << "no tests/golden/" << type << scheme << ".safetensors: add the scheme to "
+          << "tools/reference/llama_reference.py and run tools/reference/make_golden.py";
+  }
+  EXPECT_EQ(have.size(), 2 * (norm_scheme_names().size() - exempt.size()));
+}
 
 }  // namespace
 }  // namespace lns

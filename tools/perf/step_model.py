@@ -116,13 +116,13 @@ class _Builder:
                                cublas=True, fp8=fp8))
 
     def fp8_cast(self, name, read, written):
-        """A cast pass of src/cuda/linear_fp8.cpp: reads bf16, writes 1-byte codes (the
+        """A cast pass of src/cuda/fp8_linear.cpp: reads bf16, writes 1-byte codes (the
         scales, amax and health: a few floats per row or tile, not counted)."""
         part, self.part = self.part, "fp8_cast"
         self.mem(name, BF16 * read + written)
         self.part = part
 
-    # out[N, fo] = x[N, fi] @ W[fo, fi]^T. FP8 (src/cuda/linear_fp8.cpp): x8 cast once per
+    # out[N, fo] = x[N, fi] @ W[fo, fi]^T. FP8 (src/cuda/fp8_linear.cpp): x8 cast once per
     # group of linears that read one x (cast_x on the first), w8 cast once per step
     # (StepModel.fp8_weight_cast_bytes), then an FP8 GEMM; its dims are multiples of 16.
     def linear_fwd(self, name, fi, fo, cast_x=True, block=True):

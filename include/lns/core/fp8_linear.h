@@ -1,8 +1,11 @@
-// The FP8 linear layer of issue 30 (--fp8): what it computes, the table of scales and
-// health counts its casts share, and its two ops.
+// The FP8 linear layer of issue 30 (--fp8): what it computes under each recipe
+// (lns/core/fp8_recipe.h), the table of scales and health counts its casts share, and
+// its ops, which each backend implements (src/cpu/fp8_linear.cpp, the reference, and
+// src/cuda/fp8_linear.cpp).
 //
-// With per-tensor scales sx, sw, sdy (each from that tensor's amax history:
-// Fp8DelayedScale) and Q4/Q5 the saturating casts to E4M3/E5M2 (lns/core/fp8.h):
+// --fp8=delayed, with per-tensor scales sx, sw, sdy (each from that tensor's amax
+// history: Fp8DelayedScale) and Q4/Q5 the saturating casts to E4M3/E5M2
+// (lns/core/fp8_format.h):
 //   forward   y[N,out]   = (Q4(x sx) @ Q4(w sw)^T) / (sx sw)
 //   backward  dx[N,in]  (+)= (Q5(dy sdy) @ Q4(w sw)) / (sdy sw)
 //             dw[out,in] += (Q5(dy sdy)^T @ Q4(x sx)) / (sdy sx)
@@ -12,20 +15,17 @@
 // Forward inputs and weights are E4M3 (more precision), gradients E5M2 (more range),
 // as Transformer Engine's HYBRID format.
 //
-// --fp8=blockwise (DeepSeek-V3's fine-grained scaling) scales tiles instead of tensors,
-// each from its own amax at the moment of the cast (no history): every GEMM operand is
-// cut into tiles of kFp8Tile values along the GEMM's reduction dimension K (1 x 128 for
-// activations and gradients, K-major) or 128 x 128 (weights), and tile t is cast with
-// the power of two s_t = 2^floor(log2(fp8_max / amax_t)), so the tile's largest value
-// lands in the format's top binade and nothing saturates; the GEMM multiplies each
-// tile's products by 1/s_t (cuBLASLt's VEC128_32F and BLK128x128_32F scale modes):
+// --fp8=blockwise scales tiles instead of tensors (1 x 128 along the GEMM's reduction
+// dimension K for activations and gradients, 128 x 128 for weights, each with its own
+// power-of-two scale s_t: the recipe's), and the GEMM multiplies each tile's products by
+// 1/s_t (cuBLASLt's VEC128_32F and BLK128x128_32F scale modes):
 //   forward   y  = Q4(x; 1x128 along in) @ Q4(w; 128x128)^T
 //   backward  dx (+)= Q5(dy; 1x128 along out) @ Q4(w; 128x128)
 //             dw += Q5(dy; 128x1 along N)^T @ Q4(x; 128x1 along N)
 // with Q the tile-scaled cast already unscaled (value = code / s_t). So dy and x are cast
 // twice in the backward, once per direction of K, as Transformer Engine's blockwise
-// recipe does. A power-of-two scale makes the unscaling exact. The table's rows then
-// carry only the health (the scale fields stay 1, unused).
+// recipe does. The table's rows then carry only the health (the scale fields stay 1,
+// unused).
 //
 // The scales live in a table on the tensors' device so that a GEMM reads its scale
 // where the data is, and every cast adds its tensor's health to the same row; the stage
@@ -36,23 +36,11 @@
 #include <vector>
 
 #include "lns/core/errors.h"
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_recipe.h"
 #include "lns/core/op_table.h"
 #include "lns/core/tensor.h"
 
 namespace lns {
-
-// --fp8: none (bf16/f32 GEMMs), delayed (per-tensor scales from an amax history, as
-// Transformer Engine's DelayedScaling) or blockwise (DeepSeek-V3's 1x128 / 128x128
-// tiles, above).
-enum class Fp8Mode { None, Delayed, Blockwise };
-const char* fp8_mode_name(Fp8Mode m);  // "none", "delayed", "blockwise"
-// UserError naming `flag` and the accepted values.
-Fp8Mode parse_fp8_mode(const std::string& s, const std::string& flag = "--fp8");
-
-// --fp8=blockwise's tile edge (values along K per scale; weights' tiles are square). A
-// tile's scale is fp8_pow2_scale (lns/core/fp8.h) of its amax, on the host and in kernels.
-constexpr int64_t kFp8Tile = 128;
 
 // One row per FP8 tensor (a linear's input x, weight w or output gradient dy), f32:
 enum Fp8Field : int64_t {
@@ -89,9 +77,9 @@ struct Fp8Linear {
 // Casts record into their rows (amax as a max, counts as sums). The backward casts x
 // (and w, without f.w_cast) again with the forward's scales (the same codes) and
 // records only dy.
-// CPU (src/cpu/linear_fp8.cpp, the reference) and CUDA (src/cuda/linear_fp8.cpp: the
-// casts of src/cuda/fp8.cu and cuBLASLt's FP8 matmul, which needs every GEMM dimension
-// a multiple of 16).
+// CPU (src/cpu/fp8_linear.cpp, the reference) and CUDA (src/cuda/fp8_linear.cpp: the
+// casts of src/cuda/fp8_cast.cu and fp8_tiles.cu and cuBLASLt's FP8 matmul, which needs
+// every GEMM dimension a multiple of 16).
 void linear_forward_fp8(Tensor y, Tensor x, Tensor w, const Fp8Linear& f);
 void linear_backward_fp8(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx,
                          const Fp8Linear& f);
@@ -127,7 +115,7 @@ inline void linear_backward_fp8_shared(Tensor dx, const std::vector<Tensor>& dws
 // w_cast is f32 [fp8_weight_cast_numel(w, f)] on w's device; what it holds is the
 // backend's business: the CPU keeps the codes' f32 values ([out,in], read both ways by
 // its GEMMs), CUDA the codes of w and of its transpose (and their tile factors under
-// blockwise), each 256-byte aligned (src/cuda/linear_fp8.cpp).
+// blockwise), each 256-byte aligned (src/cuda/fp8_linear.cpp).
 inline int64_t fp8_weight_cast_numel(Tensor w, const Fp8Linear& f) {
   return LNS_OP(fp8_weight_cast_numel, w.device)(w, f);
 }

@@ -7,8 +7,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "lns/core/fp8_linear.h"
-#include "lns/core/fp8_scaling.h"
+#include "lns/core/fp8_recipe.h"
 #include "lns/core/ops.h"
 #include "lns/model/recompute.h"
 
@@ -37,6 +36,8 @@ enum class NormScheme {
 // "scale_post_pre", "hybrid", "scale_res_pre_norm", "routed", "mono", "mono_reverse",
 // "deeppost_corrected", "mono_reverse_corrected"
 const char* norm_scheme_name(NormScheme s);
+// Every scheme's name, in the table's order (what --norm_scheme accepts).
+std::vector<std::string> norm_scheme_names();
 // Throws UserError naming `flag` and the accepted values.
 NormScheme parse_norm_scheme(const std::string& s, const std::string& flag = "--norm_scheme");
 const char* norm_type_name(NormType t);  // "rmsnorm", "layernorm"
@@ -86,9 +87,9 @@ struct LlamaConfig {
   // execution choice, not in to_json(). recompute_layers: full only, 0 = every layer.
   RecomputeMode recompute = RecomputeMode::None;
   int recompute_layers = 0;
-  // FP8 linear layers (--fp8, --fp8_amax_history, --fp8_margin, --fp8_amax_compute;
-  // lns/core/fp8_linear.h): how the q/k/v/o and gate/up/down GEMMs run, an execution choice
-  // like attention, not in to_json().
+  // FP8 linear layers (--fp8, --fp8_amax_history, --fp8_margin, --fp8_amax_compute: the
+  // recipe, lns/core/fp8_recipe.h): how the q/k/v/o and gate/up/down GEMMs run, an
+  // execution choice like attention, not in to_json().
   Fp8Mode fp8 = Fp8Mode::None;
   Fp8ScalingConfig fp8_scaling;
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "lns/core/fp8_linear.h"
-#include "lns/core/fp8_scaling.h"
+#include "lns/core/fp8_recipe.h"
 #include "lns/model/param_set.h"
 #include "parallel/communicator.h"
 

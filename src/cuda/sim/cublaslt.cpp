@@ -6,7 +6,7 @@
 // with bf16 A/B, f32 accumulation in k order, one rounding to the bf16 or f32 output.
 // FP8 A/B (E4M3, E5M2) as the library documents them: only "TN" (A transposed, B not),
 // never E5M2 with E5M2, dimensions and leading dimensions in multiples of 16, no batch;
-// each code decoded exactly (lns/core/fp8.h) and the product multiplied by alpha and the
+// each code decoded exactly (lns/core/fp8_format.h) and the product multiplied by alpha and the
 // A and B scales, read from device memory when the product runs. A scale that is not a
 // positive finite number is reported: the library would use it and return garbage.
 // Block scales (VEC128_32F, BLK128x128_32F; run_matmul_blocked says their layout) are
@@ -26,7 +26,7 @@
 
 #include "cuda/sim/sim_api.h"
 #include "lns/core/bf16.h"
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 
 struct cublasLtContext {
   bool live = true;

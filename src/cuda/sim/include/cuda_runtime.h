@@ -85,9 +85,9 @@ inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32, cons
 }
 
 // Atomics and fences, as far as the kernels use them: an unsigned counter that the
-// blocks of a grid take tickets from (src/cuda/fp8.cu: the last block merges the
-// others' partials). Blocks run one at a time here, so a plain read-modify-write is
-// atomic, and every write is visible to the blocks after it.
+// blocks of a grid take tickets from (record_if_last, src/cuda/fp8_common.cuh: the last
+// block merges the others' partials). Blocks run one at a time here, so a plain
+// read-modify-write is atomic, and every write is visible to the blocks after it.
 inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
   const unsigned int old = *p;
   *p = old + v;

@@ -1,4 +1,4 @@
-// Delayed FP8 scaling (include/lns/core/fp8_scaling.h) against Transformer Engine's recipe
+// Delayed FP8 scaling (include/lns/core/fp8_recipe.h) against Transformer Engine's recipe
 // written out here: scale = fp8_max / amax_h / 2^margin over the amax history, kept
 // when the amax is 0 or not finite; its state through a checkpoint round trip; and
 // one-line errors for a bad setting or a damaged state.
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "lns/core/errors.h"
-#include "lns/core/fp8_scaling.h"
+#include "lns/core/fp8_recipe.h"
 
 namespace lns {
 namespace {

@@ -1,6 +1,6 @@
 // The FP8 linear layer on the CPU (include/lns/core/fp8_linear.h): the reference the CUDA
 // path and its cuBLASLt stand-in are held to. Each operand is cast to its 8-bit codes
-// with lns/core/fp8.h's cast (the one definition of rounding and saturation), decoded back
+// with lns/core/fp8_format.h's cast (the one definition of rounding and saturation), decoded back
 // to the exact f32 values those codes stand for, multiplied by OpenBLAS in f32 and
 // unscaled in the GEMM's alpha = (1/sa)(1/sb) (the table's inverses), as cuBLASLt's
 // epilogue applies its A and B scale pointers.
@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "cpu/check.h"
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 #include "lns/core/fp8_linear.h"
+#include "lns/core/fp8_recipe.h"
 
 namespace lns {
 namespace {

@@ -1,5 +1,5 @@
 // The FP8 linear layer on CUDA (include/lns/core/fp8_linear.h). CPU reference:
-// src/cpu/linear_fp8.cpp. cuBLASLt's FP8 matmul takes both operands K-major ("TN"), so
+// src/cpu/fp8_linear.cpp. cuBLASLt's FP8 matmul takes both operands K-major ("TN"), so
 // each product reads the operand layout it needs, cast (and transposed where needed)
 // by fp8_cast into one scratch buffer; its scale pointers point at the table's inverse
 // scales, so nothing of the table is read back to the host.
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda/fp8_cast.h"
+#include "cuda/fp8_tiles.h"
 #include "cuda/gemm.h"
 #include "lns/core/fp8_linear.h"
 #include "lns/core/ops.h"

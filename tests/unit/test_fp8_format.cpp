@@ -1,4 +1,4 @@
-// The OFP8 formats (include/lns/core/fp8.h, src/core/fp8.cpp) against an independent
+// The OFP8 formats (include/lns/core/fp8_format.h, src/core/fp8_format.cpp) against an independent
 // reading of the specification: every one of the 256 codes of each format decoded by
 // the formula in double; every finite code encoded back to itself; every midpoint
 // between neighbouring codes rounded to the even one and every point just off it to
@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 
 namespace lns {
 namespace {

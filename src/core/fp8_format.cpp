@@ -1,9 +1,9 @@
-// OFP8 E4M3 and E5M2 on the host (include/lns/core/fp8.h). The cast works in double, where
+// OFP8 E4M3 and E5M2 on the host (include/lns/core/fp8_format.h). The cast works in double, where
 // scaling by a power of two is exact, so rounding to nearest-even is one nearbyint of
 // the value in units of its quantum: the integer is the code's magnitude bits directly
 // (a carry out of the mantissa lands in the exponent, and the largest subnormal rounds
 // up into the smallest normal, with no special case).
-#include "lns/core/fp8.h"
+#include "lns/core/fp8_format.h"
 
 #include <algorithm>
 #include <cfenv>

@@ -1,5 +1,6 @@
-// Delayed per-tensor FP8 scaling (include/lns/core/fp8_scaling.h).
-#include "lns/core/fp8_scaling.h"
+// The FP8 recipes (include/lns/core/fp8_recipe.h): --fp8's modes and delayed per-tensor
+// scaling; blockwise's tile scale is inline in the header (host and kernels).
+#include "lns/core/fp8_recipe.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,6 +8,22 @@
 #include "lns/core/errors.h"
 
 namespace lns {
+
+const char* fp8_mode_name(Fp8Mode m) {
+  switch (m) {
+    case Fp8Mode::None: return "none";
+    case Fp8Mode::Delayed: return "delayed";
+    case Fp8Mode::Blockwise: return "blockwise";
+  }
+  return "?";
+}
+
+Fp8Mode parse_fp8_mode(const std::string& s, const std::string& flag) {
+  if (s == "none") return Fp8Mode::None;
+  if (s == "delayed") return Fp8Mode::Delayed;
+  if (s == "blockwise") return Fp8Mode::Blockwise;
+  fail(flag, "=", s, ": expected none, delayed or blockwise");
+}
 
 void Fp8ScalingConfig::validate(const std::string& p) const {
   if (history < 1 || history > (1 << 20)) fail(p, "amax_history=", history, ": expected 1 to 1048576 steps");

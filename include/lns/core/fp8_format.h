@@ -1,7 +1,9 @@
-// The two 8-bit floating-point formats of Hopper's tensor cores, as the OCP 8-bit
-// floating point specification (OFP8, v1.0) defines them, and the scaled cast that
-// FP8 training applies to a tensor (issue 30). The CPU reference of every FP8 cast: the
-// emulator's cuBLASLt stand-in and the CUDA kernels' tests compare against it.
+// The FP8 formats: the two 8-bit floating-point formats of Hopper's tensor cores, as the
+// OCP 8-bit floating point specification (OFP8, v1.0) defines them, and the scaled cast
+// that FP8 training applies to a tensor (issue 30). The CPU reference of every FP8 cast:
+// the emulator's cuBLASLt stand-in and the CUDA kernels' tests compare against it. How
+// the scale is chosen is the recipe's (lns/core/fp8_recipe.h); what a linear layer does
+// with the casts, fp8_linear.h's.
 //
 //   E4M3: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits. No infinities; S.1111.111 is
 //         NaN, so the largest finite value is 1.75 x 2^8 = 448; subnormals down to 2^-9.
@@ -76,35 +78,6 @@ LNS_HOST_DEVICE inline uint8_t fp8_encode_satfinite(float x, Fp8Format f) {
   const uint32_t code = e < 1 - bias ? n : (static_cast<uint32_t>(e + bias) << mbits) + n - (1u << mbits);
   const uint32_t out = sign | (code > max_code ? max_code : code);
   return static_cast<uint8_t>(a > 0x7F800000u ? 0x7Fu : out);  // NaN (a NaN code in both formats)
-}
-
-// --fp8=blockwise's tile scale (lns/core/fp8_linear.h), on the bits so that host and kernels
-// share it: the largest power of two s with amax s <= fp8_max, i.e. 2^(em - ea)
-// less one where the mantissa of amax exceeds the maximum's, within f32's normal range;
-// 1 for an amax of 0 or one that is not finite; 2^127 for a subnormal amax.
-LNS_HOST_DEVICE inline float fp8_pow2_scale(float amax, Fp8Format f) {
-  uint32_t ua, um, us;
-  const float mx = f == Fp8Format::E4M3 ? 448.0f : 57344.0f;
-#if defined(__CUDA_ARCH__)
-  ua = __float_as_uint(amax), um = __float_as_uint(mx);
-#else
-  std::memcpy(&ua, &amax, 4), std::memcpy(&um, &mx, 4);
-#endif
-  ua &= 0x7FFFFFFFu;
-  if (ua == 0 || ua >= 0x7F800000u) return 1.0f;
-  int e = 127;  // a subnormal amax: the largest scale there is
-  if (ua >> 23) {
-    e = static_cast<int>(um >> 23) - static_cast<int>(ua >> 23) - ((um & 0x7FFFFFu) < (ua & 0x7FFFFFu) ? 1 : 0);
-    e = e < -126 ? -126 : e > 127 ? 127 : e;
-  }
-  us = static_cast<uint32_t>(e + 127) << 23;
-  float s;
-#if defined(__CUDA_ARCH__)
-  s = __uint_as_float(us);
-#else
-  std::memcpy(&s, &us, 4);
-#endif
-  return s;
 }
 
 }  // namespace lns

@@ -1,208 +1,18 @@
-// The FP8 cast (src/cuda/fp8_cast.h): bf16 -> E4M3/E5M2 with a scale read from the FP8
-// table, optionally transposed in the same pass (cuBLASLt's FP8 GEMMs take both
-// operands K-major, so the backward needs w, x and dy transposed), and the cast's
-// health merged into the table without atomics. CPU reference: lns::cast_to_fp8.
+// --fp8=blockwise's FP8 casts (src/cuda/fp8_tiles.h): tiles of 128 along K, each with its
+// own power-of-two scale (include/lns/core/fp8_recipe.h; CPU reference quantize_tiles in
+// src/cpu/fp8_linear.cpp). The factor written for a tile is 1/s (exact), in the layouts
+// cuda/gemm.h states for GemmScale::Vec128 and Block128; their padding is left unwritten
+// (never read). What they share with the per-tensor casts: src/cuda/fp8_common.cuh.
 #include <algorithm>
 
-#include "cuda/common.cuh"
-#include "cuda/fp8_cast.h"
+#include "cuda/fp8_common.cuh"
+#include "cuda/fp8_tiles.h"
 #include "cuda/op_profile.h"
-#include "lns/core/fp8_linear.h"
 
 namespace lns::cuda {
 namespace {
 
-constexpr int kTile = 32;                   // a 32 x 32 tile per block
-constexpr int kRowsPerPass = 8;             // 256 threads: 32 columns x 8 rows at a time
-constexpr int kThreads = kTile * kRowsPerPass;
-constexpr int kStats = 4;                   // amax, saturated, flushed, non-finite
-
-// The vector paths (every cast of a model's linears: rows of a multiple of 8 values):
-// 16-byte loads of 8 bf16, 8- or 16-byte stores of codes, and a grid fixed by the shape
-// and capped at kCastBlocks blocks that stride over the tiles, so that each block reduces
-// its health once (the scalar kernels reduce per 32 x 32 tile: 4 block reductions per
-// 1,024 values) and the record kernel reads at most kCastBlocks partials (one block reading
-// 16k of them took longer than the cast). The grid depends on the shape alone: the same
-// partials, the same bits, on every run.
-constexpr int kCastBlocks = 1024;
-struct alignas(8) Fp8x8 {
-  uint8_t v[8];
-};
-struct alignas(16) Fp8x16 {
-  uint8_t v[16];
-};
-inline bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-// The transposes' store: column `col` of a shared tile of codes ([rows][W8 x 8 bytes]),
-// rows row0 to row0 + 15, as one 16-byte store at dst (16-byte aligned).
-template <int W8>
-__device__ __forceinline__ void store_column16(const Fp8x8 (*tile)[W8], int row0, int col, uint8_t* dst) {
-  Fp8x16 out;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) out.v[i] = tile[row0 + i][col / 8].v[col % 8];
-  *reinterpret_cast<Fp8x16*>(dst) = out;
-}
-
-// A thread's share of a per-tensor cast's health (the counts of lns::cast_to_fp8): the
-// amax of the finite inputs, and how many saturate, flush to zero or are not finite.
-struct Fp8Health {
-  float amax = 0.0f, sat = 0.0f, flushed = 0.0f, nonfinite = 0.0f;
-  __device__ __forceinline__ uint8_t cast(float v, float scale, float limit, Fp8Format f) {
-    if (isfinite(v)) amax = fmaxf(amax, fabsf(v)); else nonfinite += 1.0f;
-    const float s = v * scale;
-    const uint8_t code = fp8_encode_satfinite(s, f);
-    if (isfinite(s) && fabsf(s) > limit) sat += 1.0f;
-    if (s != 0.0f && isfinite(s) && (code & 0x7F) == 0) flushed += 1.0f;
-    return code;
-  }
-  // The block's health to partial[blockIdx.x][4] (every thread must call it).
-  __device__ __forceinline__ void write_block(float* partial, float* red) {
-    const float a = block_max(amax, red), s = block_sum(sat, red), fl = block_sum(flushed, red),
-                nf = block_sum(nonfinite, red);
-    if (threadIdx.x == 0) {
-      float* p = partial + int64_t(blockIdx.x) * kStats;
-      p[0] = a, p[1] = s, p[2] = fl, p[3] = nf;
-    }
-  }
-};
-
-// One tile of x[R,C]: codes to q[r,c] and (through shared memory, so both the read of x
-// and the write of qT are coalesced) qT[c,r]; the tile's health to partial[tile][4].
-__global__ void fp8_cast_kernel(const bf16* x, int64_t R, int64_t C, const float* row, bool e4m3, uint8_t* q,
-                                uint8_t* qT, float* partial) {
-  __shared__ uint8_t tile[kTile][kTile + 4];
-  __shared__ float red[32];
-  const float scale = row[kFp8Scale];
-  const float limit = e4m3 ? 448.0f : 57344.0f;
-  const Fp8Format f = e4m3 ? Fp8Format::E4M3 : Fp8Format::E5M2;
-  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-  const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
-  Fp8Health h;
-  for (int k = ty; k < kTile; k += kRowsPerPass) {
-    const int64_t r = r0 + k, c = c0 + tx;
-    if (r >= R || c >= C) continue;
-    const uint8_t code = h.cast(to_f(x[r * C + c]), scale, limit, f);
-    if (q) q[r * C + c] = code;
-    tile[k][tx] = code;
-  }
-  if (qT) {
-    __syncthreads();
-    for (int k = ty; k < kTile; k += kRowsPerPass) {
-      const int64_t c = c0 + k, r = r0 + tx;
-      if (r < R && c < C) qT[c * R + r] = tile[tx][k];
-    }
-  }
-  const float amax = block_max(h.amax, red), sat = block_sum(h.sat, red), flushed = block_sum(h.flushed, red),
-              nonfinite = block_sum(h.nonfinite, red);
-  if (threadIdx.x == 0) {
-    float* p = partial + (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kStats;
-    p[0] = amax, p[1] = sat, p[2] = flushed, p[3] = nonfinite;
-  }
-}
-
-// row += the partials' health (a vector path's blocks, at most kCastBlocks; the scalar
-// kernels' tiles). One block: thread t takes partials t, t + 256, ... in order, then the
-// block reduces in its fixed order, so the sums do not depend on timing.
-// The merge itself, by one block of any size (the partials read volatile: in the vector
-// kernels' last block they were written by other blocks of the same grid).
-__device__ __forceinline__ void merge_health(float* row, const volatile float* partial, int64_t n, float elements,
-                                             float* red) {
-  float amax = 0.0f, sat = 0.0f, flushed = 0.0f, nonfinite = 0.0f;
-  for (int64_t t = threadIdx.x; t < n; t += blockDim.x) {
-    amax = fmaxf(amax, partial[t * kStats]);
-    sat += partial[t * kStats + 1], flushed += partial[t * kStats + 2], nonfinite += partial[t * kStats + 3];
-  }
-  amax = block_max(amax, red);
-  sat = block_sum(sat, red);
-  flushed = block_sum(flushed, red);
-  nonfinite = block_sum(nonfinite, red);
-  if (threadIdx.x == 0) {
-    row[kFp8Amax] = fmaxf(row[kFp8Amax], amax);
-    row[kFp8Saturated] += sat, row[kFp8Flushed] += flushed, row[kFp8Nonfinite] += nonfinite;
-    row[kFp8Elements] += elements;
-  }
-}
-
-constexpr int kRecordThreads = 256;
-__global__ void fp8_record_kernel(float* row, const float* partial, int64_t tiles, float elements) {
-  __shared__ float red[32];
-  merge_health(row, partial, tiles, elements, red);
-}
-
-// Where the vector kernels record: the table row (null: not recorded), the cast's element
-// count, and the grid's ticket counter (0 between casts: the last block resets it). The
-// kernels take the three as arguments of their own, so that the emulator sees every
-// pointer a kernel writes through (its reversed-order check restores them).
-struct Record {
-  float* row = nullptr;
-  float elements = 0.0f;
-  unsigned int* counter = nullptr;
-};
-
-// After every block wrote its partial[blockIdx.x]: the last block to finish merges all
-// gridDim.x partials into the row, in index order (the same bits whichever block is last).
-// Saves the record kernel's launch after each of the ~15 casts a block and micro-batch.
-// `red` is the block's reduction buffer: red[0] carries whether this block is the last.
-__device__ __forceinline__ void record_if_last(const Record& rec, const float* partial, float* red) {
-  if (!rec.row) return;
-  __threadfence();  // this block's partial is visible before its ticket is taken
-  __syncthreads();  // and every thread has read `red` in the reductions before
-  if (threadIdx.x == 0) red[0] = atomicAdd(rec.counter, 1u) == gridDim.x - 1 ? 1.0f : 0.0f;
-  __syncthreads();
-  if (red[0] == 0.0f) return;  // uniform over the block
-  __threadfence();
-  merge_health(rec.row, partial, gridDim.x, rec.elements, red);  // its reductions sync before reusing red
-  if (threadIdx.x == 0) *rec.counter = 0;
-}
-
-// fp8_cast's vector path: x[R,C] with C % 8 == 0 (x 16-byte aligned, q 8-byte aligned;
-// with qT also R % 16 == 0 and qT 16-byte aligned). 64 x 64 tiles, 256 threads: for the
-// load, thread t takes 8 columns (t % 8) of rows t / 8 and t / 8 + 32; for the transpose,
-// column t % 64 and its 16 rows from 16 * (t / 64), one 16-byte store into qT. A block
-// takes tiles blockIdx.x, + gridDim.x, ...; its health goes to partial[blockIdx.x][4].
-constexpr int kVecTile = 64;
-__global__ void fp8_cast_vec_kernel(const bf16* __restrict__ x, int64_t R, int64_t C, const float* row, bool e4m3,
-                                    uint8_t* q, uint8_t* qT, float* partial, float* rec_row, float rec_elements,
-                                    unsigned int* counter) {
-  __shared__ Fp8x8 tile[kVecTile][kVecTile / 8];  // one tile's codes: [row][column / 8]
-  __shared__ float red[32];
-  const float scale = row[kFp8Scale];
-  const float limit = e4m3 ? 448.0f : 57344.0f;
-  const Fp8Format f = e4m3 ? Fp8Format::E4M3 : Fp8Format::E5M2;
-  const int lr = threadIdx.x / 8, lc = threadIdx.x % 8 * 8;         // load: rows lr, lr + 32
-  const int tj = threadIdx.x % kVecTile, tr = threadIdx.x / kVecTile * 16;  // transpose: column tj
-  const int64_t tiles_c = ceil_div(C, kVecTile), tiles = tiles_c * ceil_div(R, kVecTile);
-  Fp8Health h;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t r0 = t / tiles_c * kVecTile, c0 = t % tiles_c * kVecTile;
-    if (qT) __syncthreads();  // the previous tile's transpose has read `tile`
-    for (int half = 0; half < 2; ++half) {
-      const int rr = lr + 32 * half;
-      const int64_t r = r0 + rr, c = c0 + lc;
-      if (r >= R || c >= C) continue;  // C % 8 == 0: the 8 columns are all in or all out
-      float v[kVec];
-      load<kVec>(x + r * C + c, v);
-      Fp8x8 codes;
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) codes.v[k] = h.cast(v[k], scale, limit, f);
-      if (q) *reinterpret_cast<Fp8x8*>(q + r * C + c) = codes;
-      if (qT) tile[rr][lc / 8] = codes;
-    }
-    if (!qT) continue;
-    __syncthreads();
-    const int64_t c = c0 + tj, r = r0 + tr;  // R % 16 == 0: the 16 rows are all in or all out
-    if (c < C && r < R) store_column16(tile, tr, tj, qT + c * R + r);
-  }
-  h.write_block(partial, red);
-  record_if_last(Record{rec_row, rec_elements, counter}, partial, red);
-}
-
-
-// ---- --fp8=blockwise: tiles of 128 along K, each with its own power-of-two scale -------
-// (include/lns/core/fp8_linear.h; CPU reference quantize_tiles in src/cpu/linear_fp8.cpp).
-// The factor written for a tile is 1/s (exact), in the layouts cuda/gemm.h states for
-// GemmScale::Vec128 and Block128; their padding is left unwritten (never read).
-constexpr int kTileK = 128;
+constexpr int kTileK = static_cast<int>(kFp8Tile);  // the recipe's tile edge (lns/core/fp8_recipe.h)
 
 __device__ __forceinline__ int64_t round4(int64_t n) { return (n + 3) / 4 * 4; }
 
@@ -277,7 +87,7 @@ __global__ void fp8_tiles_rows_vec_kernel(const bf16* __restrict__ x, int64_t R,
     if (hl == 0) s[t * round4(R) + r] = 1.0f / scale;
   }
   h.write_block(partial, red);
-  record_if_last(Record{rec_row, rec_elements, counter}, partial, red);
+  record_if_last(Fp8Record{rec_row, rec_elements, counter}, partial, red);
 }
 
 // 128 x 1 tiles down the columns of x[R,C], written transposed: qT[C,R] (K = R major) and
@@ -465,35 +275,6 @@ __global__ void fp8_tiles_blocks_vec_kernel(const bf16* __restrict__ x, int64_t 
   finish_block_tile(s, sT, partial, scale, amax, flushed, nonfinite, red);
 }
 
-// Every cast's partials [n][4] and the vector kernels' ticket counter, in one scratch
-// buffer: the counter first (16 bytes), zeroed whenever the buffer is new (the last block
-// of every vector grid leaves it at 0), the partials after it.
-struct Partials {
-  float* partial;
-  Record rec;  // for a vector kernel that records: the row, the element count, the counter
-};
-Partials partials_for(int64_t n, float* row, int64_t elements) {
-  // The buffer whose counter was zeroed, and the most asked of it: asking more may
-  // reallocate it, perhaps at the same address (one compute stream a process).
-  static void* zeroed = nullptr;
-  static size_t asked = 0;
-  const size_t bytes = 16 + sizeof(float) * kStats * size_t(n);
-  auto* base = static_cast<char*>(scratch(Scratch::Fp8Partials, bytes));
-  if (base != zeroed || bytes > asked) {
-    LNS_CUDA_CHECK(cudaMemsetAsync(base, 0, 16, stream()));
-    zeroed = base, asked = std::max(asked, bytes);
-  }
-  return {reinterpret_cast<float*>(base + 16),
-          Record{row, static_cast<float>(elements), reinterpret_cast<unsigned int*>(base)}};
-}
-
-// The scalar kernels' record: one block merges their n partials into the row.
-void record_partials(const Partials& p, int64_t n) {
-  if (!p.rec.row) return;
-  LNS_LAUNCH(fp8_record_kernel, 1, kRecordThreads, 0, stream())(p.rec.row, p.partial, n, p.rec.elements);
-  LNS_CUDA_LAUNCHED();
-}
-
 }  // namespace
 
 void fp8_cast_tiles_rows(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q, float* s) {
@@ -504,7 +285,7 @@ void fp8_cast_tiles_rows(const Tensor& x, float* row, Fp8Format f, bool record, 
   const int64_t tiles = ceil_div(C, kTileK);
   if (vec_ok(x.data, C) && aligned_to(q, 8)) {  // 16 tiles a block a pass (8 warps, 2 each)
     const int64_t blocks = std::min<int64_t>(ceil_div(R * tiles, 16), kCastBlocks);
-    const Partials p = partials_for(blocks, record ? row : nullptr, R * C);
+    const Fp8Partials p = partials_for(blocks, record ? row : nullptr, R * C);
     LNS_LAUNCH(fp8_tiles_rows_vec_kernel, unsigned(blocks), 256, 0, stream())(
         ptr<bf16>(x), R, C, f == Fp8Format::E4M3, q, s, p.partial, p.rec.row, p.rec.elements,
         p.rec.counter);  // recorded by its last block
@@ -513,7 +294,7 @@ void fp8_cast_tiles_rows(const Tensor& x, float* row, Fp8Format f, bool record, 
   }
   const int64_t gy = ceil_div(R, 8);
   LNS_CHECK(gy <= 65535) << "fp8_cast_tiles_rows: " << R << " rows is more than the grid's 65535 x 8";
-  const Partials p = partials_for(R * tiles, record ? row : nullptr, R * C);
+  const Fp8Partials p = partials_for(R * tiles, record ? row : nullptr, R * C);
   LNS_LAUNCH(fp8_tiles_rows_kernel, dim3(unsigned(tiles), unsigned(gy)), 256, 0, stream())(
       ptr<bf16>(x), R, C, f == Fp8Format::E4M3, q, s, p.partial);
   LNS_CUDA_LAUNCHED();
@@ -544,36 +325,13 @@ void fp8_cast_tiles_blocks(const Tensor& w, float* row, Fp8Format f, bool record
   if (R == 0 || C == 0) return;
   const int64_t gx = ceil_div(C, kTileK), gy = ceil_div(R, kTileK);
   LNS_CHECK(gy <= 65535) << "fp8_cast_tiles_blocks: " << R << " rows is more than the grid's 65535 x 128";
-  const Partials p = partials_for(gx * gy, record ? row : nullptr, R * C);  // once a step: recorded apart
+  const Fp8Partials p = partials_for(gx * gy, record ? row : nullptr, R * C);  // once a step: recorded apart
   if (vec_ok(w.data, C) && (!q || aligned_to(q, 8)) && (!qT || (R % 16 == 0 && aligned_to(qT, 16))))
     LNS_LAUNCH(fp8_tiles_blocks_vec_kernel, dim3(unsigned(gx), unsigned(gy)), 256, 0, stream())(
         ptr<bf16>(w), R, C, f == Fp8Format::E4M3, q, qT, s, sT, p.partial);
   else
     LNS_LAUNCH(fp8_tiles_blocks_kernel, dim3(unsigned(gx), unsigned(gy)), 256, 0, stream())(
         ptr<bf16>(w), R, C, f == Fp8Format::E4M3, q, qT, s, sT, p.partial);
-  LNS_CUDA_LAUNCHED();
-  record_partials(p, gx * gy);
-}
-
-void fp8_cast(const Tensor& x, float* row, Fp8Format f, bool record, uint8_t* q, uint8_t* qT) {
-  const ProfileSegment segment("fp8_cast");  // its own row of the op profile
-  expect(x, DType::BF16, "fp8_cast x");
-  const int64_t C = x.dim(-1), R = C == 0 ? 0 : x.numel() / C;
-  if (R == 0 || C == 0) return;
-  if (vec_ok(x.data, C) && (!q || aligned_to(q, 8)) && (!qT || (R % 16 == 0 && aligned_to(qT, 16)))) {
-    const int64_t blocks = std::min<int64_t>(ceil_div(C, kVecTile) * ceil_div(R, kVecTile), kCastBlocks);
-    const Partials p = partials_for(blocks, record ? row : nullptr, R * C);
-    LNS_LAUNCH(fp8_cast_vec_kernel, unsigned(blocks), 256, 0, stream())(
-        ptr<bf16>(x), R, C, row, f == Fp8Format::E4M3, q, qT, p.partial, p.rec.row, p.rec.elements,
-        p.rec.counter);  // recorded by its last block
-    LNS_CUDA_LAUNCHED();
-    return;
-  }
-  const int64_t gx = ceil_div(C, kTile), gy = ceil_div(R, kTile);
-  LNS_CHECK(gy <= 65535) << "fp8_cast: " << R << " rows is more than the grid's 65535 x 32";
-  const Partials p = partials_for(gx * gy, record ? row : nullptr, R * C);
-  LNS_LAUNCH(fp8_cast_kernel, dim3(unsigned(gx), unsigned(gy)), kThreads, 0, stream())(
-      ptr<bf16>(x), R, C, row, f == Fp8Format::E4M3, q, qT, p.partial);
   LNS_CUDA_LAUNCHED();
   record_partials(p, gx * gy);
 }
