@@ -21,7 +21,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import doc_markers  # noqa: E402
 import small_study  # noqa: E402
 import study_budget  # noqa: E402
 import study_stats  # noqa: E402
@@ -155,18 +154,8 @@ def main(argv=None):
             if args.record:
                 small_study.write_record(args.record, rec)
             print(render([rec]))
-        if args.records:
-            recs = small_study.load_records(args.records, "retrofit", FIELDS)
-            body = render(recs)
-            if args.doc:
-                doc_markers.replace_between(args.doc, BEGIN, END, body)
-            else:
-                print(body)
-            if args.plot:
-                plot(recs, args.plot)
-        if not args.run and not args.records:
-            raise StudyError("give a run folder, or --records")
-    except (StudyError, ValueError, KeyError) as e:
+        small_study.write_page(args, "retrofit", FIELDS, render, plot, BEGIN, END)
+    except (StudyError, ValueError, KeyError, OSError) as e:
         print("retrofit_report: %s" % (e if not isinstance(e, KeyError) else "missing field %s" % e), file=sys.stderr)
         return 1
     return 0

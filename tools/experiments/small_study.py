@@ -15,6 +15,7 @@ import json
 import math
 import os
 
+import doc_markers
 import study_stats
 
 
@@ -153,3 +154,20 @@ def fmt_paired(d, digits=4):
     if p is None:
         return ("%%+.%df (one seed: no test)" % digits) % d[0]
     return study_stats.fmt_paired(p, digits)
+
+
+def write_page(args, study, fields, render, plot, begin, end):
+    """A report's --records part, the same for every small study: the page from the
+    records (written between its markers with --doc, else printed) and --plot."""
+    if not args.records:
+        if not args.run:
+            raise StudyError("give a run folder, or --records")
+        return
+    recs = load_records(args.records, study, fields)
+    body = render(recs)
+    if args.doc:
+        doc_markers.replace_between(args.doc, begin, end, body)
+    else:
+        print(body)
+    if args.plot:
+        plot(recs, args.plot)
