@@ -15,7 +15,7 @@ bash tools/install_deps.sh
 source launch/env.sh
 
 echo "== build"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --preset cpu >/dev/null  # CMakePresets.json: Release, build/
 cmake --build build -j"$(nproc)" --target lns_train lns_generate
 
 echo "== data"
