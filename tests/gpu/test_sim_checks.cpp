@@ -346,6 +346,8 @@ TEST(SimReports, SourcePathsAreRelativeToTheCheckout) {
   EXPECT_EQ(source_path("/home/u/src/lns/tests/gpu/t.cpp", "/home/u/src/lns/"), "tests/gpu/t.cpp");
   EXPECT_EQ(source_path("/tmp/x.src/build/../src/cuda/norm.cu:41", "/tmp/x.src"), "src/cuda/norm.cu:41");
   EXPECT_EQ(source_path("build/../src/cuda/norm.cu:41", "/tmp/x.src"), "src/cuda/norm.cu:41");
+  // compiled in build-sim/tests/gpu with ccache's base_dir set: relative to that folder
+  EXPECT_EQ(source_path("../../../tests/gpu/t.cpp", "/tmp/x.src"), "tests/gpu/t.cpp");
   EXPECT_EQ(source_path("/usr/include/c++/12/bits/stl_algo.h:5", "/tmp/x.src"), "stl_algo.h:5");
   EXPECT_EQ(source_path("/tmp/x.srcfoo/src/a.cu", "/tmp/x.src"), "a.cu");  // a sibling, not the checkout
   // This build's own root: the path this file was compiled from.

@@ -435,9 +435,14 @@ void reset_device_memory_peak() {
 std::string source_path(const std::string& file, std::string root) {
   if (root.empty()) root = LNS_SOURCE_ROOT;
   if (!root.empty() && root.back() != '/') root += '/';
-  const std::string p = std::filesystem::path(file).lexically_normal().string();
+  std::string p = std::filesystem::path(file).lexically_normal().string();
   if (!root.empty() && p.compare(0, root.size(), root) == 0) return p.substr(root.size());
-  if (p.empty() || p[0] != '/') return p;
+  if (p.empty() || p[0] != '/') {
+    // Relative to the directory it was compiled in, a build folder inside the checkout
+    // (ccache's base_dir writes paths so): what is left after climbing out of it.
+    while (p.compare(0, 3, "../") == 0) p.erase(0, 3);
+    return p;
+  }
   return p.substr(p.rfind('/') + 1);
 }
 

@@ -66,7 +66,9 @@ void race_end_block();
 // built from (`root`; by default the build's LNS_SOURCE_ROOT), so that
 // /home/u/lns.src/src/cuda/norm.cu:41 reads src/cuda/norm.cu:41 wherever the checkout
 // sits and whatever its name. A relative path (a line table's build/../src/x.cu) is
-// normalised; a path outside the checkout (a system header) keeps its last component.
+// normalised, and one that climbs out of the folder it was compiled in (ccache's
+// base_dir writes ../../../tests/gpu/x.cpp) loses the climb; a path outside the
+// checkout (a system header) keeps its last component.
 std::string source_path(const std::string& file, std::string root = "");
 // Whether the kernels were built with the access hooks, so that reads are seen too.
 bool race_sees_reads();
